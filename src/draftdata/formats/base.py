@@ -1,0 +1,251 @@
+"""Chat formats: prompt rendering to segments, the response grammar, and markers bound by text."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..errors import FormatError, MarkerError
+from ..records import Message, ToolCall
+from ..tokenizers import Tokenizer
+from .segments import Segment, Special, Text, encode_segments, merge_text, segments_text, train
+
+
+@dataclass(frozen=True)
+class MarkerSpec:
+    """A control token the format uses, named by its text. ``id`` pins the id (checked at bind);
+    ``optional`` markers may be missing from a tokenizer (their grammar then falls back to text)."""
+
+    text: str
+    id: int | None = None
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class ThinkGrammar:
+    """Where reasoning sits in a response: ``{open}{open_suffix}REASONING{close_prefix}{close}
+    {close_suffix}CONTENT``. ``prompt_opens`` means the generation prompt already ends with
+    ``{open}{open_suffix}`` (Kimi K2.5, Qwen3.5), so the model's output starts inside the reasoning."""
+
+    open: str
+    close: str
+    open_suffix: str = ""
+    close_prefix: str = ""
+    close_suffix: str = ""
+    prompt_opens: bool = False
+
+
+@dataclass(frozen=True)
+class MarkerCheck:
+    name: str
+    text: str
+    id: int | None
+    kind: str  # special | added | ordinary | missing
+    pinned: int | None
+    encodes_to_one: bool
+    decodes_back: bool
+    text_stays_text: bool
+    problem: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+def tojson(obj: Any, separators: tuple[str, str] | None = None) -> str:
+    """JSON exactly as HF chat templates print it (``tojson``: no ASCII escaping, keys unsorted)."""
+    return json.dumps(obj, ensure_ascii=False, separators=separators)
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """Base class. Families override ``render_prompt`` and the response pieces they need."""
+
+    name: str
+    version: str
+    description: str
+    markers: dict[str, MarkerSpec]
+    end_of_turn: str
+    stop_markers: tuple[str, ...] = ()
+    think: ThinkGrammar | None = None
+    supports_tools: bool = True
+    #: extra keyword arguments the model's own chat template needs to render like this format
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    # --- helpers --------------------------------------------------------------------------
+    def lit(self, text: str, trained: bool = False) -> list[Segment]:
+        """Split template literal text at this format's marker texts into segments."""
+        if not text:
+            return []
+        by_text = {m.text: name for name, m in self.markers.items()}
+        pattern = "|".join(re.escape(t) for t in sorted(by_text, key=len, reverse=True))
+        out: list[Segment] = []
+        pos = 0
+        for m in re.finditer(pattern, text):
+            if m.start() > pos:
+                out.append(Text(text[pos : m.start()], trained))
+            out.append(Special(by_text[m.group(0)], trained))
+            pos = m.end()
+        if pos < len(text):
+            out.append(Text(text[pos:], trained))
+        return out
+
+    def _no_tools(self, tools: Sequence[dict[str, Any]]) -> None:
+        if tools and not self.supports_tools:
+            raise FormatError(
+                f"format {self.name} has no way to show tool schemas to the model (its chat "
+                "template drops them); put the schemas in a system message, or declare a TOML "
+                "format with a tool prompt"
+            )
+
+    # --- prompt ---------------------------------------------------------------------------
+    def render_prompt(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] = (),
+        *,
+        add_generation_prompt: bool = True,
+        thinking: bool = True,
+    ) -> list[Segment]:
+        raise NotImplementedError
+
+    # --- response grammar -------------------------------------------------------------------
+    def render_tool_calls(self, calls: Sequence[ToolCall], content: str) -> list[Segment]:
+        raise FormatError(f"format {self.name} has no tool-call grammar")
+
+    def render_response(
+        self,
+        *,
+        content: str,
+        reasoning: str | None = None,
+        tool_calls: Sequence[ToolCall] = (),
+        finished: bool = True,
+        thinking: bool = True,
+    ) -> list[Segment]:
+        """Segments of one assistant answer as the model generates it after the generation prompt.
+        ``finished`` appends the end-of-turn marker; a truncated (``length``) answer ends bare."""
+        out: list[Segment] = []
+        th = self.think
+        if th is not None and (thinking or reasoning):
+            if th.prompt_opens and thinking:
+                out += [Text((reasoning or "") + th.close_prefix), Special(th.close),
+                        Text(th.close_suffix)]
+            elif reasoning is not None or th.prompt_opens:
+                out += [Special(th.open), Text(th.open_suffix + (reasoning or "") + th.close_prefix),
+                        Special(th.close), Text(th.close_suffix)]
+        out.append(Text(content))
+        if tool_calls:
+            out += self.render_tool_calls(tool_calls, content)
+        if finished:
+            out.append(Special(self.end_of_turn))
+        return train(merge_text(out))
+
+    # --- binding ------------------------------------------------------------------------------
+    def bind(self, tokenizer: Tokenizer, *, strict: bool = True) -> BoundFormat:
+        checks = [check_marker(tokenizer, name, spec) for name, spec in self.markers.items()]
+        problems = [c for c in checks if not c.ok]
+        if strict and problems:
+            raise MarkerError("; ".join(f"{c.name}: {c.problem}" for c in problems))
+        ids: dict[str, int] = {}
+        for c in checks:
+            if c.pinned is not None:
+                ids[c.name] = c.pinned  # non-strict: use the pin as declared, so its damage shows
+            elif c.id is not None and c.kind in ("special", "added"):
+                ids[c.name] = c.id
+        fmt = self.adapt(tokenizer, ids)
+        return BoundFormat(fmt, tokenizer, ids, tuple(checks))
+
+    def adapt(self, tokenizer: Tokenizer, ids: dict[str, int]) -> ChatFormat:
+        """Hook for families whose grammar depends on the tokenizer (optional markers, defaults)."""
+        return self
+
+    def with_overrides(self, **changes: Any) -> ChatFormat:
+        return replace(self, **changes)
+
+
+def check_marker(tok: Tokenizer, name: str, spec: MarkerSpec) -> MarkerCheck:
+    info = tok.control_by_text.get(spec.text)
+    stock = tok.encode_as_stock(spec.text)
+    plain = tok.encode(spec.text)
+    if info is None:
+        kind = "missing" if len(stock) != 1 else "ordinary"
+        problem = None if spec.optional else (
+            f"{spec.text!r} is not a special or added token of this tokenizer (it encodes to "
+            f"{len(stock)} ordinary id(s) {stock[:8]}); this format does not fit this tokenizer"
+        )
+        if spec.id is not None:
+            problem = _pin_problem(tok, spec, None)
+        return MarkerCheck(name, spec.text, None, kind, spec.id, len(stock) == 1, False,
+                           True, problem)
+    encodes_to_one = stock == [info.id]
+    decodes_back = tok.decode([info.id]) == spec.text
+    text_stays_text = info.id not in plain
+    problem = None
+    if not encodes_to_one:
+        problem = f"{spec.text!r} encodes to {stock}, not to its single id {info.id}"
+    elif not decodes_back:
+        problem = f"id {info.id} decodes to {tok.decode([info.id])!r}, not {spec.text!r}"
+    if spec.id is not None and spec.id != info.id:
+        problem = _pin_problem(tok, spec, info.id)
+    return MarkerCheck(name, spec.text, info.id, info.kind, spec.id, encodes_to_one,
+                       decodes_back, text_stays_text, problem)
+
+
+def describe_id(tok: Tokenizer, token_id: int) -> str:
+    """'163533 decodes to 'chas', an ordinary token' — what an id really is."""
+    if not 0 <= token_id < tok.vocab_size:
+        return f"{token_id} is outside the vocabulary (size {tok.vocab_size})"
+    kind = tok.kind_of(token_id)
+    article = "an" if kind in ("ordinary", "added") else "a"
+    return f"{token_id} decodes to {tok.token_str(token_id)!r}, {article} {kind} token"
+
+
+def _pin_problem(tok: Tokenizer, spec: MarkerSpec, real: int | None) -> str:
+    assert spec.id is not None
+    where = f"{spec.text} is {real}" if real is not None else f"{spec.text} is not a token here"
+    return f"pinned id {describe_id(tok, spec.id)}; {where}"
+
+
+@dataclass(frozen=True)
+class BoundFormat:
+    """A format whose markers are resolved and verified against one tokenizer."""
+
+    format: ChatFormat
+    tokenizer: Tokenizer
+    ids: dict[str, int]
+    checks: tuple[MarkerCheck, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def end_id(self) -> int:
+        return self.ids[self.format.end_of_turn]
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        return frozenset(self.ids[m] for m in (self.format.end_of_turn, *self.format.stop_markers)
+                         if m in self.ids)
+
+    def marker_text(self) -> dict[str, str]:
+        return {n: m.text for n, m in self.format.markers.items()}
+
+    def encode(self, segments: Sequence[Segment]) -> tuple[list[int], list[bool]]:
+        missing = {s.marker for s in segments if isinstance(s, Special)} - set(self.ids)
+        if missing:
+            raise MarkerError(
+                f"format {self.format.name} needs marker(s) {sorted(missing)} that this tokenizer "
+                "does not have as control tokens"
+            )
+        return encode_segments(segments, self.tokenizer, self.ids)
+
+    def prompt_ids(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (),
+                   **opts: Any) -> list[int]:
+        return self.encode(self.format.render_prompt(messages, tools, **opts))[0]
+
+    def render_text(self, segments: Sequence[Segment]) -> str:
+        return segments_text(segments, self.marker_text())

@@ -1,0 +1,129 @@
+"""The one tokenizer protocol draftdata uses, whatever file the tokenizer came from."""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from ..errors import SpecialTokenInTextError
+
+TokenKind = Literal["special", "added", "ordinary"]
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """A control token: ``special`` tokens are skipped by decode(skip_special_tokens=True);
+    ``added`` tokens are non-special entries of the added vocabulary (HF matches them in text)."""
+
+    id: int
+    text: str
+    kind: TokenKind
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Tokenizer(ABC):
+    """Encode ordinary text, decode ids, and describe the control tokens of one real tokenizer.
+
+    ``encode`` never produces a special or added token: control tokens enter token sequences only
+    as ids chosen by a chat format. Subclasses read files only in their ``from_*`` constructors.
+    """
+
+    #: a short human name, e.g. ``tokenizer.json`` or ``tiktoken:kimi-k2``
+    kind: str
+    #: where it was loaded from
+    path: Path
+    #: sha256 of the file that defines the vocabulary
+    sha256: str
+    #: the chat template shipped with the tokenizer, if any
+    chat_template: str | None
+
+    # --- the hot path -------------------------------------------------------------------
+    @abstractmethod
+    def _encode_ordinary(self, text: str) -> list[int]:
+        """Encode text with no control-token matching at all."""
+
+    def encode(self, text: str) -> list[int]:
+        """Encode ordinary text. Raises if the result would contain a control token."""
+        ids = self._encode_ordinary(text)
+        if not self.control_ids.isdisjoint(ids):
+            bad = sorted(self.control_ids.intersection(ids))
+            raise SpecialTokenInTextError(
+                f"encoding plain text produced control token(s) {bad} with {self.kind}; "
+                "this tokenizer cannot keep that text as text — report it with the text attached"
+            )
+        return ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    @abstractmethod
+    def decode(self, ids: Iterable[int]) -> str:
+        """Decode ids to text; control tokens decode to their text; bad UTF-8 becomes U+FFFD."""
+
+    @abstractmethod
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes one token stands for (a control token: its UTF-8 text)."""
+
+    @abstractmethod
+    def encode_as_stock(self, text: str) -> list[int]:
+        """Encode the way the stock library does by default (control tokens matched in text).
+
+        Only the audit uses this, to show what a naive pipeline would do. Never build data with it.
+        """
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def control_tokens(self) -> dict[int, TokenInfo]:
+        """Every special and added token, by id."""
+
+    @abstractmethod
+    def token_to_id(self, text: str) -> int | None:
+        """The id whose vocabulary entry is exactly ``text`` (control tokens by their text)."""
+
+    # --- derived ------------------------------------------------------------------------
+    @cached_property
+    def control_ids(self) -> frozenset[int]:
+        return frozenset(self.control_tokens)
+
+    @cached_property
+    def control_by_text(self) -> dict[str, TokenInfo]:
+        return {t.text: t for t in self.control_tokens.values()}
+
+    def kind_of(self, token_id: int) -> TokenKind:
+        info = self.control_tokens.get(token_id)
+        return info.kind if info else "ordinary"
+
+    def token_str(self, token_id: int) -> str:
+        """A readable rendering of one token for reports: control text, or decoded bytes."""
+        info = self.control_tokens.get(token_id)
+        if info:
+            return info.text
+        return self.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
+
+    def check_no_control_text(self, text: str) -> None:
+        """Raise if ``text`` contains the text of a control token (tiktoken-style refusal)."""
+        for t in self.control_by_text:
+            if t in text:
+                raise SpecialTokenInTextError(
+                    f"text contains the control-token string {t!r}; draftdata keeps it as plain "
+                    "text — encode it with Tokenizer.encode (never the stock encode) or strip it"
+                )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.kind} {self.path} vocab={self.vocab_size}>"
