@@ -33,10 +33,14 @@ def to_template(messages: list[Message], args_as_object: bool = False) -> list[d
             d["reasoning_content"] = m.reasoning
         if m.tool_calls:
             d["tool_calls"] = [
-                {"id": c.id, "type": c.type,
-                 "function": {"name": c.name,
-                              "arguments": json.loads(c.arguments) if args_as_object
-                              else c.arguments}}
+                {
+                    "id": c.id,
+                    "type": c.type,
+                    "function": {
+                        "name": c.name,
+                        "arguments": json.loads(c.arguments) if args_as_object else c.arguments,
+                    },
+                }
                 for c in m.tool_calls
             ]
         if m.tool_call_id is not None:
@@ -47,8 +51,10 @@ def to_template(messages: list[Message], args_as_object: bool = False) -> list[d
     return out
 
 
-SYSTEM_USER = [Message("system", "You are a terse assistant."),
-               Message("user", "What is the capital of France?")]
+SYSTEM_USER = [
+    Message("system", "You are a terse assistant."),
+    Message("user", "What is the capital of France?"),
+]
 
 MULTI_TURN = [
     Message("system", "You are a helpful assistant."),
@@ -61,15 +67,22 @@ MULTI_TURN_NO_SYSTEM = [m for m in MULTI_TURN if m.role != "system"]
 
 
 def tool_conversation(question: str, kimi_ids: bool = False) -> list[Message]:
-    ids = (["functions.triangle_properties.get:0", "functions.circle_properties.get:1"]
-           if kimi_ids else ["call_0", "call_1"])
+    ids = (
+        ["functions.triangle_properties.get:0", "functions.circle_properties.get:1"]
+        if kimi_ids
+        else ["call_0", "call_1"]
+    )
     return [
         Message("system", "Use the tools when they help."),
         Message("user", question),
-        Message("assistant", "", tool_calls=(
-            ToolCall("triangle_properties.get", '{"side1": 5, "side2": 4, "side3": 3}', ids[0]),
-            ToolCall("circle_properties.get", '{"radius": 2.5, "get_area": true}', ids[1]),
-        )),
+        Message(
+            "assistant",
+            "",
+            tool_calls=(
+                ToolCall("triangle_properties.get", '{"side1": 5, "side2": 4, "side3": 3}', ids[0]),
+                ToolCall("circle_properties.get", '{"radius": 2.5, "get_area": true}', ids[1]),
+            ),
+        ),
         Message("tool", '{"area": 6.0, "perimeter": 12}', tool_call_id=ids[0]),
         Message("tool", '{"area": 19.63}', tool_call_id=ids[1]),
     ]

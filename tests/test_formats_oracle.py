@@ -7,8 +7,15 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from cases import (MULTI_TURN, MULTI_TURN_NO_SYSTEM, SYSTEM_USER, bfcl_tools,
-                   special_strings_user, to_template, tool_conversation)
+from cases import (
+    MULTI_TURN,
+    MULTI_TURN_NO_SYSTEM,
+    SYSTEM_USER,
+    bfcl_tools,
+    special_strings_user,
+    to_template,
+    tool_conversation,
+)
 from conftest import PROMPTS, REAL
 from draftdata.errors import FormatError
 from oracle import oracle_ids, render
@@ -30,15 +37,24 @@ def _check(bound, key, messages, tools=None, **opts):
     tpl_opts = {}
     if "thinking" in opts and not opts["thinking"]:
         tpl_opts = {"enable_thinking": False, "thinking": False}
-    expected = oracle_ids(tok, tok.chat_template,
-                          to_template(messages, key in ARGS_AS_OBJECT), tools,
-                          **_kwargs(tok), **tpl_opts)
+    expected = oracle_ids(
+        tok,
+        tok.chat_template,
+        to_template(messages, key in ARGS_AS_OBJECT),
+        tools,
+        **_kwargs(tok),
+        **tpl_opts,
+    )
     if ours != expected:
-        first = next(i for i, (a, b) in enumerate(zip(ours + [-1], expected + [-1])) if a != b)
-        ctx = lambda ids: [tok.token_str(i) for i in ids[max(0, first - 5): first + 5]]  # noqa: E731
-        pytest.fail(f"{key}: first difference at {first}: ours {ctx(ours)} vs template "
-                    f"{ctx(expected)}\nours: {tok.decode(ours)!r}\ntemplate: "
-                    f"{tok.decode(expected)!r}")
+        first = next(
+            i for i, (a, b) in enumerate(zip([*ours, -1], [*expected, -1], strict=False)) if a != b
+        )
+        ctx = lambda ids: [tok.token_str(i) for i in ids[max(0, first - 5) : first + 5]]  # noqa: E731
+        pytest.fail(
+            f"{key}: first difference at {first}: ours {ctx(ours)} vs template "
+            f"{ctx(expected)}\nours: {tok.decode(ours)!r}\ntemplate: "
+            f"{tok.decode(expected)!r}"
+        )
     return ours
 
 
@@ -69,20 +85,21 @@ def test_tools_with_bfcl_schemas(bound, key):
 
 @pytest.mark.parametrize("key", ["deepseek-v3", "llama3", "smollm2"])
 def test_formats_without_tool_prompt_refuse_schemas_the_template_drops(bound, key):
-    tools, question = bfcl_tools(PROMPTS / "BFCL_v4_multiple.json")
+    tools = bfcl_tools(PROMPTS / "BFCL_v4_multiple.json")[0]
     b = bound(key)
     msgs = to_template(SYSTEM_USER)
     tok = b.tokenizer
     # the model's own template silently drops the schemas ...
     assert render(tok.chat_template, msgs, tools, **_kwargs(tok)) == render(
-        tok.chat_template, msgs, None, **_kwargs(tok))
+        tok.chat_template, msgs, None, **_kwargs(tok)
+    )
     # ... so we refuse instead of pretending the model saw them
     with pytest.raises(FormatError, match="tool schemas"):
         b.prompt_ids(SYSTEM_USER, tools)
 
 
 def test_deepseek_tool_call_history_matches_template(bound):
-    _, question = bfcl_tools(PROMPTS / "BFCL_v4_multiple.json")
+    question = bfcl_tools(PROMPTS / "BFCL_v4_multiple.json")[1]
     b = bound("deepseek-v3")
     msgs = tool_conversation(question)
     msgs[2] = msgs[2].__class__("assistant", None, tool_calls=msgs[2].tool_calls)
@@ -95,8 +112,13 @@ def test_deepseek_single_tool_call_is_closed_unlike_the_template(bound):
     call = tool_conversation("q")[2].tool_calls[:1]
     msgs = [SYSTEM_USER[1], SYSTEM_USER[1].__class__("assistant", None, tool_calls=call)]
     ours = b.render_text(b.format.render_prompt(msgs, add_generation_prompt=False))
-    theirs = render(b.tokenizer.chat_template, to_template(msgs), None,
-                    add_generation_prompt=False, **_kwargs(b.tokenizer))
+    theirs = render(
+        b.tokenizer.chat_template,
+        to_template(msgs),
+        None,
+        add_generation_prompt=False,
+        **_kwargs(b.tokenizer),
+    )
     assert ours.endswith("<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>")
     assert theirs.endswith("```<｜tool▁call▁end｜>")
 
@@ -118,10 +140,13 @@ def test_special_strings_in_user_text_stay_text(bound, key):
         naive = tok.encode_as_stock(rendered)  # Kimi's/Qwen's own code: allowed_special="all"
     else:
         hf = AutoTokenizer.from_pretrained(REAL[key][0])
-        naive = hf.apply_chat_template(to_template(msgs), tokenize=True,
-                                       add_generation_prompt=True, return_dict=False)
-        assert hf.apply_chat_template(to_template(msgs), tokenize=False,
-                                      add_generation_prompt=True) == rendered
+        naive = hf.apply_chat_template(
+            to_template(msgs), tokenize=True, add_generation_prompt=True, return_dict=False
+        )
+        assert (
+            hf.apply_chat_template(to_template(msgs), tokenize=False, add_generation_prompt=True)
+            == rendered
+        )
     injected = len(ctrl(naive)) - len(ctrl(ours))
     assert injected >= len(texts), f"expected the stock path to inject {len(texts)} tokens"
     assert b.end_id in ctrl(naive)[: len(ctrl(naive)) - 2] or key == "deepseek-v3"

@@ -78,8 +78,11 @@ def audit(
 ) -> AuditReport:
     bound = fmt.bind(tokenizer, strict=False)
     markers = [
-        {**asdict(c), "ok": c.ok,
-         "stock_encode_matches_in_user_text": _stock_matches(tokenizer, c.text, c.id)}
+        {
+            **asdict(c),
+            "ok": c.ok,
+            "stock_encode_matches_in_user_text": _stock_matches(tokenizer, c.text, c.id),
+        }
         for c in bound.checks
     ]
     tpl = tokenizer.chat_template
@@ -89,14 +92,20 @@ def audit(
             "kind": tokenizer.kind,
             "sha256": tokenizer.sha256,
             "vocab_size": tokenizer.vocab_size,
-            "special_tokens": sum(1 for t in tokenizer.control_tokens.values()
-                                  if t.kind == "special"),
+            "special_tokens": sum(
+                1 for t in tokenizer.control_tokens.values() if t.kind == "special"
+            ),
             "added_tokens": sum(1 for t in tokenizer.control_tokens.values() if t.kind == "added"),
+            "unrepresentable_bytes": sorted(tokenizer.unrepresentable_bytes),
             "chat_template_sha256": hashlib.sha256(tpl.encode()).hexdigest() if tpl else None,
         },
-        format={"name": fmt.name, "version": fmt.version, "description": fmt.description,
-                "end_of_turn": fmt.end_of_turn,
-                "end_of_turn_id": bound.ids.get(fmt.end_of_turn)},
+        format={
+            "name": fmt.name,
+            "version": fmt.version,
+            "description": fmt.description,
+            "end_of_turn": fmt.end_of_turn,
+            "end_of_turn_id": bound.ids.get(fmt.end_of_turn),
+        },
         markers=markers,
         confusables=confusables(tokenizer, bound),
     )
@@ -119,14 +128,20 @@ def check_expectation(bound: BoundFormat, name: str, value: int) -> ExpectVerdic
         key = next((n for n, m in fmt.markers.items() if m.text == name), name)
     spec = fmt.markers.get(key)
     if spec is None:
-        return ExpectVerdict(name, value, None, False,
-                             f"--expect {name}: no marker of that name in format {fmt.name}; "
-                             f"known: {', '.join(fmt.markers)}")
+        return ExpectVerdict(
+            name,
+            value,
+            None,
+            False,
+            f"--expect {name}: no marker of that name in format {fmt.name}; "
+            f"known: {', '.join(fmt.markers)}",
+        )
     info = tok.control_by_text.get(spec.text)
     actual = info.id if info else None
     if actual == value:
-        return ExpectVerdict(name, value, actual, True,
-                             f"{name}={value}: correct, {spec.text} is {value}")
+        return ExpectVerdict(
+            name, value, actual, True, f"{name}={value}: correct, {spec.text} is {value}"
+        )
     real = f"{spec.text} is {actual}" if actual is not None else f"{spec.text} is not a token here"
     return ExpectVerdict(name, value, actual, False, f"{describe_id(tok, value)}; {real}")
 
@@ -134,8 +149,9 @@ def check_expectation(bound: BoundFormat, name: str, value: int) -> ExpectVerdic
 def confusables(tok: Tokenizer, bound: BoundFormat) -> dict[str, Any]:
     marker_texts = {c.text for c in bound.checks}
     # the bracket characters of each marker ('<', '|', '>', '｜', '/'): a look-alike has one
-    brackets = {t: {ch for ch in t[:2] + t[-2:] if not ch.isalnum() and ch != "_"}
-                for t in marker_texts}
+    brackets = {
+        t: {ch for ch in t[:2] + t[-2:] if not ch.isalnum() and ch != "_"} for t in marker_texts
+    }
     lookalike: dict[str, list[dict[str, Any]]] = defaultdict(list)
     counts: Counter[str] = Counter()
     by_bytes: dict[bytes, list[int]] = defaultdict(list)
@@ -158,20 +174,30 @@ def confusables(tok: Tokenizer, bound: BoundFormat) -> dict[str, Any]:
                 if len(lookalike[mt]) < EXAMPLES:
                     lookalike[mt].append({"id": tid, "text": text})
     same_text = [
-        {"text": raw.decode("utf-8", errors="backslashreplace"), "ids": ids,
-         "kinds": [tok.kind_of(i) for i in ids]}
-        for raw, ids in by_bytes.items() if len(ids) > 1
+        {
+            "text": raw.decode("utf-8", errors="backslashreplace"),
+            "ids": ids,
+            "kinds": [tok.kind_of(i) for i in ids],
+        }
+        for raw, ids in by_bytes.items()
+        if len(ids) > 1
     ]
     added_in_text = [
         {"id": t.id, "text": t.text}
         for t in sorted(control.values(), key=lambda t: t.id)
         if t.kind == "added" and _stock_matches(tok, t.text, t.id)
     ]
-    multi = [{"name": c.name, "text": c.text, "stock_ids": tok.encode_as_stock(c.text)}
-             for c in bound.checks if not c.encodes_to_one]
+    multi = [
+        {"name": c.name, "text": c.text, "stock_ids": tok.encode_as_stock(c.text)}
+        for c in bound.checks
+        if not c.encodes_to_one
+    ]
     return {
-        "ordinary_lookalikes": {mt: {"count": counts[mt], "examples": lookalike[mt]}
-                                for mt in sorted(marker_texts) if counts[mt]},
+        "ordinary_lookalikes": {
+            mt: {"count": counts[mt], "examples": lookalike[mt]}
+            for mt in sorted(marker_texts)
+            if counts[mt]
+        },
         "added_tokens_matched_in_text": added_in_text,
         "same_text_ids": same_text[:EXAMPLES],
         "same_text_id_groups": len(same_text),
@@ -197,9 +223,16 @@ def check_data(bound: BoundFormat, records: Iterable[Mapping[str, Any]]) -> Data
         finished += 1
         last[ids[-1]] += 1
         fin_end += ids[-1] in stops
-    hist = [{"id": i, "text": tok.token_str(i) if 0 <= i < tok.vocab_size else "?",
-             "kind": tok.kind_of(i), "count": c, "is_end_of_turn": i in stops}
-            for i, c in last.most_common(10)]
+    hist = [
+        {
+            "id": i,
+            "text": tok.token_str(i) if 0 <= i < tok.vocab_size else "?",
+            "kind": tok.kind_of(i),
+            "count": c,
+            "is_end_of_turn": i in stops,
+        }
+        for i, c in last.most_common(10)
+    ]
     end_text = bound.format.markers[bound.format.end_of_turn].text
     ok = finished > 0 and fin_end == finished
     if finished == 0:
@@ -208,7 +241,9 @@ def check_data(bound: BoundFormat, records: Iterable[Mapping[str, Any]]) -> Data
         msg = f"all {finished} finished outputs end with {end_id} ({end_text})"
     else:
         top = last.most_common(1)[0][0]
-        msg = (f"{finished - fin_end} of {finished} finished outputs do not end with the "
-               f"format's end of turn {end_id} ({end_text}); most common last token: "
-               f"{describe_id(tok, top)}")
+        msg = (
+            f"{finished - fin_end} of {finished} finished outputs do not end with the "
+            f"format's end of turn {end_id} ({end_text}); most common last token: "
+            f"{describe_id(tok, top)}"
+        )
     return DataCheck(n, finished, truncated, end_id, end_text, fin_end, trunc_end, hist, ok, msg)

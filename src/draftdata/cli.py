@@ -26,11 +26,20 @@ app = typer.Typer(
 out = Console(width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True, soft_wrap=True)
 
-TokenizerOpt = Annotated[str, typer.Option(
-    "--tokenizer", "-t",
-    help="HF folder, tokenizer.json, tiktoken file, GGUF, or pkg:MODULE/path inside a package")]
-FormatOpt = Annotated[str, typer.Option(
-    "--format", "-f", help="built-in format name (see `draftdata formats`) or a format .toml")]
+TokenizerOpt = Annotated[
+    str,
+    typer.Option(
+        "--tokenizer",
+        "-t",
+        help="HF folder, tokenizer.json, tiktoken file, GGUF, or pkg:MODULE/path inside a package",
+    ),
+]
+FormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--format", "-f", help="built-in format name (see `draftdata formats`) or a format .toml"
+    ),
+]
 
 
 def _version(value: bool) -> None:
@@ -41,8 +50,12 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                          help="print the version and exit")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
 ) -> None:
     pass
 
@@ -92,11 +105,22 @@ def formats() -> None:
 
     t = Table("name", "version", "end of turn", "think", "tools", "description")
     for f in BUILTIN.values():
-        think = "-" if f.think is None else (
-            f"{f.markers[f.think.open].text}…{f.markers[f.think.close].text}"
-            + (" (prompt opens)" if f.think.prompt_opens else ""))
-        t.add_row(f.name, f.version, f.markers[f.end_of_turn].text, think,
-                  "yes" if f.supports_tools else "no", f.description)
+        think = (
+            "-"
+            if f.think is None
+            else (
+                f"{f.markers[f.think.open].text}…{f.markers[f.think.close].text}"
+                + (" (prompt opens)" if f.think.prompt_opens else "")
+            )
+        )
+        t.add_row(
+            f.name,
+            f.version,
+            f.markers[f.end_of_turn].text,
+            think,
+            "yes" if f.supports_tools else "no",
+            f.description,
+        )
     out.print(t)
 
 
@@ -104,14 +128,22 @@ def formats() -> None:
 def audit(
     tokenizer: TokenizerOpt,
     format: FormatOpt = "chatml",
-    data: Annotated[Path | None, typer.Option(
-        help="JSONL with output_ids and finish_reason (real engine outputs)")] = None,
-    expect: Annotated[list[str] | None, typer.Option(
-        help="NAME=ID a constant your code relies on, e.g. im_end=163586; repeatable")] = None,
-    json_out: Annotated[Path | None, typer.Option(
-        "--json", help="write the report as JSON to this file ('-' for stdout)")] = None,
-    chat_template: Annotated[Path | None, typer.Option(
-        help="a chat_template.jinja to use instead of the tokenizer's own")] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(help="JSONL with output_ids and finish_reason (real engine outputs)"),
+    ] = None,
+    expect: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=ID a constant your code relies on, e.g. im_end=163586; repeatable"),
+    ] = None,
+    json_out: Annotated[
+        Path | None,
+        typer.Option("--json", help="write the report as JSON to this file ('-' for stdout)"),
+    ] = None,
+    chat_template: Annotated[
+        Path | None,
+        typer.Option(help="a chat_template.jinja to use instead of the tokenizer's own"),
+    ] = None,
 ) -> None:
     """Audit a tokenizer's special tokens against a chat format. Exits 1 when a check fails."""
     from .audit import audit as run_audit
@@ -138,51 +170,93 @@ def audit(
 
 def _print_audit(report: Any, skipped: dict[str, int]) -> None:
     tk, fm = report.tokenizer, report.format
-    out.print(f"[bold]tokenizer[/] {tk['path']} ({tk['kind']}, vocab {tk['vocab_size']:,}, "
-              f"{tk['special_tokens']} special, {tk['added_tokens']} added, sha256 "
-              f"{tk['sha256'][:12]}…)")
+    out.print(
+        f"[bold]tokenizer[/] {tk['path']} ({tk['kind']}, vocab {tk['vocab_size']:,}, "
+        f"{tk['special_tokens']} special, {tk['added_tokens']} added, sha256 "
+        f"{tk['sha256'][:12]}…)"
+    )
     out.print(f"[bold]format[/] {fm['name']} v{fm['version']}: {fm['description']}")
-    t = Table("marker", "text", "id", "kind", "encodes to 1 id", "decodes back",
-              "our encode keeps it text", "stock encode injects it from text", "verdict",
-              title="markers")
+    t = Table(
+        "marker",
+        "text",
+        "id",
+        "kind",
+        "encodes to 1 id",
+        "decodes back",
+        "our encode keeps it text",
+        "stock encode injects it from text",
+        "verdict",
+        title="markers",
+    )
     yes = {True: "yes", False: "[red]no[/]"}
     for m in report.markers:
-        t.add_row(m["name"], m["text"], str(m["id"]) if m["id"] is not None else "-", m["kind"],
-                  yes[m["encodes_to_one"]], yes[m["decodes_back"]], yes[m["text_stays_text"]],
-                  "[yellow]yes[/]" if m["stock_encode_matches_in_user_text"] else "no",
-                  "[green]ok[/]" if m["ok"] else f"[red]FAIL[/] {m['problem']}")
+        t.add_row(
+            m["name"],
+            m["text"],
+            str(m["id"]) if m["id"] is not None else "-",
+            m["kind"],
+            yes[m["encodes_to_one"]],
+            yes[m["decodes_back"]],
+            yes[m["text_stays_text"]],
+            "[yellow]yes[/]" if m["stock_encode_matches_in_user_text"] else "no",
+            "[green]ok[/]" if m["ok"] else f"[red]FAIL[/] {m['problem']}",
+        )
     out.print(t)
     c = report.confusables
     if c["ordinary_lookalikes"]:
         t = Table("marker", "ordinary look-alike tokens", "examples", title="confusables")
         for mt, v in c["ordinary_lookalikes"].items():
-            t.add_row(mt, str(v["count"]),
-                      ", ".join(f"{e['id']}:{e['text']!r}" for e in v["examples"][:6]))
+            t.add_row(
+                mt,
+                str(v["count"]),
+                ", ".join(f"{e['id']}:{e['text']!r}" for e in v["examples"][:6]),
+            )
         out.print(t)
     if c["added_tokens_matched_in_text"]:
-        names = ", ".join(f"{a['text']} ({a['id']})" for a in c["added_tokens_matched_in_text"][:10])
-        out.print(f"[yellow]added non-special tokens the stock encoder matches inside plain text "
-                  f"({len(c['added_tokens_matched_in_text'])}):[/] {names}")
+        names = ", ".join(
+            f"{a['text']} ({a['id']})" for a in c["added_tokens_matched_in_text"][:10]
+        )
+        out.print(
+            f"[yellow]added non-special tokens the stock encoder matches inside plain text "
+            f"({len(c['added_tokens_matched_in_text'])}):[/] {names}"
+        )
     if c["same_text_id_groups"]:
         ex = "; ".join(f"{g['text']!r}: {g['ids']}" for g in c["same_text_ids"][:5])
-        out.print(f"[yellow]{c['same_text_id_groups']} groups of ids decode to the same text:[/] {ex}")
+        out.print(
+            f"[yellow]{c['same_text_id_groups']} groups of ids decode to the same text:[/] {ex}"
+        )
     for m in c["markers_encoding_to_several_ids"]:
-        out.print(f"[red]marker {m['name']} {m['text']!r} encodes to several ids {m['stock_ids']}[/]")
+        out.print(
+            f"[red]marker {m['name']} {m['text']!r} encodes to several ids {m['stock_ids']}[/]"
+        )
     for e in report.expectations:
         out.print(("[green]expect ok[/] " if e.ok else "[red]expect FAIL[/] ") + e.message)
     d = report.data
     if d is not None:
-        t = Table("last token", "text", "kind", "count", "end of turn?",
-                  title=f"last token of {d.finished} finished outputs ({d.records} records, "
-                  f"{d.truncated} truncated)")
+        t = Table(
+            "last token",
+            "text",
+            "kind",
+            "count",
+            "end of turn?",
+            title=f"last token of {d.finished} finished outputs ({d.records} records, "
+            f"{d.truncated} truncated)",
+        )
         for h in d.last_token_histogram:
-            t.add_row(str(h["id"]), repr(h["text"]), h["kind"], str(h["count"]),
-                      "yes" if h["is_end_of_turn"] else "[red]no[/]")
+            t.add_row(
+                str(h["id"]),
+                repr(h["text"]),
+                h["kind"],
+                str(h["count"]),
+                "yes" if h["is_end_of_turn"] else "[red]no[/]",
+            )
         out.print(t)
         out.print(("[green]data ok[/] " if d.ok else "[red]data FAIL[/] ") + d.message)
         if d.truncated_ending_with_end:
-            out.print(f"[yellow]{d.truncated_ending_with_end} truncated outputs end with the "
-                      "end-of-turn id[/]")
+            out.print(
+                f"[yellow]{d.truncated_ending_with_end} truncated outputs end with the "
+                "end-of-turn id[/]"
+            )
     if skipped:
         out.print(f"[yellow]skipped input lines: {skipped}[/]")
     if report.ok:

@@ -10,9 +10,22 @@ from .declared import load_format_file
 from .families import BUILTIN, TemplateFormat
 from .segments import Segment, Special, Text, encode_segments, merge_text
 
-__all__ = ["BUILTIN", "BoundFormat", "ChatFormat", "MarkerCheck", "MarkerSpec", "Segment",
-           "Special", "TemplateFormat", "Text", "ThinkGrammar", "describe_id", "encode_segments",
-           "get_format", "merge_text"]
+__all__ = [
+    "BUILTIN",
+    "BoundFormat",
+    "ChatFormat",
+    "MarkerCheck",
+    "MarkerSpec",
+    "Segment",
+    "Special",
+    "TemplateFormat",
+    "Text",
+    "ThinkGrammar",
+    "describe_id",
+    "encode_segments",
+    "get_format",
+    "merge_text",
+]
 
 
 def get_format(name: str, relative_to: Path | None = None) -> ChatFormat:

@@ -131,11 +131,18 @@ class ChatFormat:
         th = self.think
         if th is not None and (thinking or reasoning):
             if th.prompt_opens and thinking:
-                out += [Text((reasoning or "") + th.close_prefix), Special(th.close),
-                        Text(th.close_suffix)]
+                out += [
+                    Text((reasoning or "") + th.close_prefix),
+                    Special(th.close),
+                    Text(th.close_suffix),
+                ]
             elif reasoning is not None or th.prompt_opens:
-                out += [Special(th.open), Text(th.open_suffix + (reasoning or "") + th.close_prefix),
-                        Special(th.close), Text(th.close_suffix)]
+                out += [
+                    Special(th.open),
+                    Text(th.open_suffix + (reasoning or "") + th.close_prefix),
+                    Special(th.close),
+                    Text(th.close_suffix),
+                ]
         out.append(Text(content))
         if tool_calls:
             out += self.render_tool_calls(tool_calls, content)
@@ -172,14 +179,19 @@ def check_marker(tok: Tokenizer, name: str, spec: MarkerSpec) -> MarkerCheck:
     plain = tok.encode(spec.text)
     if info is None:
         kind = "missing" if len(stock) != 1 else "ordinary"
-        problem = None if spec.optional else (
-            f"{spec.text!r} is not a special or added token of this tokenizer (it encodes to "
-            f"{len(stock)} ordinary id(s) {stock[:8]}); this format does not fit this tokenizer"
+        problem = (
+            None
+            if spec.optional
+            else (
+                f"{spec.text!r} is not a special or added token of this tokenizer (it encodes to "
+                f"{len(stock)} ordinary id(s) {stock[:8]}); this format does not fit this tokenizer"
+            )
         )
         if spec.id is not None:
             problem = _pin_problem(tok, spec, None)
-        return MarkerCheck(name, spec.text, None, kind, spec.id, len(stock) == 1, False,
-                           True, problem)
+        return MarkerCheck(
+            name, spec.text, None, kind, spec.id, len(stock) == 1, False, True, problem
+        )
     encodes_to_one = stock == [info.id]
     decodes_back = tok.decode([info.id]) == spec.text
     text_stays_text = info.id not in plain
@@ -190,8 +202,17 @@ def check_marker(tok: Tokenizer, name: str, spec: MarkerSpec) -> MarkerCheck:
         problem = f"id {info.id} decodes to {tok.decode([info.id])!r}, not {spec.text!r}"
     if spec.id is not None and spec.id != info.id:
         problem = _pin_problem(tok, spec, info.id)
-    return MarkerCheck(name, spec.text, info.id, info.kind, spec.id, encodes_to_one,
-                       decodes_back, text_stays_text, problem)
+    return MarkerCheck(
+        name,
+        spec.text,
+        info.id,
+        info.kind,
+        spec.id,
+        encodes_to_one,
+        decodes_back,
+        text_stays_text,
+        problem,
+    )
 
 
 def describe_id(tok: Tokenizer, token_id: int) -> str:
@@ -228,8 +249,11 @@ class BoundFormat:
 
     @property
     def stop_ids(self) -> frozenset[int]:
-        return frozenset(self.ids[m] for m in (self.format.end_of_turn, *self.format.stop_markers)
-                         if m in self.ids)
+        return frozenset(
+            self.ids[m]
+            for m in (self.format.end_of_turn, *self.format.stop_markers)
+            if m in self.ids
+        )
 
     def marker_text(self) -> dict[str, str]:
         return {n: m.text for n, m in self.format.markers.items()}
@@ -243,8 +267,9 @@ class BoundFormat:
             )
         return encode_segments(segments, self.tokenizer, self.ids)
 
-    def prompt_ids(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (),
-                   **opts: Any) -> list[int]:
+    def prompt_ids(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (), **opts: Any
+    ) -> list[int]:
         return self.encode(self.format.render_prompt(messages, tools, **opts))[0]
 
     def render_text(self, segments: Sequence[Segment]) -> str:

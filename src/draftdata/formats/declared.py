@@ -104,8 +104,9 @@ def load_format_file(path: Path, registry: dict[str, ChatFormat]) -> ChatFormat:
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
-        raise FormatError(f"{path}: {loc}: {err['msg']}; see `draftdata formats --help-toml`"
-                          ) from e
+        raise FormatError(
+            f"{path}: {loc}: {err['msg']}; see `draftdata formats --help-toml`"
+        ) from e
     return build_format(doc, path, registry)
 
 
@@ -115,17 +116,19 @@ def build_format(doc: _FormatDoc, path: Path, registry: dict[str, ChatFormat]) -
 
         base = get_format(doc.base, relative_to=path.parent)
     else:
-        base = TemplateFormat(name=doc.name, version=doc.version, description="", markers={},
-                              end_of_turn="")
+        base = TemplateFormat(
+            name=doc.name, version=doc.version, description="", markers={}, end_of_turn=""
+        )
     markers = dict(base.markers)
     for name, m in doc.markers.items():
-        markers[name] = MarkerSpec(m) if isinstance(m, str) else MarkerSpec(m.text, m.id,
-                                                                              m.optional)
+        markers[name] = (
+            MarkerSpec(m) if isinstance(m, str) else MarkerSpec(m.text, m.id, m.optional)
+        )
     changes: dict[str, Any] = {
         "name": doc.name,
         "version": doc.version,
-        "description": doc.description or f"declared in {path.name}"
-        + (f" (based on {base.name})" if doc.base else ""),
+        "description": doc.description
+        or f"declared in {path.name}" + (f" (based on {base.name})" if doc.base else ""),
         "markers": markers,
     }
     if doc.end_of_turn is not None:
@@ -136,16 +139,23 @@ def build_format(doc: _FormatDoc, path: Path, registry: dict[str, ChatFormat]) -
         changes["think"] = ThinkGrammar(**doc.think.model_dump())
     if doc.messages is not None:
         if not isinstance(base, TemplateFormat):
-            raise FormatError(f"{path}: [messages] only applies to template formats; base "
-                              f"{base.name!r} renders in code — drop [messages] or the base")
+            raise FormatError(
+                f"{path}: [messages] only applies to template formats; base "
+                f"{base.name!r} renders in code — drop [messages] or the base"
+            )
         msg = dict(base.message)
         for role in ("default", "system", "user", "assistant", "tool"):
             val = getattr(doc.messages, role)
             if val is not None:
                 msg[role] = val
         changes["message"] = msg
-        for key in ("generation_prompt", "generation_prompt_no_think", "default_system",
-                    "trim_content", "bos"):
+        for key in (
+            "generation_prompt",
+            "generation_prompt_no_think",
+            "default_system",
+            "trim_content",
+            "bos",
+        ):
             val = getattr(doc.messages, key)
             if val is not None:
                 changes[key] = val
@@ -164,5 +174,6 @@ def _check_names(fmt: ChatFormat, path: Path) -> None:
         names.append(fmt.bos)
     for n in names:
         if n not in fmt.markers:
-            raise FormatError(f"{path}: {n!r} is used but not declared under [markers]; add "
-                              f"{n} = \"<its text>\"")
+            raise FormatError(
+                f'{path}: {n!r} is used but not declared under [markers]; add {n} = "<its text>"'
+            )

@@ -52,8 +52,14 @@ class TemplateFormat(ChatFormat):
         out += self.lit(template[pos:])
         return out
 
-    def render_prompt(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (), *,
-                      add_generation_prompt: bool = True, thinking: bool = True) -> list[Segment]:
+    def render_prompt(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] = (),
+        *,
+        add_generation_prompt: bool = True,
+        thinking: bool = True,
+    ) -> list[Segment]:
         self._no_tools(tools)
         out: list[Segment] = [Special(self.bos)] if self.bos else []
         msgs = list(messages)
@@ -89,15 +95,19 @@ def probe_default_system(fmt: TemplateFormat, tokenizer: Tokenizer) -> str | Non
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     try:
         rendered = env.from_string(tpl).render(
-            messages=[{"role": "user", "content": _PROBE}], add_generation_prompt=False,
-            bos_token="", eos_token="")
+            messages=[{"role": "user", "content": _PROBE}],
+            add_generation_prompt=False,
+            bos_token="",
+            eos_token="",
+        )
     except jinja2.TemplateError:
         return None
     head = rendered.split(_PROBE, 1)[0]
     sys_open = "".join(
         s.text if isinstance(s, Text) else fmt.markers[s.marker].text
-        for s in fmt.fill(fmt.message.get("system") or fmt.message.get("default", ""), role="system",
-                          content="\0")
+        for s in fmt.fill(
+            fmt.message.get("system") or fmt.message.get("default", ""), role="system", content="\0"
+        )
     )
     before, _, after = sys_open.partition("\0")
     if before and head.startswith(before) and after and after in head:
@@ -179,39 +189,47 @@ class Qwen3Format(ChatFormat):
     )
     tools_footer: str = (
         "\n</tools>\n\nFor each function call, return a json object with function name and "
-        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
-        "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>"
+        'arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": '
+        '<function-name>, "arguments": <args-json-object>}\n</tool_call>'
     )
 
     def _last_query(self, messages: Sequence[Message]) -> int:
         for i in range(len(messages) - 1, -1, -1):
             m = messages[i]
             c = self._content(m)
-            if m.role == "user" and not (c.startswith("<tool_response>")
-                                         and c.endswith("</tool_response>")):
+            if m.role == "user" and not (
+                c.startswith("<tool_response>") and c.endswith("</tool_response>")
+            ):
                 return i
         return len(messages) - 1
 
     def _content(self, m: Message) -> str:
         return _text(m)
 
-    def _system_block(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]
-                      ) -> list[Segment]:
+    def _system_block(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]
+    ) -> list[Segment]:
         out: list[Segment] = []
         first_sys = bool(messages) and messages[0].role == "system"
         if tools:
             body = self._content(messages[0]) + "\n\n" if first_sys else ""
             out += [Special("im_start"), Text("system\n" + body)]
-            out += self.lit(self.tools_header + "".join("\n" + tojson(t) for t in tools)
-                            + self.tools_footer)
+            out += self.lit(
+                self.tools_header + "".join("\n" + tojson(t) for t in tools) + self.tools_footer
+            )
             out += [Special("im_end"), Text("\n")]
         elif first_sys:
-            out += [Special("im_start"), Text("system\n" + self._content(messages[0])),
-                    Special("im_end"), Text("\n")]
+            out += [
+                Special("im_start"),
+                Text("system\n" + self._content(messages[0])),
+                Special("im_end"),
+                Text("\n"),
+            ]
         return out
 
-    def _assistant_body(self, m: Message, idx: int, last_query: int, is_last: bool
-                        ) -> list[Segment]:
+    def _assistant_body(
+        self, m: Message, idx: int, last_query: int, is_last: bool
+    ) -> list[Segment]:
         content = self._content(m)
         reasoning = ""
         if m.reasoning is not None:
@@ -220,8 +238,12 @@ class Qwen3Format(ChatFormat):
             reasoning, content = _split_think(content)
         out: list[Segment] = [Special("im_start"), Text("assistant\n")]
         if idx > last_query and (is_last or reasoning):
-            out += [Special("think_open"), Text("\n" + reasoning.strip("\n") + "\n"),
-                    Special("think_close"), Text("\n\n" + content.lstrip("\n"))]
+            out += [
+                Special("think_open"),
+                Text("\n" + reasoning.strip("\n") + "\n"),
+                Special("think_close"),
+                Text("\n\n" + content.lstrip("\n")),
+            ]
         else:
             out.append(Text(content))
         if m.tool_calls:
@@ -233,9 +255,11 @@ class Qwen3Format(ChatFormat):
         for i, c in enumerate(calls):
             if (i == 0 and content) or i > 0:
                 out.append(Text("\n"))
-            out += [Special("tool_call_open"),
-                    Text('\n{"name": "' + c.name + '", "arguments": ' + c.arguments + "}\n"),
-                    Special("tool_call_close")]
+            out += [
+                Special("tool_call_open"),
+                Text('\n{"name": "' + c.name + '", "arguments": ' + c.arguments + "}\n"),
+                Special("tool_call_close"),
+            ]
         return out
 
     def _gen_prompt(self, thinking: bool) -> list[Segment]:
@@ -244,23 +268,37 @@ class Qwen3Format(ChatFormat):
             out += [Special("think_open"), Text("\n\n"), Special("think_close"), Text("\n\n")]
         return out
 
-    def render_prompt(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (), *,
-                      add_generation_prompt: bool = True, thinking: bool = True) -> list[Segment]:
+    def render_prompt(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] = (),
+        *,
+        add_generation_prompt: bool = True,
+        thinking: bool = True,
+    ) -> list[Segment]:
         out = self._system_block(messages, tools)
         last_query = self._last_query(messages)
         n = len(messages)
         for i, m in enumerate(messages):
             if m.role == "user" or (m.role == "system" and i > 0):
-                out += [Special("im_start"), Text(m.role + "\n" + self._content(m)),
-                        Special("im_end"), Text("\n")]
+                out += [
+                    Special("im_start"),
+                    Text(m.role + "\n" + self._content(m)),
+                    Special("im_end"),
+                    Text("\n"),
+                ]
             elif m.role == "assistant":
                 out += self._assistant_body(m, i, last_query, i == n - 1)
                 out += [Special("im_end"), Text("\n")]
             elif m.role == "tool":
                 if i == 0 or messages[i - 1].role != "tool":
                     out += [Special("im_start"), Text("user")]
-                out += [Text("\n"), Special("tool_response_open"),
-                        Text("\n" + self._content(m) + "\n"), Special("tool_response_close")]
+                out += [
+                    Text("\n"),
+                    Special("tool_response_open"),
+                    Text("\n" + self._content(m) + "\n"),
+                    Special("tool_response_close"),
+                ]
                 if i == n - 1 or messages[i + 1].role != "tool":
                     out += [Special("im_end"), Text("\n")]
         if add_generation_prompt:
@@ -275,8 +313,9 @@ QWEN3 = Qwen3Format(
     markers=dict(_QWEN_MARKERS),
     end_of_turn="im_end",
     stop_markers=("endoftext",),
-    think=ThinkGrammar("think_open", "think_close", open_suffix="\n", close_prefix="\n",
-                       close_suffix="\n\n"),
+    think=ThinkGrammar(
+        "think_open", "think_close", open_suffix="\n", close_prefix="\n", close_suffix="\n\n"
+    ),
     template_kwargs={},
 )
 
@@ -286,9 +325,7 @@ class Qwen35Format(Qwen3Format):
     """Qwen3.5/3.6: content trimmed; the generation prompt opens ``<think>\\n``; tool calls in
     XML-ish ``<function=NAME><parameter=K>V</parameter></function>`` blocks."""
 
-    tools_header: str = (
-        "# Tools\n\nYou have access to the following functions:\n\n<tools>"
-    )
+    tools_header: str = "# Tools\n\nYou have access to the following functions:\n\n<tools>"
     tools_footer: str = (
         "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO "
         "suffix:\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>"
@@ -305,14 +342,16 @@ class Qwen35Format(Qwen3Format):
     def _content(self, m: Message) -> str:
         return _text(m).strip()
 
-    def _system_block(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]
-                      ) -> list[Segment]:
+    def _system_block(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]
+    ) -> list[Segment]:
         first_sys = bool(messages) and messages[0].role == "system"
         sys_text = self._content(messages[0]) if first_sys else ""
         if tools:
             out: list[Segment] = [Special("im_start"), Text("system\n")]
-            out += self.lit(self.tools_header + "".join("\n" + tojson(t) for t in tools)
-                            + self.tools_footer)
+            out += self.lit(
+                self.tools_header + "".join("\n" + tojson(t) for t in tools) + self.tools_footer
+            )
             if sys_text:
                 out.append(Text("\n\n" + sys_text))
             return [*out, Special("im_end"), Text("\n")]
@@ -320,8 +359,9 @@ class Qwen35Format(Qwen3Format):
             return [Special("im_start"), Text("system\n" + sys_text), Special("im_end"), Text("\n")]
         return []
 
-    def _assistant_body(self, m: Message, idx: int, last_query: int, is_last: bool
-                        ) -> list[Segment]:
+    def _assistant_body(
+        self, m: Message, idx: int, last_query: int, is_last: bool
+    ) -> list[Segment]:
         content = self._content(m)
         reasoning = ""
         if m.reasoning is not None:
@@ -331,8 +371,12 @@ class Qwen35Format(Qwen3Format):
         reasoning = reasoning.strip()
         out: list[Segment] = [Special("im_start"), Text("assistant\n")]
         if idx > last_query:
-            out += [Special("think_open"), Text("\n" + reasoning + "\n"), Special("think_close"),
-                    Text("\n\n" + content)]
+            out += [
+                Special("think_open"),
+                Text("\n" + reasoning + "\n"),
+                Special("think_close"),
+                Text("\n\n" + content),
+            ]
         else:
             out.append(Text(content))
         if m.tool_calls:
@@ -360,8 +404,14 @@ class Qwen35Format(Qwen3Format):
             return [*out, Text("\n\n"), Special("think_close"), Text("\n\n")]
         return [*out, Text("\n")]
 
-    def render_prompt(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (), *,
-                      add_generation_prompt: bool = True, thinking: bool = True) -> list[Segment]:
+    def render_prompt(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] = (),
+        *,
+        add_generation_prompt: bool = True,
+        thinking: bool = True,
+    ) -> list[Segment]:
         if any(m.role == "system" for m in messages[1:]):
             raise FormatError("qwen3.5: a system message must come first (the template refuses)")
         out = self._system_block(messages, tools)
@@ -369,16 +419,24 @@ class Qwen35Format(Qwen3Format):
         n = len(messages)
         for i, m in enumerate(messages):
             if m.role == "user":
-                out += [Special("im_start"), Text("user\n" + self._content(m)),
-                        Special("im_end"), Text("\n")]
+                out += [
+                    Special("im_start"),
+                    Text("user\n" + self._content(m)),
+                    Special("im_end"),
+                    Text("\n"),
+                ]
             elif m.role == "assistant":
                 out += self._assistant_body(m, i, last_query, i == n - 1)
                 out += [Special("im_end"), Text("\n")]
             elif m.role == "tool":
                 if i > 0 and messages[i - 1].role != "tool":
                     out += [Special("im_start"), Text("user")]
-                out += [Text("\n"), Special("tool_response_open"),
-                        Text("\n" + self._content(m) + "\n"), Special("tool_response_close")]
+                out += [
+                    Text("\n"),
+                    Special("tool_response_open"),
+                    Text("\n" + self._content(m) + "\n"),
+                    Special("tool_response_close"),
+                ]
                 if i == n - 1 or messages[i + 1].role != "tool":
                     out += [Special("im_end"), Text("\n")]
         if add_generation_prompt:
@@ -398,8 +456,14 @@ QWEN35 = Qwen35Format(
     markers=dict(_QWEN_MARKERS),
     end_of_turn="im_end",
     stop_markers=("endoftext",),
-    think=ThinkGrammar("think_open", "think_close", open_suffix="\n", close_prefix="\n",
-                       close_suffix="\n\n", prompt_opens=True),
+    think=ThinkGrammar(
+        "think_open",
+        "think_close",
+        open_suffix="\n",
+        close_prefix="\n",
+        close_suffix="\n\n",
+        prompt_opens=True,
+    ),
 )
 
 
@@ -420,13 +484,24 @@ class DeepSeekV3Format(ChatFormat):
         for i, c in enumerate(calls):
             if i:
                 out.append(Text("\n"))
-            out += [Special("tool_call_begin"), Text(c.type), Special("tool_sep"),
-                    Text(c.name + "\n```json\n" + c.arguments + "\n```"), Special("tool_call_end")]
+            out += [
+                Special("tool_call_begin"),
+                Text(c.type),
+                Special("tool_sep"),
+                Text(c.name + "\n```json\n" + c.arguments + "\n```"),
+                Special("tool_call_end"),
+            ]
         out.append(Special("tool_calls_end"))
         return out
 
-    def render_prompt(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (), *,
-                      add_generation_prompt: bool = True, thinking: bool = True) -> list[Segment]:
+    def render_prompt(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] = (),
+        *,
+        add_generation_prompt: bool = True,
+        thinking: bool = True,
+    ) -> list[Segment]:
         self._no_tools(tools)
         system = "\n\n".join(_text(m) for m in messages if m.role == "system")
         out: list[Segment] = [Special("bos"), Text(system)]
@@ -487,8 +562,9 @@ DEEPSEEK_V3 = DeepSeekV3Format(
         "think_close": MarkerSpec("</think>", optional=True),
     },
     end_of_turn="eos",
-    think=ThinkGrammar("think_open", "think_close", open_suffix="\n", close_prefix="\n",
-                       close_suffix="\n\n"),
+    think=ThinkGrammar(
+        "think_open", "think_close", open_suffix="\n", close_prefix="\n", close_suffix="\n\n"
+    ),
 )
 
 
@@ -506,17 +582,33 @@ class KimiK2Format(ChatFormat):
     def render_tool_calls(self, calls: Sequence[ToolCall], content: str) -> list[Segment]:
         out: list[Segment] = [Special("tool_calls_begin")]
         for c in calls:
-            out += [Special("tool_call_begin"), Text(c.id or ""), Special("tool_call_arg_begin"),
-                    Text(c.arguments), Special("tool_call_end")]
+            out += [
+                Special("tool_call_begin"),
+                Text(c.id or ""),
+                Special("tool_call_arg_begin"),
+                Text(c.arguments),
+                Special("tool_call_end"),
+            ]
         return [*out, Special("tool_calls_end")]
 
-    def render_prompt(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (), *,
-                      add_generation_prompt: bool = True, thinking: bool = True,
-                      preserve_thinking: bool = False) -> list[Segment]:
+    def render_prompt(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] = (),
+        *,
+        add_generation_prompt: bool = True,
+        thinking: bool = True,
+        preserve_thinking: bool = False,
+    ) -> list[Segment]:
         out: list[Segment] = []
         if tools:
-            out += [Special("im_system"), Text("tool_declare"), Special("im_middle"),
-                    Text(tojson(list(tools), separators=(",", ":"))), Special("im_end")]
+            out += [
+                Special("im_system"),
+                Text("tool_declare"),
+                Special("im_middle"),
+                Text(tojson(list(tools), separators=(",", ":"))),
+                Special("im_end"),
+            ]
         split = -1
         if not preserve_thinking:
             for i in range(len(messages) - 1, -1, -1):
@@ -539,8 +631,12 @@ class KimiK2Format(ChatFormat):
                 out.append(Text(_text(m)))
             out.append(Special("im_end"))
         if add_generation_prompt:
-            out += [Special("im_assistant"), Text("assistant"), Special("im_middle"),
-                    Special("think_open")]
+            out += [
+                Special("im_assistant"),
+                Text("assistant"),
+                Special("im_middle"),
+                Special("think_open"),
+            ]
             if not thinking:
                 out.append(Special("think_close"))
         return out
@@ -569,5 +665,6 @@ KIMI_K2 = KimiK2Format(
     think=ThinkGrammar("think_open", "think_close", prompt_opens=True),
 )
 
-BUILTIN: dict[str, ChatFormat] = {f.name: f for f in
-                                  (CHATML, LLAMA3, QWEN3, QWEN35, DEEPSEEK_V3, KIMI_K2)}
+BUILTIN: dict[str, ChatFormat] = {
+    f.name: f for f in (CHATML, LLAMA3, QWEN3, QWEN35, DEEPSEEK_V3, KIMI_K2)
+}

@@ -28,8 +28,10 @@ Segment = Text | Special
 
 
 def train(segments: Iterable[Segment], trained: bool = True) -> list[Segment]:
-    return [Text(s.text, trained) if isinstance(s, Text) else Special(s.marker, trained)
-            for s in segments]
+    return [
+        Text(s.text, trained) if isinstance(s, Text) else Special(s.marker, trained)
+        for s in segments
+    ]
 
 
 def merge_text(segments: Iterable[Segment]) -> list[Segment]:

@@ -13,13 +13,20 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import TokenizerError
-from .base import TokenInfo, TokenKind, Tokenizer
+from .base import TokenInfo, Tokenizer, TokenKind
 from .gguf_file import load_gguf_tokenizer
 from .hf import HFTokenizer
 from .tiktoken_file import TiktokenTokenizer
 
-__all__ = ["HFTokenizer", "TiktokenTokenizer", "TokenInfo", "TokenKind", "Tokenizer",
-           "load_tokenizer", "resolve_path"]
+__all__ = [
+    "HFTokenizer",
+    "TiktokenTokenizer",
+    "TokenInfo",
+    "TokenKind",
+    "Tokenizer",
+    "load_tokenizer",
+    "resolve_path",
+]
 
 
 def resolve_path(spec: str | Path) -> Path:

@@ -105,6 +105,12 @@ class Tokenizer(ABC):
     def control_by_text(self) -> dict[str, TokenInfo]:
         return {t.text: t for t in self.control_tokens.values()}
 
+    @property
+    def unrepresentable_bytes(self) -> frozenset[int]:
+        """Bytes with no token of their own: text containing them cannot round-trip (the BPE
+        drops them). Empty for complete byte-level vocabularies."""
+        return frozenset()
+
     def kind_of(self, token_id: int) -> TokenKind:
         info = self.control_tokens.get(token_id)
         return info.kind if info else "ordinary"

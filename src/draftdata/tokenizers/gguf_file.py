@@ -10,8 +10,19 @@ from ..errors import TokenizerError
 from .base import file_sha256
 from .hf import HFTokenizer
 
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-            10: "<Q", 11: "<q", 12: "<d"}
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 _STRING, _ARRAY = 8, 9
 # llama.cpp token types
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
@@ -20,8 +31,10 @@ _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 def _read(f: BinaryIO, n: int) -> bytes:
     b = f.read(n)
     if len(b) != n:
-        raise TokenizerError(f"{getattr(f, 'name', 'GGUF')}: file ends inside the metadata; it is "
-                             "truncated — download it again")
+        raise TokenizerError(
+            f"{getattr(f, 'name', 'GGUF')}: file ends inside the metadata; it is "
+            "truncated — download it again"
+        )
     return b
 
 
@@ -41,10 +54,14 @@ def _value(f: BinaryIO, vtype: int) -> Any:
             data = _read(f, size * count)
             return [v[0] for v in struct.iter_unpack(fmt, data)]
         return [_value(f, itype) for _ in range(count)]
-    raise TokenizerError(f"unknown GGUF value type {vtype}; the file may be from a newer GGUF version")
+    raise TokenizerError(
+        f"unknown GGUF value type {vtype}; the file may be from a newer GGUF version"
+    )
 
 
-def read_gguf_metadata(path: Path, prefix: tuple[str, ...] = ("tokenizer.", "general.")) -> dict[str, Any]:
+def read_gguf_metadata(
+    path: Path, prefix: tuple[str, ...] = ("tokenizer.", "general.")
+) -> dict[str, Any]:
     """Key/value metadata of a GGUF file, limited to keys with the given prefixes."""
     out: dict[str, Any] = {}
     try:
@@ -79,8 +96,15 @@ def hf_spec_from_gguf(meta: dict[str, Any], path: Path) -> dict[str, Any]:
     types: list[int] = meta.get("tokenizer.ggml.token_type") or [_NORMAL] * len(tokens)
     merges: list[str] = meta.get("tokenizer.ggml.merges") or []
     added = [
-        {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": typ == _CONTROL}
+        {
+            "id": i,
+            "content": t,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": typ == _CONTROL,
+        }
         for i, (t, typ) in enumerate(zip(tokens, types, strict=True))
         if typ in (_CONTROL, _USER_DEFINED)
     ]
@@ -90,14 +114,27 @@ def hf_spec_from_gguf(meta: dict[str, Any], path: Path) -> dict[str, Any]:
         "padding": None,
         "added_tokens": added,
         "normalizer": None,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": bool(meta.get(
-            "tokenizer.ggml.add_space_prefix", False)), "trim_offsets": True, "use_regex": True},
+        "pre_tokenizer": {
+            "type": "ByteLevel",
+            "add_prefix_space": bool(meta.get("tokenizer.ggml.add_space_prefix", False)),
+            "trim_offsets": True,
+            "use_regex": True,
+        },
         "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
-                    "use_regex": True},
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": True,
+            "trim_offsets": True,
+            "use_regex": True,
+        },
         "model": {
-            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
             "ignore_merges": False,
             "vocab": {t: i for i, t in enumerate(tokens)},
             "merges": [m.split(" ", 1) for m in merges],

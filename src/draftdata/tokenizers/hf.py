@@ -73,8 +73,13 @@ class HFTokenizer(Tokenizer):
     @classmethod
     def from_file(cls, path: Path, chat_template: str | None = None) -> HFTokenizer:
         spec = _read_json(path)
-        return cls(spec, path=path, sha256=file_sha256(path), kind="tokenizer.json",
-                   chat_template=chat_template)
+        return cls(
+            spec,
+            path=path,
+            sha256=file_sha256(path),
+            kind="tokenizer.json",
+            chat_template=chat_template,
+        )
 
     @classmethod
     def from_folder(cls, folder: Path, chat_template: str | None = None) -> HFTokenizer:
@@ -84,8 +89,14 @@ class HFTokenizer(Tokenizer):
         config = _read_json(cfg_path) if cfg_path.exists() else {}
         if chat_template is None:
             chat_template = _template_from(folder, config)
-        return cls(spec, path=folder, sha256=file_sha256(tj), kind="hf-folder",
-                   chat_template=chat_template, config=config)
+        return cls(
+            spec,
+            path=folder,
+            sha256=file_sha256(tj),
+            kind="hf-folder",
+            chat_template=chat_template,
+            config=config,
+        )
 
     # --- protocol ------------------------------------------------------------------------
     def _encode_ordinary(self, text: str) -> list[int]:
@@ -111,7 +122,9 @@ class HFTokenizer(Tokenizer):
             return info.text.encode()
         tok = self._full.id_to_token(token_id)
         if tok is None:
-            raise TokenizerError(f"id {token_id} is outside the vocabulary (size {self.vocab_size})")
+            raise TokenizerError(
+                f"id {token_id} is outside the vocabulary (size {self.vocab_size})"
+            )
         if self._byte_level:
             try:
                 return bytes(_BYTE_DECODER[c] for c in tok)
@@ -132,8 +145,9 @@ class HFTokenizer(Tokenizer):
     @cached_property
     def _control(self) -> dict[int, TokenInfo]:
         return {
-            int(a["id"]): TokenInfo(int(a["id"]), str(a["content"]),
-                                    "special" if a.get("special") else "added")
+            int(a["id"]): TokenInfo(
+                int(a["id"]), str(a["content"]), "special" if a.get("special") else "added"
+            )
             for a in self._added
         }
 
@@ -145,6 +159,17 @@ class HFTokenizer(Tokenizer):
         tid = self._full.token_to_id(text)
         return None if tid is None else int(tid)
 
+    @cached_property
+    def _missing_bytes(self) -> frozenset[int]:
+        if not self._byte_level:
+            return frozenset()
+        table = _bytes_to_unicode()
+        return frozenset(b for b in range(256) if self._full.token_to_id(table[b]) is None)
+
+    @property
+    def unrepresentable_bytes(self) -> frozenset[int]:
+        return self._missing_bytes
+
     def vocab_strings(self) -> dict[str, int]:
         """Raw vocabulary entries (token strings in the model's alphabet) to ids."""
         return dict(self._full.get_vocab(with_added_tokens=False))
@@ -155,7 +180,9 @@ def _read_json(path: Path) -> dict[str, Any]:
         with path.open(encoding="utf-8") as f:
             data = json.load(f)
     except FileNotFoundError as e:
-        raise TokenizerError(f"{path}: no such file; a HF tokenizer folder needs tokenizer.json") from e
+        raise TokenizerError(
+            f"{path}: no such file; a HF tokenizer folder needs tokenizer.json"
+        ) from e
     except (OSError, ValueError) as e:
         raise TokenizerError(f"{path}: unreadable JSON ({e}); re-download the file") from e
     if not isinstance(data, dict):

@@ -97,9 +97,16 @@ class TiktokenTokenizer(Tokenizer):
         if chat_template is None:
             tpl = path.parent / "chat_template.jinja"
             chat_template = tpl.read_text(encoding="utf-8") if tpl.exists() else None
-        return cls(path=path, sha256=sha, name=str(prof.get("name", path.stem)), ranks=ranks,
-                   pat_str=pat_str, specials=specials, normalize=prof.get("normalize"),
-                   chat_template=chat_template)
+        return cls(
+            path=path,
+            sha256=sha,
+            name=str(prof.get("name", path.stem)),
+            ranks=ranks,
+            pat_str=pat_str,
+            specials=specials,
+            normalize=prof.get("normalize"),
+            chat_template=chat_template,
+        )
 
     # --- protocol ------------------------------------------------------------------------
     def _prep(self, text: str) -> str:
@@ -122,7 +129,9 @@ class TiktokenTokenizer(Tokenizer):
         try:
             return self._enc.decode_single_token_bytes(token_id)
         except KeyError as e:
-            raise TokenizerError(f"id {token_id} is outside the vocabulary ({self.vocab_size})") from e
+            raise TokenizerError(
+                f"id {token_id} is outside the vocabulary ({self.vocab_size})"
+            ) from e
 
     @property
     def vocab_size(self) -> int:
@@ -134,8 +143,11 @@ class TiktokenTokenizer(Tokenizer):
 
     @cached_property
     def _ordinary_by_bytes(self) -> dict[bytes, int]:
-        return {self._enc.decode_single_token_bytes(i): i for i in range(self._enc.max_token_value + 1)
-                if i not in self._specials and self._has(i)}
+        return {
+            self._enc.decode_single_token_bytes(i): i
+            for i in range(self._enc.max_token_value + 1)
+            if i not in self._specials and self._has(i)
+        }
 
     def _has(self, i: int) -> bool:
         try:
@@ -152,7 +164,10 @@ class TiktokenTokenizer(Tokenizer):
 
 
 def _find_profile(path: Path, sha: str) -> dict[str, Any]:
-    for side in (path.with_name(path.name + ".profile.json"), path.parent / "tiktoken.profile.json"):
+    for side in (
+        path.with_name(path.name + ".profile.json"),
+        path.parent / "tiktoken.profile.json",
+    ):
         if side.exists():
             try:
                 return dict(json.loads(side.read_text(encoding="utf-8")))
@@ -174,7 +189,9 @@ def _specials_from(prof: dict[str, Any], path: Path, n_ranks: int) -> dict[int, 
         start = int(prof.get("special_start", n_ranks))
         non_special = set(prof.get("non_special", []))
         for i, text in enumerate(prof["special_tokens"]):
-            specials[start + i] = TokenInfo(start + i, text, "added" if text in non_special else "special")
+            specials[start + i] = TokenInfo(
+                start + i, text, "added" if text in non_special else "special"
+            )
         return specials
     cfg_path = path.parent / "tokenizer_config.json"
     if not cfg_path.exists():
@@ -185,8 +202,9 @@ def _specials_from(prof: dict[str, Any], path: Path, n_ranks: int) -> dict[int, 
     cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     for key, entry in (cfg.get("added_tokens_decoder") or {}).items():
         tid = int(key)
-        specials[tid] = TokenInfo(tid, str(entry["content"]),
-                                  "special" if entry.get("special", True) else "added")
+        specials[tid] = TokenInfo(
+            tid, str(entry["content"]), "special" if entry.get("special", True) else "added"
+        )
     n_special = int(prof.get("num_special_ids", 0))
     fill = str(prof.get("reserved_name", "<|reserved_token_{id}|>"))
     for tid in range(n_ranks, n_ranks + n_special):

@@ -1,0 +1,3 @@
+from draftdata.cli import main
+
+main()
