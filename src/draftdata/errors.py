@@ -30,3 +30,11 @@ class MarkerError(FormatError):
 
 class InputError(DraftdataError):
     """An input file or record is unreadable or malformed."""
+
+
+class ReconstructError(DraftdataError):
+    """An API response cannot be turned into ids under this format (counted as a drop)."""
+
+    def __init__(self, message: str, reason: str = "unreconstructable") -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -258,14 +258,18 @@ class BoundFormat:
     def marker_text(self) -> dict[str, str]:
         return {n: m.text for n, m in self.format.markers.items()}
 
-    def encode(self, segments: Sequence[Segment]) -> tuple[list[int], list[bool]]:
+    def encode(
+        self,
+        segments: Sequence[Segment],
+        text_ids: Callable[[str, list[int]], list[int]] | None = None,
+    ) -> tuple[list[int], list[bool]]:
         missing = {s.marker for s in segments if isinstance(s, Special)} - set(self.ids)
         if missing:
             raise MarkerError(
                 f"format {self.format.name} needs marker(s) {sorted(missing)} that this tokenizer "
                 "does not have as control tokens"
             )
-        return encode_segments(segments, self.tokenizer, self.ids)
+        return encode_segments(segments, self.tokenizer, self.ids, text_ids)
 
     def prompt_ids(
         self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (), **opts: Any

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ..tokenizers import Tokenizer
@@ -50,12 +50,20 @@ def merge_text(segments: Iterable[Segment]) -> list[Segment]:
 
 
 def encode_segments(
-    segments: Sequence[Segment], tokenizer: Tokenizer, marker_ids: dict[str, int]
+    segments: Sequence[Segment],
+    tokenizer: Tokenizer,
+    marker_ids: dict[str, int],
+    text_ids: Callable[[str, list[int]], list[int]] | None = None,
 ) -> tuple[list[int], list[bool]]:
-    """Build ``input_ids`` and ``loss_mask`` in one pass (torchtune-style)."""
+    """Build ``input_ids`` and ``loss_mask`` in one pass (torchtune-style). ``text_ids`` may
+    rewrite the canonical ids of each text piece (learned split preferences); it must keep the
+    bytes the same."""
     merged = merge_text(segments)
     texts = [s.text for s in merged if isinstance(s, Text)]
-    encoded = iter(tokenizer.encode_batch(texts)) if texts else iter(())
+    batch = tokenizer.encode_batch(texts) if texts else []
+    if text_ids is not None:
+        batch = [text_ids(t, ids) for t, ids in zip(texts, batch, strict=True)]
+    encoded = iter(batch)
     ids: list[int] = []
     mask: list[bool] = []
     for s in merged:

@@ -1,0 +1,278 @@
+"""Reconstruction measured against ground truth: exact-match, token accuracy, where and why it
+diverges. This is the gate that protects paid API runs."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from difflib import SequenceMatcher
+from typing import Any
+
+from . import __version__
+from .api import messages_of, view_from_record
+from .errors import DraftdataError, ReconstructError
+from .formats import BoundFormat
+from .prefs import Pair
+from .reconstruct import FINISHED, encode_response, reconstruct, response_segments
+from .records import ApiView
+
+CATEGORIES = ("end_of_turn", "think_markers", "marker_whitespace", "tool_call", "whitespace_split",
+              "bpe_split", "invalid_utf8", "truncation", "prompt_template", "text_mismatch")
+EXAMPLES = 5
+_SAMPLE_SUFFIX = re.compile(r"-(greedy|sample)(-\d+)?$")
+
+
+def group_of(rec: Mapping[str, Any]) -> str:
+    """Records of one prompt share a group (so held-out splits never leak a prompt)."""
+    return str(rec.get("group") or _SAMPLE_SUFFIX.sub("", str(rec.get("id", ""))))
+
+
+@dataclass
+class RecordResult:
+    id: str
+    source: str
+    exact: bool
+    prompt_exact: bool
+    token_matches: int
+    token_total: int
+    category: str | None
+    first_divergence: int | None  # index into the response ids (or the prompt, for prompt_*)
+    token_source: str
+    example: dict[str, Any] | None = None
+
+
+@dataclass
+class ValidationReport:
+    n: int = 0
+    exact: int = 0
+    prompt_exact: int = 0
+    token_matches: int = 0
+    token_total: int = 0
+    categories: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    by_source: dict[str, dict[str, Any]] = field(default_factory=dict)
+    token_sources: Counter[str] = field(default_factory=Counter)
+    drops: Counter[str] = field(default_factory=Counter)
+    warnings: Counter[str] = field(default_factory=Counter)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exact_match_rate(self) -> float:
+        return self.exact / self.n if self.n else 0.0
+
+    @property
+    def token_accuracy(self) -> float:
+        return self.token_matches / self.token_total if self.token_total else 0.0
+
+    def add(self, r: RecordResult) -> None:
+        self.n += 1
+        self.exact += r.exact
+        self.prompt_exact += r.prompt_exact
+        self.token_matches += r.token_matches
+        self.token_total += r.token_total
+        self.token_sources[r.token_source] += 1
+        src = self.by_source.setdefault(r.source, {"n": 0, "exact": 0, "token_matches": 0,
+                                                   "token_total": 0, "categories": Counter()})
+        src["n"] += 1
+        src["exact"] += r.exact
+        src["token_matches"] += r.token_matches
+        src["token_total"] += r.token_total
+        if r.category:
+            self.categories[r.category] += 1
+            src["categories"][r.category] += 1
+            if r.example and len(self.examples[r.category]) < EXAMPLES:
+                self.examples[r.category].append(r.example)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "exact": self.exact,
+            "exact_match_rate": round(self.exact_match_rate, 6),
+            "token_accuracy": round(self.token_accuracy, 6),
+            "prompt_exact_rate": round(self.prompt_exact / self.n, 6) if self.n else 0.0,
+            "categories": dict(self.categories),
+            "by_source": {
+                s: {"n": v["n"], "exact": v["exact"],
+                    "exact_match_rate": round(v["exact"] / v["n"], 6),
+                    "token_accuracy": round(v["token_matches"] / v["token_total"], 6)
+                    if v["token_total"] else 0.0,
+                    "categories": dict(v["categories"])}
+                for s, v in sorted(self.by_source.items())
+            },
+            "examples": dict(self.examples),
+            "token_sources": dict(self.token_sources),
+            "drops": dict(self.drops),
+            "warnings": dict(self.warnings),
+            "draftdata_version": __version__,
+            **self.meta,
+        }
+
+
+def derive_view(bound: BoundFormat, output_ids: Sequence[int], finish_reason: str) -> ApiView:
+    """The answer an OpenAI-compatible server would return for these ids: special tokens
+    skipped, reasoning split off at the think markers, the end-of-turn marker dropped."""
+    ids = list(output_ids)
+    if finish_reason in FINISHED and ids and ids[-1] in bound.stop_ids:
+        ids = ids[:-1]
+    fmt, tok = bound.format, bound.tokenizer
+    reasoning = None
+    th = fmt.think
+    if th is not None and th.close in bound.ids and bound.ids[th.close] in ids:
+        cut = ids.index(bound.ids[th.close])
+        head = ids[:cut]
+        if head and th.open in bound.ids and head[0] == bound.ids[th.open]:
+            head = head[1:]
+        reasoning = tok.decode(head)
+        ids = ids[cut + 1 :]
+    elif th is not None and th.prompt_opens and finish_reason == "length":
+        reasoning, ids = tok.decode(ids), []
+    control = tok.control_ids
+    content = tok.decode([i for i in ids if i not in control])
+    return ApiView(content=content, finish_reason=finish_reason, reasoning=reasoning)
+
+
+def _bytes(tok: Any, ids: Sequence[int]) -> bytes:
+    return b"".join(tok.token_bytes(i) for i in ids)
+
+
+def classify(bound: BoundFormat, truth: Sequence[int], recon: Sequence[int], finish: str
+             ) -> tuple[str, int]:
+    """Category and index of the first divergence between two response id lists."""
+    k = next((i for i, (a, b) in enumerate(zip(truth, recon, strict=False)) if a != b),
+             min(len(truth), len(recon)))
+    tok, fmt = bound.tokenizer, bound.format
+    t = truth[k] if k < len(truth) else None
+    r = recon[k] if k < len(recon) else None
+    end_text = fmt.markers[fmt.end_of_turn].text
+    real_end = tok.control_by_text.get(end_text)
+    end_ids = set(bound.stop_ids) | ({real_end.id} if real_end else set())
+    names = {v: n for n, v in bound.ids.items()}
+    think_ids = {bound.ids.get(fmt.think.open), bound.ids.get(fmt.think.close)} if fmt.think else set()
+    if t in end_ids or r in end_ids:
+        return "end_of_turn", k
+    if t in think_ids or r in think_ids:
+        return "think_markers", k
+    if t in names or r in names or t in tok.control_ids or r in tok.control_ids:
+        tool = any("tool" in names.get(x, "") for x in (t, r) if x is not None)
+        return ("tool_call" if tool else "think_markers"), k
+    near_marker = (k > 0 and truth[k - 1] in tok.control_ids) or any(
+        x in tok.control_ids for x in truth[k : k + 3])
+    tb, rb = _bytes(tok, truth), _bytes(tok, recon)
+    piece = tok.token_bytes(t) if t is not None else b""
+    if near_marker and piece.strip() == b"":
+        return "marker_whitespace", k
+    if tb != rb:
+        try:
+            tb.decode("utf-8")
+        except UnicodeDecodeError:
+            return "invalid_utf8", k
+        if finish == "length" and k >= len(truth) - 2:
+            return "truncation", k
+        return "text_mismatch", k
+    if finish == "length" and k >= len(truth) - 2:
+        return "truncation", k
+    if piece.strip() == b"" or (r is not None and tok.token_bytes(r).strip() == b""):
+        return "whitespace_split", k
+    return "bpe_split", k
+
+
+def _example(bound: BoundFormat, rid: str, truth: Sequence[int], recon: Sequence[int], k: int,
+             where: str) -> dict[str, Any]:
+    tok = bound.tokenizer
+
+    def show(ids: Sequence[int]) -> str:
+        return " ".join(f"{i}:{tok.token_str(i)!r}" for i in ids[max(0, k - 3) : k + 4])
+
+    return {"id": rid, "where": where, "position": k, "truth": show(truth), "ours": show(recon),
+            "text": tok.decode(truth[max(0, k - 6) : k + 6])}
+
+
+def compare(bound: BoundFormat, rid: str, source: str, truth_prompt: Sequence[int],
+            truth_output: Sequence[int], prompt_ids: Sequence[int], response: Sequence[int],
+            finish: str, token_source: str) -> RecordResult:
+    prompt_exact = list(truth_prompt) == list(prompt_ids)
+    response_exact = list(truth_output) == list(response)
+    sm = SequenceMatcher(None, list(truth_output), list(response), autojunk=False)
+    matches = sum(b.size for b in sm.get_matching_blocks())
+    total = max(len(truth_output), len(response))
+    category = first = None
+    example = None
+    if not prompt_exact:
+        k = next((i for i, (a, b) in enumerate(zip(truth_prompt, prompt_ids, strict=False))
+                  if a != b), min(len(truth_prompt), len(prompt_ids)))
+        cat, _ = classify(bound, truth_prompt, prompt_ids, "stop")
+        category = "end_of_turn" if cat == "end_of_turn" else "prompt_template"
+        first = k
+        example = _example(bound, rid, truth_prompt, prompt_ids, k, "prompt")
+    elif not response_exact:
+        category, first = classify(bound, truth_output, response, finish)
+        example = _example(bound, rid, truth_output, response, first, "response")
+    return RecordResult(rid, source, prompt_exact and response_exact, prompt_exact, matches,
+                        total, category, first, token_source, example)
+
+
+def validate(
+    bound: BoundFormat,
+    records: Iterable[Mapping[str, Any]],
+    *,
+    text_ids: Callable[[str, list[int]], list[int]] | None = None,
+    thinking: bool | None = None,
+    on_result: Callable[[RecordResult], None] | None = None,
+) -> ValidationReport:
+    rep = ValidationReport()
+    for rec in records:
+        rid = str(rec.get("id", rep.n))
+        if "output_ids" not in rec or "messages" not in rec:
+            rep.drops["missing_output_ids_or_messages"] += 1
+            continue
+        finish = str(rec.get("finish_reason") or "stop")
+        try:
+            view = view_from_record(rec) or derive_view(bound, rec["output_ids"], finish)
+            sample = reconstruct(bound, messages_of(rec["messages"]), view,
+                                 tools=rec.get("tools") or (), record_id=rid,
+                                 thinking=thinking, text_ids=text_ids)
+        except ReconstructError as e:
+            rep.drops[e.reason] += 1
+            continue
+        except DraftdataError as e:
+            rep.drops[type(e).__name__] += 1
+            continue
+        for w in sample.warnings:
+            rep.warnings[w] += 1
+        truth_prompt = rec.get("prompt_ids")
+        prompt_ids = sample.input_ids[: sample.prompt_len]
+        result = compare(bound, rid, str(rec.get("source") or rec.get("dataset") or "all"),
+                         truth_prompt if truth_prompt is not None else prompt_ids,
+                         rec["output_ids"], prompt_ids, sample.response_ids, finish,
+                         sample.token_source)
+        rep.add(result)
+        if on_result:
+            on_result(result)
+    return rep
+
+
+def learning_pairs(bound: BoundFormat, records: Iterable[Mapping[str, Any]],
+                   thinking: bool | None = None) -> tuple[list[Pair], Counter[str]]:
+    """(canonical response ids, model's ids) for every usable ground-truth record."""
+    pairs: list[Pair] = []
+    drops: Counter[str] = Counter()
+    for rec in records:
+        if "output_ids" not in rec:
+            drops["missing_output_ids"] += 1
+            continue
+        finish = str(rec.get("finish_reason") or "stop")
+        try:
+            view = view_from_record(rec) or derive_view(bound, rec["output_ids"], finish)
+            segs, _ = response_segments(bound, view, thinking=thinking)
+            canonical = encode_response(bound, segs, finish)
+        except DraftdataError as e:
+            drops[getattr(e, "reason", type(e).__name__)] += 1
+            continue
+        pairs.append(Pair(group_of(rec), canonical, list(rec["output_ids"])))
+    return pairs, drops
+
+
+def to_dict(r: RecordResult) -> dict[str, Any]:
+    return asdict(r)
