@@ -13,14 +13,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from cases import bfcl_tools  # noqa: E402
-from conftest import PROMPTS, REAL  # noqa: E402
-from golden_cases import CASES, shapes  # noqa: E402
-
-from draftdata.api import messages_of, view_from_record  # noqa: E402
-from draftdata.formats import get_format  # noqa: E402
-from draftdata.reconstruct import reconstruct  # noqa: E402
-from draftdata.tokenizers import load_tokenizer  # noqa: E402
+from cases import bfcl_tools
+from conftest import PROMPTS, REAL
+from draftdata.api import messages_of, view_from_record
+from draftdata.formats import get_format
+from draftdata.reconstruct import reconstruct
+from draftdata.tokenizers import load_tokenizer
+from golden_cases import CASES, shapes
 
 OUT = Path(__file__).parent / "golden"
 
@@ -34,24 +33,52 @@ def build(key: str) -> dict:
     cases = []
     for case in CASES[key]:
         th = fmt.think
-        variants = shapes(case["reasoning"], case["content"], case["tool_calls"], case["finish"],
-                          *((fmt.markers[th.open].text, fmt.markers[th.close].text,
-                             th.prompt_opens, (th.open_suffix, th.close_prefix, th.close_suffix))
-                            if th else ()))
+        variants = shapes(
+            case["reasoning"],
+            case["content"],
+            case["tool_calls"],
+            case["finish"],
+            *(
+                (
+                    fmt.markers[th.open].text,
+                    fmt.markers[th.close].text,
+                    th.prompt_opens,
+                    (th.open_suffix, th.close_prefix, th.close_suffix),
+                )
+                if th
+                else ()
+            ),
+        )
         if th is None:
             variants = {"plain": variants["reasoning_content"]}
         ids = None
         for name, resp in variants.items():
-            s = reconstruct(bound, messages_of(case["messages"]), view_from_record(resp),
-                            tools=tools if case.get("tools") and fmt.supports_tools else ())
+            s = reconstruct(
+                bound,
+                messages_of(case["messages"]),
+                view_from_record(resp),
+                tools=tools if case.get("tools") and fmt.supports_tools else (),
+            )
             if ids is None:
                 ids, prompt_len = s.input_ids, s.prompt_len
             assert s.input_ids == ids, f"{key}/{case['name']}: {name} differs"
-        cases.append({**case, "use_tools": bool(case.get("tools") and fmt.supports_tools),
-                      "responses": variants, "input_ids": ids, "prompt_len": prompt_len,
-                      "tokens": [tok.token_str(i) for i in ids[prompt_len:]]})
-    return {"tokenizer": spec, "tokenizer_sha256": tok.sha256, "format": fmt.name,
-            "format_version": fmt.version, "cases": cases}
+        cases.append(
+            {
+                **case,
+                "use_tools": bool(case.get("tools") and fmt.supports_tools),
+                "responses": variants,
+                "input_ids": ids,
+                "prompt_len": prompt_len,
+                "tokens": [tok.token_str(i) for i in ids[prompt_len:]],
+            }
+        )
+    return {
+        "tokenizer": spec,
+        "tokenizer_sha256": tok.sha256,
+        "format": fmt.name,
+        "format_version": fmt.version,
+        "cases": cases,
+    }
 
 
 if __name__ == "__main__":

@@ -70,23 +70,38 @@ def test_golden_ids_equal_the_models_own_template(bound, key, doc, case):
     if case["tool_calls"]:
         calls = case["tool_calls"]
         if key == "qwen3.5":  # its template iterates over an arguments object
-            calls = [{**c, "function": {**c["function"],
-                                        "arguments": json.loads(c["function"]["arguments"])}}
-                     for c in calls]
+            calls = [
+                {
+                    **c,
+                    "function": {
+                        **c["function"],
+                        "arguments": json.loads(c["function"]["arguments"]),
+                    },
+                }
+                for c in calls
+            ]
         msg["tool_calls"] = calls
     tools = bfcl_tools(PROMPTS / "BFCL_v4_multiple.json")[0] if case["use_tools"] else None
     bos = getattr(tok, "config", {}).get("bos_token")
-    kwargs = {"bos_token": bos.get("content") if isinstance(bos, dict) else (bos or ""),
-              "eos_token": "", "preserve_thinking": True}
-    expected = oracle_ids(tok, tok.chat_template, [*case["messages"], msg], tools,
-                          add_generation_prompt=False, **kwargs)
+    kwargs = {
+        "bos_token": bos.get("content") if isinstance(bos, dict) else (bos or ""),
+        "eos_token": "",
+        "preserve_thinking": True,
+    }
+    expected = oracle_ids(
+        tok,
+        tok.chat_template,
+        [*case["messages"], msg],
+        tools,
+        add_generation_prompt=False,
+        **kwargs,
+    )
     ours = case["input_ids"]
     # the template closes the turn with the end marker and, for ChatML-style formats, a "\n"
     # that belongs to the next turn's framing, not to the answer
     while expected and expected[-1] != b.end_id and tok.decode(expected[-1:]).strip() == "":
         expected = expected[:-1]
-    assert ours == expected, (
-        f"ours: {tok.decode(ours)!r}\ntemplate: {tok.decode(expected)!r}")
+    assert ours == expected, f"ours: {tok.decode(ours)!r}\ntemplate: {tok.decode(expected)!r}"
 
 
 def test_kimi_template_drops_final_reasoning_unless_preserve_thinking(bound):
@@ -95,8 +110,12 @@ def test_kimi_template_drops_final_reasoning_unless_preserve_thinking(bound):
     doc = json.loads((Path(__file__).parent / "golden" / "reconstruct_kimi-k2.json").read_text())
     case = doc["cases"][0]
     msg = {"role": "assistant", "content": case["content"], "reasoning_content": case["reasoning"]}
-    plain = oracle_ids(b.tokenizer, b.tokenizer.chat_template, [*case["messages"], msg],
-                       add_generation_prompt=False)
+    plain = oracle_ids(
+        b.tokenizer,
+        b.tokenizer.chat_template,
+        [*case["messages"], msg],
+        add_generation_prompt=False,
+    )
     assert b.tokenizer.decode(plain).count(case["reasoning"]) == 0
     assert plain != case["input_ids"]
 
@@ -107,6 +126,9 @@ def test_deepseek_v3_reasoning_without_think_tokens_is_refused(bound):
 
     b = bound("deepseek-v3")
     with pytest.raises(ReconstructError, match="no think markers"):
-        reconstruct(b, messages_of([{"role": "user", "content": "q"}]),
-                    ApiView(content="a", reasoning="r", finish_reason="stop"))
+        reconstruct(
+            b,
+            messages_of([{"role": "user", "content": "q"}]),
+            ApiView(content="a", reasoning="r", finish_reason="stop"),
+        )
     assert REAL["deepseek-v3"][1] == "deepseek-v3"

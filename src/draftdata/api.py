@@ -8,12 +8,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import InputError
-from .records import ApiView, LogprobToken, Message, ToolCall
+from .records import ApiView, LogprobToken, Message, Role, ToolCall
 
 #: provider fields that carry reasoning text, in the order they are trusted
 REASONING_FIELDS = ("reasoning_content", "reasoning", "reasoning_details")
 _TOKEN_ID = re.compile(r"^token_id:(\d+)$")
-_ROLES = {"system", "user", "assistant", "tool", "developer", "function"}
+_ROLE_MAP: dict[str, Role] = {
+    "system": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+    "developer": "system",
+    "function": "tool",
+}
+_ROLES = set(_ROLE_MAP)
 
 
 def reasoning_of(msg: Mapping[str, Any]) -> tuple[str | None, str | None]:
@@ -26,8 +34,11 @@ def reasoning_of(msg: Mapping[str, Any]) -> tuple[str | None, str | None]:
         if key == "reasoning_details":
             if not isinstance(val, list):
                 continue
-            texts = [d.get("text") or "" for d in val
-                     if isinstance(d, dict) and d.get("type") == "reasoning.text"]
+            texts = [
+                d.get("text") or ""
+                for d in val
+                if isinstance(d, dict) and d.get("type") == "reasoning.text"
+            ]
             if not texts:
                 continue
             return "".join(texts), key
@@ -45,8 +56,14 @@ def tool_calls_of(raw: Any) -> tuple[ToolCall, ...]:
         args = fn.get("arguments", "")
         if not isinstance(args, str):  # some providers send an object; keep it as JSON text
             args = json.dumps(args, ensure_ascii=False)
-        out.append(ToolCall(name=str(fn.get("name", "")), arguments=args, id=tc.get("id"),
-                            type=str(tc.get("type") or "function")))
+        out.append(
+            ToolCall(
+                name=str(fn.get("name", "")),
+                arguments=args,
+                id=tc.get("id"),
+                type=str(tc.get("type") or "function"),
+            )
+        )
     return tuple(out)
 
 
@@ -58,20 +75,29 @@ def logprobs_of(raw: Any) -> tuple[LogprobToken, ...] | None:
         tok = str(e.get("token", ""))
         m = _TOKEN_ID.match(tok)
         b = e.get("bytes")
-        out.append(LogprobToken(tok, tuple(b) if isinstance(b, list) else None,
-                                int(m.group(1)) if m else None))
+        out.append(
+            LogprobToken(
+                tok, tuple(b) if isinstance(b, list) else None, int(m.group(1)) if m else None
+            )
+        )
     return tuple(out)
 
 
-def view_from_message(msg: Mapping[str, Any], finish_reason: str | None,
-                      logprobs: Any = None) -> ApiView:
+def view_from_message(
+    msg: Mapping[str, Any], finish_reason: str | None, logprobs: Any = None
+) -> ApiView:
     reasoning, field = reasoning_of(msg)
     content = msg.get("content")
     if isinstance(content, list):  # content parts
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ApiView(content=content, finish_reason=finish_reason or "stop", reasoning=reasoning,
-                   tool_calls=tool_calls_of(msg.get("tool_calls")), logprobs=logprobs_of(logprobs),
-                   reasoning_field=field)
+    return ApiView(
+        content=content,
+        finish_reason=finish_reason or "stop",
+        reasoning=reasoning,
+        tool_calls=tool_calls_of(msg.get("tool_calls")),
+        logprobs=logprobs_of(logprobs),
+        reasoning_field=field,
+    )
 
 
 def view_from_record(rec: Mapping[str, Any]) -> ApiView | None:
@@ -80,12 +106,13 @@ def view_from_record(rec: Mapping[str, Any]) -> ApiView | None:
     if isinstance(rec.get("api_view"), Mapping):
         v = rec["api_view"]
         return view_from_message(v, v.get("finish_reason"), v.get("logprobs"))
-    resp = rec.get("response") if isinstance(rec.get("response"), Mapping) else rec
+    resp = rec["response"] if isinstance(rec.get("response"), Mapping) else rec
     choices = resp.get("choices")
     if isinstance(choices, list) and choices:
         ch = choices[0]
-        return view_from_message(ch.get("message") or {}, ch.get("finish_reason"),
-                                 ch.get("logprobs"))
+        return view_from_message(
+            ch.get("message") or {}, ch.get("finish_reason"), ch.get("logprobs")
+        )
     return None
 
 
@@ -94,12 +121,19 @@ def messages_of(raw: Sequence[Any]) -> tuple[Message, ...]:
     for i, m in enumerate(raw):
         if not isinstance(m, Mapping) or m.get("role") not in _ROLES:
             raise InputError(f"message {i} has no valid role (system/user/assistant/tool)")
-        role = {"developer": "system", "function": "tool"}.get(m["role"], m["role"])
+        role: Role = _ROLE_MAP[m["role"]]
         content = m.get("content")
         if isinstance(content, list):
             content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
         reasoning, _ = reasoning_of(m)
-        out.append(Message(role=role, content=content, reasoning=reasoning,
-                           tool_calls=tool_calls_of(m.get("tool_calls")),
-                           tool_call_id=m.get("tool_call_id"), name=m.get("name")))
+        out.append(
+            Message(
+                role=role,
+                content=content,
+                reasoning=reasoning,
+                tool_calls=tool_calls_of(m.get("tool_calls")),
+                tool_call_id=m.get("tool_call_id"),
+                name=m.get("name"),
+            )
+        )
     return tuple(out)

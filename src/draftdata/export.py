@@ -14,10 +14,17 @@ from .records import Sample
 
 
 def sample_row(s: Sample) -> dict[str, Any]:
-    return {"id": s.id, "dataset": s.dataset, "input_ids": s.input_ids,
-            "loss_mask": s.loss_mask, "prompt_len": s.prompt_len, "token_source": s.token_source,
-            "finish_reason": s.finish_reason, "warnings": list(s.warnings),
-            "provenance": asdict(s.provenance)}
+    return {
+        "id": s.id,
+        "dataset": s.dataset,
+        "input_ids": s.input_ids,
+        "loss_mask": s.loss_mask,
+        "prompt_len": s.prompt_len,
+        "token_source": s.token_source,
+        "finish_reason": s.finish_reason,
+        "warnings": list(s.warnings),
+        "provenance": asdict(s.provenance),
+    }
 
 
 def write_samples(samples: Sequence[Sample], path: Path) -> None:
@@ -27,16 +34,32 @@ def write_samples(samples: Sequence[Sample], path: Path) -> None:
         import pyarrow.parquet as pq
 
         rows = [sample_row(s) for s in samples]
-        table = pa.Table.from_pylist(rows, schema=pa.schema([
-            ("id", pa.string()), ("dataset", pa.string()),
-            ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.bool_())),
-            ("prompt_len", pa.int32()), ("token_source", pa.string()),
-            ("finish_reason", pa.string()), ("warnings", pa.list_(pa.string())),
-            ("provenance", pa.struct([("tokenizer_sha256", pa.string()),
-                                      ("format_name", pa.string()),
-                                      ("format_version", pa.string()),
-                                      ("draftdata_version", pa.string())])),
-        ]))
+        table = pa.Table.from_pylist(
+            rows,
+            schema=pa.schema(
+                [
+                    ("id", pa.string()),
+                    ("dataset", pa.string()),
+                    ("input_ids", pa.list_(pa.int32())),
+                    ("loss_mask", pa.list_(pa.bool_())),
+                    ("prompt_len", pa.int32()),
+                    ("token_source", pa.string()),
+                    ("finish_reason", pa.string()),
+                    ("warnings", pa.list_(pa.string())),
+                    (
+                        "provenance",
+                        pa.struct(
+                            [
+                                ("tokenizer_sha256", pa.string()),
+                                ("format_name", pa.string()),
+                                ("format_version", pa.string()),
+                                ("draftdata_version", pa.string()),
+                            ]
+                        ),
+                    ),
+                ]
+            ),
+        )
         pq.write_table(table, tmp)
     elif path.suffix in (".jsonl", ".json"):
         with tmp.open("w", encoding="utf-8") as f:

@@ -66,11 +66,17 @@ class SplitPrefs:
 
     # --- persistence ---------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        return {"kind": "draftdata.split_prefs", "version": FORMAT_VERSION,
-                "draftdata_version": __version__, "tokenizer_sha256": self.tokenizer_sha256,
-                "stats": self.stats,
-                "rules": [{**asdict(r), "canonical": list(r.canonical), "model": list(r.model)}
-                          for r in self.rules]}
+        return {
+            "kind": "draftdata.split_prefs",
+            "version": FORMAT_VERSION,
+            "draftdata_version": __version__,
+            "tokenizer_sha256": self.tokenizer_sha256,
+            "stats": self.stats,
+            "rules": [
+                {**asdict(r), "canonical": list(r.canonical), "model": list(r.model)}
+                for r in self.rules
+            ],
+        }
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
@@ -80,19 +86,30 @@ class SplitPrefs:
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
-            raise InputError(f"{path}: cannot read split preferences ({e}); make them with "
-                             "`draftdata learn`") from e
+            raise InputError(
+                f"{path}: cannot read split preferences ({e}); make them with `draftdata learn`"
+            ) from e
         if doc.get("kind") != "draftdata.split_prefs":
             raise InputError(f"{path}: not a split-preferences file from `draftdata learn`")
-        rules = [SplitRule(tuple(r["canonical"]), tuple(r["model"]), r["before"], r["after"],
-                           r.get("support", 0), r.get("against", 0)) for r in doc["rules"]]
+        rules = [
+            SplitRule(
+                tuple(r["canonical"]),
+                tuple(r["model"]),
+                r["before"],
+                r["after"],
+                r.get("support", 0),
+                r.get("against", 0),
+            )
+            for r in doc["rules"]
+        ]
         return cls(doc["tokenizer_sha256"], rules, doc.get("stats", {}))
 
     def check_tokenizer(self, tok: Tokenizer, path: Path | str = "prefs") -> None:
         if tok.sha256 != self.tokenizer_sha256:
             raise InputError(
                 f"{path}: learned for tokenizer sha256 {self.tokenizer_sha256[:12]}…, but this "
-                f"tokenizer is {tok.sha256[:12]}…; learn preferences for this tokenizer")
+                f"tokenizer is {tok.sha256[:12]}…; learn preferences for this tokenizer"
+            )
 
     # --- application ---------------------------------------------------------------------
     def applier(self, tok: Tokenizer) -> Callable[[str, list[int]], list[int]]:
@@ -105,8 +122,9 @@ class Applier:
     def __init__(self, rules: Sequence[SplitRule], tok: Tokenizer) -> None:
         self.tok = tok
         self.by_first: dict[int, list[SplitRule]] = defaultdict(list)
-        for r in sorted(rules, key=lambda r: (-len(r.canonical), r.before is None,
-                                               r.after is None)):
+        for r in sorted(
+            rules, key=lambda r: (-len(r.canonical), r.before is None, r.after is None)
+        ):
             self.by_first[r.canonical[0]].append(r)
         self._first: dict[int, str] = {}
         self._last: dict[int, str] = {}
@@ -134,8 +152,10 @@ class Applier:
                     continue
                 if r.before is not None and self._cls(ids[i - 1] if i else None, True) != r.before:
                     continue
-                if r.after is not None and self._cls(ids[i + k] if i + k < n else None,
-                                                     False) != r.after:
+                if (
+                    r.after is not None
+                    and self._cls(ids[i + k] if i + k < n else None, False) != r.after
+                ):
                     continue
                 out.extend(r.model)
                 i += k
@@ -164,13 +184,15 @@ def _offsets(tok: Tokenizer, ids: Sequence[int]) -> list[int]:
     return pos
 
 
-def diff_blocks(tok: Tokenizer, a: Sequence[int], b: Sequence[int]
-                ) -> list[tuple[int, int, int, int]] | None:
+def diff_blocks(
+    tok: Tokenizer, a: Sequence[int], b: Sequence[int]
+) -> list[tuple[int, int, int, int]] | None:
     """Blocks ``(i0, i1, j0, j1)`` where ``a[i0:i1]`` and ``b[j0:j1]`` cover the same bytes with a
     different split. None when the two do not spell the same bytes."""
     oa, ob = _offsets(tok, a), _offsets(tok, b)
     if oa[-1] != ob[-1] or b"".join(tok.token_bytes(t) for t in a) != b"".join(
-            tok.token_bytes(t) for t in b):
+        tok.token_bytes(t) for t in b
+    ):
         return None
     out = []
     i = j = 0
@@ -215,8 +237,8 @@ def learn(
             c, e = tuple(p.canonical[i0:i1]), tuple(p.truth[j0:j1])
             before = cls._cls(p.canonical[i0 - 1] if i0 else None, True)
             after = cls._cls(p.canonical[i1] if i1 < len(p.canonical) else None, False)
-            for ctx in ((None, None), (None, after), (before, None), (before, after)):
-                cands[(c, e, *ctx)] += 1
+            for b_ctx, a_ctx in ((None, None), (None, after), (before, None), (before, after)):
+                cands[(c, e, b_ctx, a_ctx)] += 1
 
     # 2. count, for each candidate, where canonical C occurs in that context: model wrote E
     #    (support) or C (against)
@@ -236,10 +258,10 @@ def learn(
             for i in range(len(p.canonical) - k + 1):
                 if p.canonical[i] != c[0] or tuple(p.canonical[i : i + k]) != c:
                     continue
-                s, e = oa[i], oa[i + k]
-                if s not in ob or e not in ob:
+                start, end = oa[i], oa[i + k]
+                if start not in ob or end not in ob:
                     continue
-                written = tuple(p.truth[tpos[s] : tpos[e]])
+                written = tuple(p.truth[tpos[start] : tpos[end]])
                 before = cls._cls(p.canonical[i - 1] if i else None, True)
                 after = cls._cls(p.canonical[i + k] if i + k < len(p.canonical) else None, False)
                 for key in keys:
@@ -259,8 +281,10 @@ def learn(
         slot = (key[0], key[1])
         cur = best.get(slot)
         gen = (rule.before is None) + (rule.after is None)
-        if cur is None or (gen, sup - against) > ((cur.before is None) + (cur.after is None),
-                                                   cur.support - cur.against):
+        if cur is None or (gen, sup - against) > (
+            (cur.before is None) + (cur.after is None),
+            cur.support - cur.against,
+        ):
             best[slot] = rule
     rules = sorted(best.values(), key=lambda r: r.support - r.against, reverse=True)
 
@@ -276,13 +300,23 @@ def learn(
             kept.append(r)
             current = trial
         else:
-            rejected.append({"canonical": list(r.canonical), "model": list(r.model),
-                             "held_out_exact_delta": trial - current})
+            rejected.append(
+                {
+                    "canonical": list(r.canonical),
+                    "model": list(r.model),
+                    "held_out_exact_delta": trial - current,
+                }
+            )
     prefs = SplitPrefs(tok.sha256, kept)
-    prefs.stats = {"records": len(pairs), "learn_records": len(learn_set),
-                   "held_out_records": len(held), "candidates": len(rules),
-                   "held_out_exact_before": base, "held_out_exact_after": current,
-                   "rejected_by_held_out": rejected}
+    prefs.stats = {
+        "records": len(pairs),
+        "learn_records": len(learn_set),
+        "held_out_records": len(held),
+        "candidates": len(rules),
+        "held_out_exact_before": base,
+        "held_out_exact_after": current,
+        "rejected_by_held_out": rejected,
+    }
     return prefs
 
 

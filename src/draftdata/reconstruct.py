@@ -62,7 +62,9 @@ def response_segments(
         elif reasoning:
             raise ReconstructError(
                 "the response has reasoning but the prompt was rendered with thinking off; "
-                "rerun with thinking on", "reasoning_with_thinking_off")
+                "rerun with thinking on",
+                "reasoning_with_thinking_off",
+            )
         else:
             reasoning = None
         if reasoning is not None:
@@ -76,12 +78,17 @@ def response_segments(
         raise ReconstructError(
             f"format {fmt.name} has no think markers for this tokenizer, but the response has "
             "reasoning; use a tokenizer with <think> tokens or a format that declares them",
-            "reasoning_without_think_grammar")
+            "reasoning_without_think_grammar",
+        )
     if view.finish_reason not in FINISHED and view.finish_reason != "length":
         warnings.append(f"finish_reason_{view.finish_reason}")
-    segs = fmt.render_response(content=content, reasoning=reasoning, tool_calls=view.tool_calls,
-                               finished=view.finish_reason in FINISHED,
-                               thinking=bool(thinking) and th is not None)
+    segs = fmt.render_response(
+        content=content,
+        reasoning=reasoning,
+        tool_calls=view.tool_calls,
+        finished=view.finish_reason in FINISHED,
+        thinking=bool(thinking) and th is not None,
+    )
     return segs, warnings
 
 
@@ -107,7 +114,9 @@ def open_ended_ids(tok: Any, text: str, probe: str = OPEN_END_PROBE) -> list[int
 
 
 def encode_response(
-    bound: BoundFormat, segs: Sequence[Segment], finish_reason: str,
+    bound: BoundFormat,
+    segs: Sequence[Segment],
+    finish_reason: str,
     text_ids: TextIds | None = None,
 ) -> list[int]:
     """Response segments -> ids. A truncated answer's final text is encoded open-ended; learned

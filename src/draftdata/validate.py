@@ -18,8 +18,18 @@ from .prefs import Pair
 from .reconstruct import FINISHED, encode_response, reconstruct, response_segments
 from .records import ApiView
 
-CATEGORIES = ("end_of_turn", "think_markers", "marker_whitespace", "tool_call", "whitespace_split",
-              "bpe_split", "invalid_utf8", "truncation", "prompt_template", "text_mismatch")
+CATEGORIES = (
+    "end_of_turn",
+    "think_markers",
+    "marker_whitespace",
+    "tool_call",
+    "whitespace_split",
+    "bpe_split",
+    "invalid_utf8",
+    "truncation",
+    "prompt_template",
+    "text_mismatch",
+)
 EXAMPLES = 5
 _SAMPLE_SUFFIX = re.compile(r"-(greedy|sample)(-\d+)?$")
 
@@ -73,8 +83,10 @@ class ValidationReport:
         self.token_matches += r.token_matches
         self.token_total += r.token_total
         self.token_sources[r.token_source] += 1
-        src = self.by_source.setdefault(r.source, {"n": 0, "exact": 0, "token_matches": 0,
-                                                   "token_total": 0, "categories": Counter()})
+        src = self.by_source.setdefault(
+            r.source,
+            {"n": 0, "exact": 0, "token_matches": 0, "token_total": 0, "categories": Counter()},
+        )
         src["n"] += 1
         src["exact"] += r.exact
         src["token_matches"] += r.token_matches
@@ -94,11 +106,15 @@ class ValidationReport:
             "prompt_exact_rate": round(self.prompt_exact / self.n, 6) if self.n else 0.0,
             "categories": dict(self.categories),
             "by_source": {
-                s: {"n": v["n"], "exact": v["exact"],
+                s: {
+                    "n": v["n"],
+                    "exact": v["exact"],
                     "exact_match_rate": round(v["exact"] / v["n"], 6),
                     "token_accuracy": round(v["token_matches"] / v["token_total"], 6)
-                    if v["token_total"] else 0.0,
-                    "categories": dict(v["categories"])}
+                    if v["token_total"]
+                    else 0.0,
+                    "categories": dict(v["categories"]),
+                }
                 for s, v in sorted(self.by_source.items())
             },
             "examples": dict(self.examples),
@@ -137,11 +153,14 @@ def _bytes(tok: Any, ids: Sequence[int]) -> bytes:
     return b"".join(tok.token_bytes(i) for i in ids)
 
 
-def classify(bound: BoundFormat, truth: Sequence[int], recon: Sequence[int], finish: str
-             ) -> tuple[str, int]:
+def classify(
+    bound: BoundFormat, truth: Sequence[int], recon: Sequence[int], finish: str
+) -> tuple[str, int]:
     """Category and index of the first divergence between two response id lists."""
-    k = next((i for i, (a, b) in enumerate(zip(truth, recon, strict=False)) if a != b),
-             min(len(truth), len(recon)))
+    k = next(
+        (i for i, (a, b) in enumerate(zip(truth, recon, strict=False)) if a != b),
+        min(len(truth), len(recon)),
+    )
     tok, fmt = bound.tokenizer, bound.format
     t = truth[k] if k < len(truth) else None
     r = recon[k] if k < len(recon) else None
@@ -149,7 +168,9 @@ def classify(bound: BoundFormat, truth: Sequence[int], recon: Sequence[int], fin
     real_end = tok.control_by_text.get(end_text)
     end_ids = set(bound.stop_ids) | ({real_end.id} if real_end else set())
     names = {v: n for n, v in bound.ids.items()}
-    think_ids = {bound.ids.get(fmt.think.open), bound.ids.get(fmt.think.close)} if fmt.think else set()
+    think_ids = (
+        {bound.ids.get(fmt.think.open), bound.ids.get(fmt.think.close)} if fmt.think else set()
+    )
     if t in end_ids or r in end_ids:
         return "end_of_turn", k
     if t in think_ids or r in think_ids:
@@ -158,7 +179,8 @@ def classify(bound: BoundFormat, truth: Sequence[int], recon: Sequence[int], fin
         tool = any("tool" in names.get(x, "") for x in (t, r) if x is not None)
         return ("tool_call" if tool else "think_markers"), k
     near_marker = (k > 0 and truth[k - 1] in tok.control_ids) or any(
-        x in tok.control_ids for x in truth[k : k + 3])
+        x in tok.control_ids for x in truth[k : k + 3]
+    )
     tb, rb = _bytes(tok, truth), _bytes(tok, recon)
     piece = tok.token_bytes(t) if t is not None else b""
     if near_marker and piece.strip() == b"":
@@ -178,20 +200,35 @@ def classify(bound: BoundFormat, truth: Sequence[int], recon: Sequence[int], fin
     return "bpe_split", k
 
 
-def _example(bound: BoundFormat, rid: str, truth: Sequence[int], recon: Sequence[int], k: int,
-             where: str) -> dict[str, Any]:
+def _example(
+    bound: BoundFormat, rid: str, truth: Sequence[int], recon: Sequence[int], k: int, where: str
+) -> dict[str, Any]:
     tok = bound.tokenizer
 
     def show(ids: Sequence[int]) -> str:
         return " ".join(f"{i}:{tok.token_str(i)!r}" for i in ids[max(0, k - 3) : k + 4])
 
-    return {"id": rid, "where": where, "position": k, "truth": show(truth), "ours": show(recon),
-            "text": tok.decode(truth[max(0, k - 6) : k + 6])}
+    return {
+        "id": rid,
+        "where": where,
+        "position": k,
+        "truth": show(truth),
+        "ours": show(recon),
+        "text": tok.decode(truth[max(0, k - 6) : k + 6]),
+    }
 
 
-def compare(bound: BoundFormat, rid: str, source: str, truth_prompt: Sequence[int],
-            truth_output: Sequence[int], prompt_ids: Sequence[int], response: Sequence[int],
-            finish: str, token_source: str) -> RecordResult:
+def compare(
+    bound: BoundFormat,
+    rid: str,
+    source: str,
+    truth_prompt: Sequence[int],
+    truth_output: Sequence[int],
+    prompt_ids: Sequence[int],
+    response: Sequence[int],
+    finish: str,
+    token_source: str,
+) -> RecordResult:
     prompt_exact = list(truth_prompt) == list(prompt_ids)
     response_exact = list(truth_output) == list(response)
     sm = SequenceMatcher(None, list(truth_output), list(response), autojunk=False)
@@ -200,8 +237,10 @@ def compare(bound: BoundFormat, rid: str, source: str, truth_prompt: Sequence[in
     category = first = None
     example = None
     if not prompt_exact:
-        k = next((i for i, (a, b) in enumerate(zip(truth_prompt, prompt_ids, strict=False))
-                  if a != b), min(len(truth_prompt), len(prompt_ids)))
+        k = next(
+            (i for i, (a, b) in enumerate(zip(truth_prompt, prompt_ids, strict=False)) if a != b),
+            min(len(truth_prompt), len(prompt_ids)),
+        )
         cat, _ = classify(bound, truth_prompt, prompt_ids, "stop")
         category = "end_of_turn" if cat == "end_of_turn" else "prompt_template"
         first = k
@@ -209,8 +248,18 @@ def compare(bound: BoundFormat, rid: str, source: str, truth_prompt: Sequence[in
     elif not response_exact:
         category, first = classify(bound, truth_output, response, finish)
         example = _example(bound, rid, truth_output, response, first, "response")
-    return RecordResult(rid, source, prompt_exact and response_exact, prompt_exact, matches,
-                        total, category, first, token_source, example)
+    return RecordResult(
+        rid,
+        source,
+        prompt_exact and response_exact,
+        prompt_exact,
+        matches,
+        total,
+        category,
+        first,
+        token_source,
+        example,
+    )
 
 
 def validate(
@@ -230,9 +279,15 @@ def validate(
         finish = str(rec.get("finish_reason") or "stop")
         try:
             view = view_from_record(rec) or derive_view(bound, rec["output_ids"], finish)
-            sample = reconstruct(bound, messages_of(rec["messages"]), view,
-                                 tools=rec.get("tools") or (), record_id=rid,
-                                 thinking=thinking, text_ids=text_ids)
+            sample = reconstruct(
+                bound,
+                messages_of(rec["messages"]),
+                view,
+                tools=rec.get("tools") or (),
+                record_id=rid,
+                thinking=thinking,
+                text_ids=text_ids,
+            )
         except ReconstructError as e:
             rep.drops[e.reason] += 1
             continue
@@ -243,18 +298,26 @@ def validate(
             rep.warnings[w] += 1
         truth_prompt = rec.get("prompt_ids")
         prompt_ids = sample.input_ids[: sample.prompt_len]
-        result = compare(bound, rid, str(rec.get("source") or rec.get("dataset") or "all"),
-                         truth_prompt if truth_prompt is not None else prompt_ids,
-                         rec["output_ids"], prompt_ids, sample.response_ids, finish,
-                         sample.token_source)
+        result = compare(
+            bound,
+            rid,
+            str(rec.get("source") or rec.get("dataset") or "all"),
+            truth_prompt if truth_prompt is not None else prompt_ids,
+            rec["output_ids"],
+            prompt_ids,
+            sample.response_ids,
+            finish,
+            sample.token_source,
+        )
         rep.add(result)
         if on_result:
             on_result(result)
     return rep
 
 
-def learning_pairs(bound: BoundFormat, records: Iterable[Mapping[str, Any]],
-                   thinking: bool | None = None) -> tuple[list[Pair], Counter[str]]:
+def learning_pairs(
+    bound: BoundFormat, records: Iterable[Mapping[str, Any]], thinking: bool | None = None
+) -> tuple[list[Pair], Counter[str]]:
     """(canonical response ids, model's ids) for every usable ground-truth record."""
     pairs: list[Pair] = []
     drops: Counter[str] = Counter()
