@@ -589,3 +589,71 @@ def learn(
     )
     out.print(f"wrote {output}")
     _print_skipped(skipped)
+
+
+# --- generation -------------------------------------------------------------------------------
+ManifestArg = Annotated[Path, typer.Argument(help="the run manifest (TOML)")]
+
+
+@app.command()
+def generate(
+    manifest: ManifestArg,
+    dataset: Annotated[list[str] | None, typer.Option(
+        "--dataset", "-d", help="only this dataset (repeatable)")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars (logs, CI)")] = False,
+) -> None:
+    """Generate answers into the run's ledger and make samples. Resume: run it again."""
+    import asyncio
+
+    from .generate import Runner
+    from .manifest import load_manifest
+
+    m = load_manifest(manifest)
+    runner = Runner(m, quiet=quiet, console=err)
+    try:
+        rep = asyncio.run(runner.run(dataset))
+    except KeyboardInterrupt:
+        err.print("interrupted: everything answered so far is in the ledger; run the same "
+                  "command again to resume")
+        raise typer.Exit(130) from None
+    finally:
+        runner.ledger.close()
+    for name, d in rep.datasets.items():
+        drops = ", ".join(f"{k}: {v}" for k, v in d["drops"].items())
+        out.print(f"{name}: samples {d['samples'] or 0}" + (f"; dropped {drops}" if drops else ""))
+    out.print(f"cost so far ${rep.spent_usd:.4f}; ledger {m.output_dir / 'ledger.sqlite'}")
+    if rep.budget_stopped:
+        err.print(f"[bold yellow]budget reached:[/] scheduling stopped before the next request "
+                  f"could pass budget_usd = {m.run.budget_usd}; raise it and rerun to continue")
+
+
+@app.command()
+def status(
+    manifest: ManifestArg,
+    json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Counts by dataset and state, cost so far, error reasons."""
+    from .ledger import Ledger
+    from .manifest import load_manifest
+
+    m = load_manifest(manifest)
+    path = m.output_dir / "ledger.sqlite"
+    if not path.exists():
+        raise InputError(f"{path}: no ledger yet; run `draftdata generate {manifest}` first")
+    ledger = Ledger(path)
+    try:
+        st = ledger.status()
+    finally:
+        ledger.close()
+    if json_out:
+        sys.stdout.write(json.dumps(st, indent=2) + "\n")
+        return
+    t = Table("dataset", "total", "done", "failed", "pending", "duplicates", "attempts",
+              "samples", "cost $", "errors", title=f"run {m.run.name} ({path})")
+    for name, d in st["datasets"].items():
+        t.add_row(name, str(d["total"]), str(d["done"]), str(d["failed"]), str(d["pending"]),
+                  str(d["duplicates"]), str(d["attempts"]), str(d["samples"]),
+                  f"{d['cost_usd']:.4f}",
+                  ", ".join(f"{k}: {v}" for k, v in sorted(d["errors"].items())))
+    out.print(t)
+    out.print(f"cost so far ${st['cost_usd']:.4f}")

@@ -1,0 +1,105 @@
+"""Throughput of `draftdata.replay` on loopback: requests/s at a fixed concurrency.
+
+The server runs in its own process (as `replay-server` would); the client is one httpx
+AsyncClient. `GET /health` is the baseline (the cheapest Starlette route on the same server),
+so the chat-completions figure is reported as a ratio against it.
+
+    python benchmarks/replay_throughput.py [GT.jsonl] [--requests N] [--concurrency C]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+DEFAULT_GT = (
+    Path(__file__).resolve().parents[2]
+    / "shared"
+    / "data"
+    / "groundtruth"
+    / "smollm2-135m-instruct.dev.jsonl"
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(path: str, port: int, token_ids: bool) -> None:
+    from draftdata.replay import serve
+
+    serve(Path(path), "127.0.0.1", port, None, 0, token_ids, 0.0)
+
+
+async def _run(
+    base: str, n: int, conc: int, bodies: list[dict[str, Any]] | None
+) -> tuple[float, int]:
+    limits = httpx.Limits(max_connections=conc, max_keepalive_connections=conc)
+    ok = 0
+    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=30) as client:
+        it = iter(range(n))
+
+        async def worker() -> None:
+            nonlocal ok
+            for i in it:
+                if bodies is None:
+                    r = await client.get("/health")
+                else:
+                    r = await client.post("/v1/chat/completions", json=bodies[i % len(bodies)])
+                ok += r.status_code == 200
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(conc)))
+        return time.perf_counter() - t0, ok
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("gt", nargs="?", type=Path, default=DEFAULT_GT)
+    ap.add_argument("--requests", type=int, default=5000)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--token-ids", action="store_true")
+    args = ap.parse_args()
+    recs = [json.loads(line) for line in args.gt.read_text(encoding="utf-8").splitlines() if line]
+    bodies = [
+        {"model": "m", "messages": r["messages"], "return_token_ids": args.token_ids}
+        for r in recs
+    ]
+    port = _free_port()
+    proc = mp.get_context("spawn").Process(
+        target=_serve, args=(str(args.gt), port, args.token_ids), daemon=True
+    )
+    proc.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                if httpx.get(base + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        asyncio.run(_run(base, 500, args.concurrency, bodies))  # warm-up
+        rows = []
+        for name, b in (("GET /health (baseline)", None), ("POST /v1/chat/completions", bodies)):
+            dt, ok = asyncio.run(_run(base, args.requests, args.concurrency, b))
+            rows.append((name, args.requests / dt, ok))
+        for name, rps, ok in rows:
+            print(f"{name:28s} {rps:8.0f} req/s  ({ok}/{args.requests} ok)")
+        print(f"ratio chat/baseline: {rows[1][1] / rows[0][1]:.2f}")
+    finally:
+        proc.terminate()
+        proc.join()
+
+
+if __name__ == "__main__":
+    main()

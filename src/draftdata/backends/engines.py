@@ -1,0 +1,109 @@
+"""vLLM and SGLang offline engines: exact ids, imported lazily where installed (never in CI)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import DraftdataError
+from ..formats import BoundFormat
+from ..manifest import EngineBackendCfg, Manifest
+from ..validate import derive_view
+from .base import Backend, Completion, GenRequest, OnFailure
+
+
+class EngineUnavailable(DraftdataError):
+    """The engine's Python package is not installed here."""
+
+
+def engine_completion(bound: BoundFormat, req: GenRequest, ids: list[int], finish: str,
+                      engine: str, t0: float) -> Completion:
+    view = derive_view(bound, ids, finish)
+    resp = {"engine": engine, "output_ids": ids, "finish_reason": finish}
+    return Completion(request={"prompt_ids": req.prompt_ids, "sampling": req.sampling.model_dump(),
+                               "seed": req.seed},
+                      response=resp, response_text="", finish_reason=finish, view=view,
+                      output_ids=ids, prompt_ids=req.prompt_ids,
+                      prompt_tokens=len(req.prompt_ids), completion_tokens=len(ids),
+                      started_at=t0, latency_s=time.time() - t0)
+
+
+class VLLMBackend(Backend):
+    kind = "vllm"
+    exact_ids = True
+
+    def __init__(self, name: str, cfg: EngineBackendCfg, m: Manifest, bound: BoundFormat) -> None:
+        super().__init__(name)
+        try:
+            from vllm import LLM  # type: ignore[import-not-found]
+        except ImportError as e:
+            raise EngineUnavailable(f"backend {name}: vLLM is not installed; pip install vllm "
+                                    "on a GPU machine, or use kind = \"hf\"") from e
+        self.bound = bound
+        self.llm = LLM(model=str(m.resolve(cfg.model_path)), skip_tokenizer_init=True,
+                       **cfg.engine_args)
+
+    async def run_batch(self, requests: Sequence[GenRequest], on_failure: OnFailure
+                        ) -> list[Completion | None]:
+        return await asyncio.to_thread(self._run, requests)
+
+    def _run(self, requests: Sequence[GenRequest]) -> list[Completion | None]:
+        from vllm import SamplingParams, TokensPrompt
+
+        t0 = time.time()
+        stops = sorted(self.bound.stop_ids)
+        params = [SamplingParams(temperature=r.sampling.temperature, top_p=r.sampling.top_p,
+                                 max_tokens=r.sampling.max_tokens, seed=r.seed,
+                                 stop_token_ids=stops, detokenize=False) for r in requests]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests],
+                                 params, use_tqdm=False)
+        res: list[Completion | None] = []
+        for r, o in zip(requests, outs, strict=True):
+            c = o.outputs[0]
+            finish = "length" if c.finish_reason == "length" else "stop"
+            res.append(engine_completion(self.bound, r, list(c.token_ids), finish, "vllm", t0))
+        return res
+
+
+class SGLangBackend(Backend):
+    kind = "sglang"
+    exact_ids = True
+
+    def __init__(self, name: str, cfg: EngineBackendCfg, m: Manifest, bound: BoundFormat) -> None:
+        super().__init__(name)
+        try:
+            import sglang  # type: ignore[import-not-found]
+        except ImportError as e:
+            raise EngineUnavailable(f"backend {name}: SGLang is not installed; pip install "
+                                    "sglang on a GPU machine, or use kind = \"hf\"") from e
+        self.bound = bound
+        self.engine = sglang.Engine(model_path=str(m.resolve(cfg.model_path)),
+                                    skip_tokenizer_init=True, **cfg.engine_args)
+
+    async def run_batch(self, requests: Sequence[GenRequest], on_failure: OnFailure
+                        ) -> list[Completion | None]:
+        return await asyncio.to_thread(self._run, requests)
+
+    def _run(self, requests: Sequence[GenRequest]) -> list[Completion | None]:
+        t0 = time.time()
+        stops = sorted(self.bound.stop_ids)
+        params: list[dict[str, Any]] = [
+            {"temperature": r.sampling.temperature, "top_p": r.sampling.top_p,
+             "max_new_tokens": r.sampling.max_tokens, "stop_token_ids": stops,
+             "sampling_seed": r.seed} for r in requests]
+        outs = self.engine.generate(input_ids=[r.prompt_ids for r in requests],
+                                    sampling_params=params)
+        res: list[Completion | None] = []
+        for r, o in zip(requests, outs, strict=True):
+            ids = list(o["output_ids"])
+            reason = (o.get("meta_info") or {}).get("finish_reason") or {}
+            finish = "length" if reason.get("type") == "length" else "stop"
+            res.append(engine_completion(self.bound, r, ids, finish, "sglang", t0))
+        return res
+
+
+def make_engine_backend(name: str, cfg: EngineBackendCfg, m: Manifest, bound: BoundFormat
+                        ) -> Backend:
+    return (VLLMBackend if cfg.kind == "vllm" else SGLangBackend)(name, cfg, m, bound)

@@ -1,0 +1,215 @@
+"""Any OpenAI-compatible chat-completions endpoint (OpenRouter, vLLM, SGLang, transformers serve).
+
+Async HTTP with bounded concurrency, a timeout per request, retries (Retry-After honoured,
+otherwise exponential backoff with jitter), requests- and tokens-per-minute limits, ``extra_body``
+passed through, and a capability probe: where the server returns exact token ids (vLLM
+``return_token_ids``), they are asked for and stored."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from ..api import view_from_message
+from ..errors import DraftdataError
+from ..manifest import OpenAIBackendCfg
+from ..records import Message
+from .base import Backend, Completion, FailedAttempt, GenRequest, OnFailure
+from .retry import retry_delay, should_retry
+
+
+class BackendConfigError(DraftdataError):
+    """A backend cannot start as configured."""
+
+
+class RateLimiter:
+    """Token bucket: ``per_minute`` units, refilled continuously."""
+
+    def __init__(self, per_minute: float) -> None:
+        self.capacity = per_minute
+        self.tokens = per_minute
+        self.rate = per_minute / 60.0
+        self.stamp = time.monotonic()
+        self.lock = asyncio.Lock()
+
+    async def acquire(self, n: float = 1.0) -> None:
+        n = min(n, self.capacity)
+        async with self.lock:
+            while True:
+                now = time.monotonic()
+                self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+                self.stamp = now
+                if self.tokens >= n:
+                    self.tokens -= n
+                    return
+                await asyncio.sleep((n - self.tokens) / self.rate)
+
+
+def to_openai_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    out = []
+    for m in messages:
+        d: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.tool_calls:
+            d["tool_calls"] = [{"id": c.id or f"call_{i}", "type": c.type,
+                                "function": {"name": c.name, "arguments": c.arguments}}
+                               for i, c in enumerate(m.tool_calls)]
+        if m.tool_call_id:
+            d["tool_call_id"] = m.tool_call_id
+        if m.name:
+            d["name"] = m.name
+        out.append(d)
+    return out
+
+
+def _is_loopback(url: str) -> bool:
+    host = httpx.URL(url).host
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
+class OpenAIBackend(Backend):
+    kind = "openai"
+
+    def __init__(self, name: str, cfg: OpenAIBackendCfg, model: str, *,
+                 price_in: float | None = None, price_out: float | None = None,
+                 seed: int = 0) -> None:
+        super().__init__(name)
+        self.cfg = cfg
+        self.model = cfg.model or model
+        key = None
+        if cfg.api_key_env:
+            key = os.environ.get(cfg.api_key_env)
+            if not key and not _is_loopback(cfg.base_url):
+                raise BackendConfigError(
+                    f"backend {name}: environment variable {cfg.api_key_env} is not set; export "
+                    f"{cfg.api_key_env}=<your key> (the key itself never goes in the manifest)")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.client = httpx.AsyncClient(
+            base_url=cfg.base_url, headers=headers, timeout=httpx.Timeout(cfg.timeout_s),
+            limits=httpx.Limits(max_connections=cfg.concurrency,
+                                max_keepalive_connections=cfg.concurrency))
+        self.sem = asyncio.Semaphore(cfg.concurrency)
+        self.rpm = RateLimiter(cfg.rpm) if cfg.rpm else None
+        self.tpm = RateLimiter(cfg.tpm) if cfg.tpm else None
+        self.rng = random.Random(seed)
+        self.token_ids: bool | None = {"auto": None, "always": True, "never": False}[cfg.token_ids]
+        self.exact_ids = bool(self.token_ids)
+        self._probe = asyncio.Lock()
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "base_url": self.cfg.base_url, "model": self.model,
+                "token_ids": self.token_ids}
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def body(self, req: GenRequest, with_ids: bool) -> dict[str, Any]:
+        s = req.sampling
+        body: dict[str, Any] = {"model": self.model, "messages": to_openai_messages(req.messages),
+                                "max_tokens": s.max_tokens, "temperature": s.temperature,
+                                "top_p": s.top_p, "seed": req.seed}
+        if req.tools:
+            body["tools"] = list(req.tools)
+        body.update(self.cfg.extra_body)
+        if with_ids:
+            body["return_token_ids"] = True
+        return body
+
+    async def run_batch(self, requests: Sequence[GenRequest], on_failure: OnFailure
+                        ) -> list[Completion | None]:
+        return list(await asyncio.gather(*(self.one(r, on_failure) for r in requests)))
+
+    async def one(self, req: GenRequest, on_failure: OnFailure) -> Completion | None:
+        async with self.sem:
+            if self.token_ids is None:
+                async with self._probe:  # the first request doubles as the capability probe
+                    if self.token_ids is None:
+                        return await self._attempts(req, on_failure, probing=True)
+            return await self._attempts(req, on_failure, probing=False)
+
+    async def _attempts(self, req: GenRequest, on_failure: OnFailure, probing: bool
+                        ) -> Completion | None:
+        est_tokens = len(req.prompt_ids) + req.sampling.max_tokens
+        attempt = 0
+        while True:
+            with_ids = bool(self.token_ids) or probing
+            body = self.body(req, with_ids)
+            if self.rpm:
+                await self.rpm.acquire(1)
+            if self.tpm:
+                await self.tpm.acquire(est_tokens)
+            t0 = time.time()
+            status: int | None = None
+            headers: dict[str, str] = {}
+            text: str | None = None
+            try:
+                r = await self.client.post("/chat/completions", json=body)
+                status, text, headers = r.status_code, r.text, dict(r.headers)
+                reason = None if status == 200 else f"http_{status}"
+            except httpx.TimeoutException:
+                reason = "timeout"
+            except httpx.TransportError as e:
+                reason = f"connection_error:{type(e).__name__}"
+            latency = time.time() - t0
+            if reason is None:
+                assert text is not None
+                done = self._parse(req, body, text, t0, latency, probing)
+                if isinstance(done, Completion):
+                    return done
+                reason = done
+            if probing and status in (400, 422) and text and "return_token_ids" in text:
+                self.token_ids = False  # the server refuses the extension: plain text from now
+                self.exact_ids = False
+                on_failure(req, FailedAttempt("capability_probe_refused", status, body, text,
+                                              t0, latency, False))
+                probing = False
+                continue
+            retry = should_retry(status) and attempt < self.cfg.max_retries
+            if reason in ("http_200_invalid_json", "no_choices"):
+                retry = attempt < self.cfg.max_retries
+            on_failure(req, FailedAttempt(reason, status, body, text, t0, latency, not retry))
+            if not retry:
+                return None
+            await asyncio.sleep(retry_delay(attempt, headers, self.rng))
+            attempt += 1
+
+    def _parse(self, req: GenRequest, body: dict[str, Any], text: str, t0: float,
+               latency: float, probing: bool) -> Completion | str:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return "http_200_invalid_json"
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return "no_choices"
+        ch = choices[0]
+        finish = ch.get("finish_reason") or "stop"
+        view = view_from_message(ch.get("message") or {}, finish, ch.get("logprobs"))
+        out_ids = ch.get("token_ids")
+        prompt_ids = data.get("prompt_token_ids")
+        if probing:
+            self.token_ids = isinstance(out_ids, list)
+            self.exact_ids = self.token_ids
+        usage = data.get("usage") or {}
+        pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(usage.get("cost"), (int, float)):
+            cost = float(usage["cost"])
+        else:
+            cost = ((pt if pt is not None else len(req.prompt_ids)) * self.cfg.price_in_per_mtok
+                    + (ct or 0) * self.cfg.price_out_per_mtok) / 1e6
+        return Completion(request=body, response=data, response_text=text, finish_reason=finish,
+                          view=view, output_ids=out_ids if isinstance(out_ids, list) else None,
+                          prompt_ids=prompt_ids if isinstance(prompt_ids, list) else None,
+                          prompt_tokens=pt, completion_tokens=ct, cost_usd=cost,
+                          http_status=200, started_at=t0, latency_s=latency)
+
+    def max_cost(self, req: GenRequest) -> float:
+        """The most one request can cost at the manifest's prices."""
+        return (len(req.prompt_ids) * self.cfg.price_in_per_mtok
+                + req.sampling.max_tokens * self.cfg.price_out_per_mtok) / 1e6

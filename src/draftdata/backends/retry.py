@@ -1,0 +1,56 @@
+"""Retry policy as pure functions and named constants (openai-python style): honour Retry-After
+(and retry-after-ms), otherwise exponential backoff with jitter."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
+
+RETRY_STATUSES = frozenset({408, 409, 429})
+INITIAL_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 60.0
+JITTER = 0.25
+MAX_RETRY_AFTER_S = 300.0
+
+
+def should_retry(status: int | None) -> bool:
+    """Retry on connection errors / timeouts (status None), 408, 409, 429 and 5xx."""
+    return status is None or status in RETRY_STATUSES or status >= 500
+
+
+def retry_after(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
+    if not headers:
+        return None
+    lower = {k.lower(): v for k, v in headers.items()}
+    ms = lower.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return max(0.0, min(float(ms) / 1000.0, MAX_RETRY_AFTER_S))
+        except ValueError:
+            pass
+    ra = lower.get("retry-after")
+    if ra is None:
+        return None
+    try:
+        return max(0.0, min(float(ra), MAX_RETRY_AFTER_S))
+    except ValueError:
+        try:
+            import time
+
+            when = parsedate_to_datetime(ra).timestamp()
+            return max(0.0, min(when - (now if now is not None else time.time()),
+                                MAX_RETRY_AFTER_S))
+        except (TypeError, ValueError):
+            return None
+
+
+def backoff(attempt: int, rng: random.Random) -> float:
+    """Exponential backoff for attempt 0, 1, 2, ... with up to JITTER of it taken off."""
+    base: float = min(INITIAL_BACKOFF_S * (2.0**attempt), MAX_BACKOFF_S)
+    return base * (1.0 - JITTER * rng.random())
+
+
+def retry_delay(attempt: int, headers: Mapping[str, str] | None, rng: random.Random) -> float:
+    ra = retry_after(headers)
+    return ra if ra is not None else backoff(attempt, rng)

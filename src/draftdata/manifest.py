@@ -1,0 +1,247 @@
+"""The run manifest (TOML): one file lists the target model, the backends and the datasets.
+
+Unknown keys and bad values are refused with the file, the line, the key and the fix."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import DraftdataError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ManifestError(DraftdataError):
+    """The run manifest is missing, unreadable or invalid."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Sampling(_Strict):
+    temperature: float = Field(0.0, ge=0.0, le=5.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(256, ge=1, le=1_000_000)
+    seed: int = 0
+
+
+class RunCfg(_Strict):
+    name: str
+    output: str
+    budget_usd: float | None = Field(None, ge=0)
+    min_exact: float = Field(0.9, ge=0.0, le=1.0)
+
+
+class TargetCfg(_Strict):
+    tokenizer: str
+    format: str
+    model: str = "target"
+    chat_template: str | None = None
+    thinking: bool | None = None
+
+
+class HFBackendCfg(_Strict):
+    kind: Literal["hf"]
+    model_path: str
+    device: str = "cpu"
+    batch_size: int = Field(8, ge=1, le=4096)
+
+
+class OpenAIBackendCfg(_Strict):
+    kind: Literal["openai"]
+    base_url: str
+    api_key_env: str | None = None
+    model: str | None = None
+    concurrency: int = Field(16, ge=1, le=4096)
+    timeout_s: float = Field(120.0, gt=0)
+    max_retries: int = Field(6, ge=0, le=100)
+    rpm: float | None = Field(None, gt=0)
+    tpm: float | None = Field(None, gt=0)
+    price_in_per_mtok: float = Field(0.0, ge=0)
+    price_out_per_mtok: float = Field(0.0, ge=0)
+    extra_body: dict[str, Any] = {}
+    token_ids: Literal["auto", "always", "never"] = "auto"
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not re.match(r"^https?://", v):
+            raise ValueError("must start with http:// or https://")
+        return v.rstrip("/")
+
+
+class EngineBackendCfg(_Strict):
+    """vLLM / SGLang offline engines (imported lazily where installed)."""
+
+    kind: Literal["vllm", "sglang"]
+    model_path: str
+    batch_size: int = Field(256, ge=1)
+    engine_args: dict[str, Any] = {}
+
+
+BackendCfg = Annotated[HFBackendCfg | OpenAIBackendCfg | EngineBackendCfg,
+                      Field(discriminator="kind")]
+
+
+class DatasetCfg(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    source: str
+    reader: str
+    backend: str
+    limit: int | None = Field(None, ge=1)
+    samples_per_prompt: int = Field(1, ge=1, le=1000)
+    turns: Literal["all", "first", "last"] = "all"
+    sampling: Sampling = Sampling()
+    columns: dict[str, str] = {}
+    ground_truth: bool | None = None
+
+
+class Manifest(_Strict):
+    run: RunCfg
+    target: TargetCfg
+    backends: dict[str, BackendCfg]
+    datasets: list[DatasetCfg]
+
+    #: where the manifest lives; relative paths in it are relative to this folder
+    base_dir: Path = Path(".")
+    path: Path = Path("manifest.toml")
+
+    def resolve(self, p: str) -> Path:
+        if p.startswith("pkg:"):
+            from .tokenizers import resolve_path
+
+            return resolve_path(p)
+        q = Path(p).expanduser()
+        return q if q.is_absolute() else self.base_dir / q
+
+    @property
+    def output_dir(self) -> Path:
+        return self.resolve(self.run.output)
+
+    def dataset(self, name: str) -> DatasetCfg:
+        for d in self.datasets:
+            if d.name == name:
+                return d
+        raise ManifestError(f"{self.path}: no dataset named {name!r}; the manifest has "
+                            f"{', '.join(d.name for d in self.datasets)}")
+
+
+_FIELDS: dict[str, list[str]] = {
+    "run": list(RunCfg.model_fields), "target": list(TargetCfg.model_fields),
+    "datasets": list(DatasetCfg.model_fields), "sampling": list(Sampling.model_fields),
+    "hf": list(HFBackendCfg.model_fields), "openai": list(OpenAIBackendCfg.model_fields),
+    "vllm": list(EngineBackendCfg.model_fields),
+}
+
+
+def load_manifest(path: Path) -> Manifest:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: no such manifest; see examples/ for one to copy") from None
+    except OSError as e:
+        raise ManifestError(f"{path}: cannot read ({e.strerror})") from e
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ManifestError(f"{path}: invalid TOML: {e}") from e
+    _check_backend_kinds(raw, path, text)
+    try:
+        m = Manifest.model_validate(raw)
+    except ValidationError as e:
+        raise ManifestError(_explain(e, raw, path, text)) from None
+    m.base_dir = path.resolve().parent
+    m.path = path
+    names = [d.name for d in m.datasets]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ManifestError(f"{path}: dataset names must be unique; {sorted(dup)} repeat")
+    for d in m.datasets:
+        if d.backend not in m.backends:
+            line = _line_of(text, ["datasets", names.index(d.name), "backend"])
+            raise ManifestError(
+                f"{path}:{line}: datasets.{d.name}.backend = {d.backend!r} is not defined; "
+                f"define [backends.{d.backend}] or use one of {sorted(m.backends)}")
+    return m
+
+
+def _check_backend_kinds(raw: dict[str, Any], path: Path, text: str) -> None:
+    for name, b in (raw.get("backends") or {}).items():
+        kind = b.get("kind") if isinstance(b, dict) else None
+        if kind not in ("hf", "openai", "vllm", "sglang"):
+            line = _line_of(text, ["backends", name, "kind"])
+            raise ManifestError(f"{path}:{line}: backends.{name}.kind = {kind!r}; set kind to "
+                                "one of hf, openai, vllm, sglang")
+
+
+def _explain(e: ValidationError, raw: dict[str, Any], path: Path, text: str) -> str:
+    err = e.errors()[0]
+    loc = [p for p in err["loc"] if p not in ("hf", "openai", "vllm", "sglang",
+                                               "HFBackendCfg", "OpenAIBackendCfg",
+                                               "EngineBackendCfg")]
+    # pydantic's union tags look like 'function-after[...]'; keep the real path
+    loc = [p for p in loc if not (isinstance(p, str) and "[" in p)]
+    key = ".".join(str(p) for p in loc)
+    line = _line_of(text, loc)
+    where = f"{path}:{line}" if line else str(path)
+    if err["type"] == "extra_forbidden":
+        section = _section_kind(loc, raw)
+        close = difflib.get_close_matches(str(loc[-1]), _FIELDS.get(section, []), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else "; remove it"
+        return f"{where}: unknown key {key!r}{hint}"
+    if err["type"] == "missing":
+        return f"{where}: {key} is required; add it"
+    return f"{where}: {key}: {err['msg']} (got {err.get('input')!r})"
+
+
+def _section_kind(loc: list[Any], raw: dict[str, Any]) -> str:
+    if loc and loc[0] == "backends" and len(loc) > 1:
+        b = raw.get("backends", {}).get(loc[1], {})
+        return "vllm" if b.get("kind") == "sglang" else str(b.get("kind", ""))
+    if "sampling" in loc:
+        return "sampling"
+    return str(loc[0]) if loc else ""
+
+
+def _line_of(text: str, loc: list[Any]) -> int | None:
+    """Best-effort line number of a manifest key: find its table header, then the key."""
+    lines = text.splitlines()
+    start = 0
+    if loc and loc[0] == "datasets" and len(loc) > 1 and isinstance(loc[1], int):
+        seen = -1
+        for i, ln in enumerate(lines):
+            if ln.strip().startswith("[[datasets]]"):
+                seen += 1
+                if seen == loc[1]:
+                    start = i
+                    break
+        keys = [str(k) for k in loc[2:]]
+    elif loc and loc[0] == "backends" and len(loc) > 1:
+        for i, ln in enumerate(lines):
+            if ln.strip() == f"[backends.{loc[1]}]":
+                start = i
+                break
+        keys = [str(k) for k in loc[2:]]
+    else:
+        for i, ln in enumerate(lines):
+            if loc and ln.strip() == f"[{loc[0]}]":
+                start = i
+                break
+        keys = [str(k) for k in loc[1:]]
+    if not keys:
+        return start + 1
+    for i in range(start, len(lines)):
+        if re.match(rf"^\s*{re.escape(keys[0])}\s*=", lines[i]) or re.search(
+                rf"[{{,]\s*{re.escape(keys[-1])}\s*=", lines[i]):
+            return i + 1
+    return start + 1

@@ -1,0 +1,579 @@
+"""An OpenAI-compatible chat-completions server that replays ground-truth records.
+
+Backends, retry policy and reconstruction are tested against real HTTP on loopback instead of
+mocks: this server answers ``POST /v1/chat/completions`` with the ground-truth generation whose
+messages equal the request's, and injects faults (429, 500, slow answers, truncated bodies,
+empty or cut content, reasoning fields, tool calls) at seeded, reproducible rates.
+
+The fault for a request is a pure function of ``(seed, record id, attempt)``, where ``attempt``
+counts the requests this server has seen for that record (1 for the first): two servers with the
+same seed and fault spec serve the same fault sequence for each record, whatever the order of
+records in between.
+
+With ``token_ids`` on, a request carrying ``"return_token_ids": true`` (the vLLM extension) also
+gets ``prompt_token_ids`` and ``choices[0].token_ids``, exactly as in the record. The choice ids
+are left out whenever a fault changed the message (empty, length, reasoning, tools), so altered
+text never arrives paired with ids that do not describe it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import socket
+import sys
+import threading
+import time
+import zlib
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .errors import DraftdataError, InputError
+
+#: fault kinds, in the order their rates are stacked when a request's draw is walked
+FAULT_KINDS = ("429", "500", "slow", "truncated", "empty", "length", "reasoning", "tools")
+#: content of every injected reasoning field
+REASONING_TEXT = "Let me think."
+#: the provider shapes the ``reasoning`` fault rotates through
+REASONING_SHAPES = ("reasoning_content", "reasoning", "reasoning_details")
+INJECTED_TOOL_CALL: dict[str, Any] = {
+    "id": "call_0",
+    "type": "function",
+    "function": {"name": "lookup", "arguments": '{"q": "x"}'},
+}
+RETRY_AFTER_S = "1"
+RETRY_AFTER_MS = "50"
+RECORD_HEADER = "x-replay-record"
+FAULT_HEADER = "x-replay-fault"
+_RATE_SUM_SLACK = 1e-9
+_REQUIRED = ("id", "messages", "prompt_ids", "output_ids", "api_view")
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _error_body(message: str, kind: str, code: int | None = None) -> bytes:
+    err: dict[str, Any] = {"message": message, "type": kind}
+    if code is not None:
+        err["code"] = code
+    return _dumps({"error": err}).encode()
+
+
+# ---------------------------------------------------------------- fault spec
+
+
+def parse_faults(spec: str | None) -> dict[str, float]:
+    """``"429=0.2,500=0.1,empty=0.05"`` -> ``{"429": 0.2, "500": 0.1, "empty": 0.05}``.
+
+    Rates lie in [0, 1] and sum to at most 1; the result is in ``FAULT_KINDS`` order, so the
+    spec's own order does not change which fault a draw lands on. ``None`` or "" means no faults.
+    """
+    out: dict[str, float] = {}
+    if spec is None or not spec.strip():
+        return out
+    valid = ", ".join(FAULT_KINDS)
+    for raw in spec.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        kind, sep, value = item.partition("=")
+        kind = kind.strip()
+        if not sep:
+            raise InputError(f"--faults item {item!r}: write KIND=RATE, e.g. 429=0.1")
+        if kind not in FAULT_KINDS:
+            raise InputError(f"--faults item {item!r}: unknown fault kind {kind!r}; valid: {valid}")
+        if kind in out:
+            raise InputError(f"--faults item {item!r}: {kind} is given twice; give it once")
+        try:
+            rate = float(value)
+        except ValueError:
+            raise InputError(
+                f"--faults item {item!r}: {value.strip()!r} is not a number; give a rate in [0, 1]"
+            ) from None
+        if not (0.0 <= rate <= 1.0):  # also refuses NaN
+            raise InputError(f"--faults item {item!r}: rate {rate} is outside [0, 1]")
+        out[kind] = rate
+    total = math.fsum(out.values())
+    if total > 1.0 + _RATE_SUM_SLACK:
+        raise InputError(
+            f"--faults {spec!r}: rates sum to {total:g}, more than 1; lower some rates"
+        )
+    return {k: out[k] for k in FAULT_KINDS if k in out}
+
+
+def choose_fault(
+    faults: Mapping[str, float], seed: int, record_id: str, attempt: int
+) -> str | None:
+    """The fault kind for this ``(seed, record, attempt)``, or None: one uniform draw from
+    ``random.Random(f"{seed}:{record_id}:{attempt}")`` walked over the cumulative rates.
+    ``slow`` applies on attempt 1 only; a later attempt that draws it gets no fault."""
+    if not faults:
+        return None
+    u = random.Random(f"{seed}:{record_id}:{attempt}").random()
+    cum = 0.0
+    for kind in FAULT_KINDS:
+        rate = faults.get(kind, 0.0)
+        if rate <= 0.0:
+            continue
+        cum += rate
+        if u < cum:
+            return None if kind == "slow" and attempt > 1 else kind
+    return None
+
+
+# ---------------------------------------------------------------- records
+
+
+def _text_of(content: Any) -> Any:
+    """Content given as a list of parts becomes the join of their texts; anything else as is."""
+    if isinstance(content, list):
+        return "".join(
+            p["text"] for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)
+        )
+    return content
+
+
+def message_key(messages: Any) -> str:
+    """Canonical key of a conversation: role and content of each message, other keys ignored.
+
+    Raises ValueError with a client-facing message when ``messages`` is not a list of objects
+    with a role."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("'messages' must be a non-empty list of {role, content} objects")
+    norm = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise ValueError(f"messages[{i}] must be an object with a string 'role'")
+        norm.append({"role": m["role"], "content": _text_of(m.get("content"))})
+    return json.dumps(norm, ensure_ascii=False, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class ReplayRecord:
+    """One ground-truth generation, with its normal response pieces serialised once."""
+
+    id: str
+    key: str
+    content: str
+    finish_reason: str
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    #: ``"choices":[...],"usage":{...}`` of the unfaulted answer, without and with token ids
+    tail: str
+    tail_ids: str
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> ReplayRecord:
+        """Raises InputError naming the first problem; the loader counts it as a skip."""
+        missing = [k for k in _REQUIRED if k not in raw]
+        if missing:
+            raise InputError(f"record lacks {', '.join(missing)}")
+        rid, view = raw["id"], raw["api_view"]
+        if not isinstance(rid, str) or not rid:
+            raise InputError("record 'id' must be a non-empty string")
+        if not isinstance(view, Mapping) or not isinstance(view.get("content"), str):
+            raise InputError(f"{rid}: api_view.content must be a string")
+        finish = view.get("finish_reason") or raw.get("finish_reason") or "stop"
+        prompt_ids, output_ids = raw["prompt_ids"], raw["output_ids"]
+        for name, ids in (("prompt_ids", prompt_ids), ("output_ids", output_ids)):
+            if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in ids
+            ):
+                raise InputError(f"{rid}: {name} must be a list of integers")
+        try:
+            key = message_key(raw["messages"])
+        except ValueError as e:
+            raise InputError(f"{rid}: {e}") from None
+        message = _dumps({"role": "assistant", "content": view["content"]})
+        usage = _dumps(
+            {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(output_ids),
+                "total_tokens": len(prompt_ids) + len(output_ids),
+            }
+        )
+        fr = _dumps(str(finish))
+        tail = (
+            f'"choices":[{{"index":0,"message":{message},"finish_reason":{fr},"logprobs":null}}],'
+            f'"usage":{usage}'
+        )
+        tail_ids = (
+            f'"choices":[{{"index":0,"message":{message},"finish_reason":{fr},"logprobs":null,'
+            f'"token_ids":{_dumps(output_ids)}}}],"usage":{usage},'
+            f'"prompt_token_ids":{_dumps(prompt_ids)}'
+        )
+        return cls(
+            id=rid,
+            key=key,
+            content=view["content"],
+            finish_reason=str(finish),
+            prompt_ids=tuple(prompt_ids),
+            output_ids=tuple(output_ids),
+            tail=tail,
+            tail_ids=tail_ids,
+        )
+
+
+def load_records(path: Path) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Records of a ground-truth JSONL file and the count of skipped lines by reason
+    (``malformed_json``, ``not_an_object``, ``bad_record``). Reading is all up front."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror}); check the path") from e
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 ({e.reason}); give a JSONL file") from e
+    records: list[dict[str, Any]] = []
+    skipped: dict[str, int] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            reason = "malformed_json"
+        else:
+            if not isinstance(rec, dict):
+                reason = "not_an_object"
+            elif any(k not in rec for k in _REQUIRED):
+                reason = "bad_record"
+            else:
+                records.append(rec)
+                continue
+        skipped[reason] = skipped.get(reason, 0) + 1
+    return records, skipped
+
+
+# ---------------------------------------------------------------- the app
+
+
+class _Replay:
+    """Index, counters and handlers of one server. Single event loop: no locks needed."""
+
+    def __init__(
+        self,
+        records: Iterable[Mapping[str, Any] | ReplayRecord],
+        faults: Mapping[str, float],
+        seed: int,
+        token_ids: bool,
+        slow_seconds: float,
+        skipped: Mapping[str, int],
+    ) -> None:
+        self.faults = dict(faults)
+        self.seed = seed
+        self.token_ids = token_ids
+        self.slow_seconds = slow_seconds
+        self.skipped = dict(skipped)
+        self.by_key: dict[str, list[ReplayRecord]] = {}
+        self.loaded = 0
+        bad = 0
+        ids: set[str] = set()
+        for raw in records:
+            try:
+                rec = raw if isinstance(raw, ReplayRecord) else ReplayRecord.from_mapping(raw)
+            except InputError:
+                bad += 1
+                continue
+            if rec.id in ids:
+                self.skipped["duplicate_id"] = self.skipped.get("duplicate_id", 0) + 1
+                continue
+            ids.add(rec.id)
+            self.by_key.setdefault(rec.key, []).append(rec)
+            self.loaded += 1
+        if bad:
+            self.skipped["bad_record"] = self.skipped.get("bad_record", 0) + bad
+        if not self.loaded:
+            raise InputError(
+                "no usable ground-truth records (each needs id, messages, prompt_ids, "
+                "output_ids and api_view.content); check the input file"
+            )
+        self.attempts: dict[str, int] = {}
+        self.requests = 0
+        self.by_status: dict[str, int] = {}
+        self.fault_counts: dict[str, int] = dict.fromkeys(FAULT_KINDS, 0)
+
+    # -- helpers
+
+    def _answer(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
+        key = str(status)
+        self.by_status[key] = self.by_status.get(key, 0) + 1
+        return Response(body, status_code=status, headers=headers, media_type="application/json")
+
+    @staticmethod
+    def _pick(candidates: list[ReplayRecord], temperature: float) -> ReplayRecord:
+        suffix = "-greedy" if temperature == 0 else "-sample"
+        for rec in candidates:
+            if rec.id.endswith(suffix):
+                return rec
+        return candidates[0]
+
+    # -- endpoints
+
+    async def chat(self, request: Request) -> Response:
+        self.requests += 1
+        n = self.requests
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            return self._answer(
+                400, _error_body("request body is not valid JSON", "invalid_request_error")
+            )
+        if not isinstance(body, dict):
+            return self._answer(
+                400, _error_body("request body must be a JSON object", "invalid_request_error")
+            )
+        if body.get("stream") is True:
+            return self._answer(
+                400,
+                _error_body(
+                    "streaming is not supported by replay-server; send stream: false",
+                    "invalid_request_error",
+                ),
+            )
+        temperature = body.get("temperature")
+        if temperature is None:
+            temperature = 0.0
+        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool):
+            return self._answer(
+                400, _error_body("'temperature' must be a number", "invalid_request_error")
+            )
+        try:
+            key = message_key(body.get("messages"))
+        except ValueError as e:
+            return self._answer(400, _error_body(str(e), "invalid_request_error"))
+        candidates = self.by_key.get(key)
+        if candidates is None:
+            return self._answer(
+                404, _error_body("no ground-truth record for these messages", "not_found")
+            )
+        rec = self._pick(candidates, float(temperature))
+        attempt = self.attempts.get(rec.id, 0) + 1
+        self.attempts[rec.id] = attempt
+        fault = choose_fault(self.faults, self.seed, rec.id, attempt)
+        headers = {RECORD_HEADER: rec.id}
+        if fault is not None:
+            self.fault_counts[fault] += 1
+            headers[FAULT_HEADER] = fault
+        if fault == "429":
+            headers["Retry-After"] = RETRY_AFTER_S
+            headers["retry-after-ms"] = RETRY_AFTER_MS
+            return self._answer(
+                429,
+                _error_body("rate limit reached (injected fault)", "rate_limit_error", 429),
+                headers,
+            )
+        if fault == "500":
+            return self._answer(
+                500,
+                _error_body("internal server error (injected fault)", "server_error", 500),
+                headers,
+            )
+        if fault == "slow":
+            await asyncio.sleep(self.slow_seconds)
+        model = body.get("model")
+        head = (
+            f'{{"id":"chatcmpl-{n}","object":"chat.completion","created":{int(time.time())},'
+            f'"model":{_dumps(model if isinstance(model, str) else "replay")},'
+        )
+        want_ids = self.token_ids and body.get("return_token_ids") is True
+        if fault in ("empty", "length", "reasoning", "tools"):
+            out = head + self._altered_tail(rec, fault, attempt, want_ids) + "}"
+        else:
+            out = head + (rec.tail_ids if want_ids else rec.tail) + "}"
+        raw = out.encode()
+        if fault == "truncated":
+            raw = raw[: len(raw) // 2]
+        return self._answer(200, raw, headers)
+
+    def _altered_tail(self, rec: ReplayRecord, fault: str, attempt: int, want_ids: bool) -> str:
+        message: dict[str, Any] = {"role": "assistant", "content": rec.content}
+        finish = rec.finish_reason
+        if fault == "empty":
+            message["content"], finish = "", "stop"
+        elif fault == "length":
+            message["content"], finish = rec.content[: len(rec.content) // 2], "length"
+        elif fault == "tools":
+            message["content"], finish = None, "tool_calls"
+            message["tool_calls"] = [INJECTED_TOOL_CALL]
+        else:  # reasoning
+            shape = REASONING_SHAPES[(zlib.crc32(rec.id.encode()) + attempt) % 3]
+            if shape == "reasoning_details":
+                message[shape] = [{"type": "reasoning.text", "text": REASONING_TEXT}]
+            else:
+                message[shape] = REASONING_TEXT
+        out: dict[str, Any] = {
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+            ],
+            "usage": {
+                "prompt_tokens": len(rec.prompt_ids),
+                "completion_tokens": len(rec.output_ids),
+                "total_tokens": len(rec.prompt_ids) + len(rec.output_ids),
+            },
+        }
+        if want_ids:  # the message no longer matches output_ids: send the prompt ids only
+            out["prompt_token_ids"] = list(rec.prompt_ids)
+        return _dumps(out)[1:-1]
+
+    async def models(self, request: Request) -> Response:
+        return Response(
+            b'{"object":"list","data":[{"id":"replay","object":"model"}]}',
+            media_type="application/json",
+        )
+
+    async def health(self, request: Request) -> Response:
+        return Response(b'{"status":"ok"}', media_type="application/json")
+
+    async def stats(self, request: Request) -> Response:
+        return Response(_dumps(self.stats_dict()).encode(), media_type="application/json")
+
+    def stats_dict(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "by_status": dict(sorted(self.by_status.items())),
+            "faults": dict(self.fault_counts),
+            "attempts": sum(self.attempts.values()),
+            "records": self.loaded,
+            "skipped": dict(self.skipped),
+        }
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
+    kind = "not_found" if status == 404 else "invalid_request_error"
+    return Response(
+        _error_body(f"{detail}: {request.method} {request.url.path}", kind),
+        status_code=status,
+        media_type="application/json",
+    )
+
+
+def make_app(
+    records: Iterable[Mapping[str, Any] | ReplayRecord],
+    faults: str | Mapping[str, float] | None = None,
+    seed: int = 0,
+    token_ids: bool = False,
+    slow_seconds: float = 5.0,
+    *,
+    skipped: Mapping[str, int] | None = None,
+) -> Starlette:
+    """The replay server as an ASGI app. ``faults`` is a spec string (see ``parse_faults``) or
+    its parsed form; ``skipped`` (from ``load_records``) is only reported by ``/stats``.
+    The app's counters are at ``app.state.replay``."""
+    if isinstance(faults, Mapping):  # a parsed mapping is checked exactly like a spec
+        faults = ",".join(f"{k}={v!r}" for k, v in faults.items())
+    rates = parse_faults(faults)
+    if not (slow_seconds >= 0 and math.isfinite(slow_seconds)):
+        raise InputError(f"--slow-seconds {slow_seconds}: give a finite number of seconds >= 0")
+    state = _Replay(records, rates, seed, token_ids, slow_seconds, skipped or {})
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", state.chat, methods=["POST"]),
+            Route("/v1/models", state.models, methods=["GET"]),
+            Route("/health", state.health, methods=["GET"]),
+            Route("/stats", state.stats, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: _http_error},
+    )
+    app.state.replay = state
+    return app
+
+
+def _summary(app: Starlette, source: str) -> str:
+    st: _Replay = app.state.replay
+    skipped = sum(st.skipped.values())
+    why = ", ".join(f"{k} {v}" for k, v in sorted(st.skipped.items()))
+    faults = ",".join(f"{k}={v:g}" for k, v in st.faults.items()) or "none"
+    return (
+        f"replay-server: {st.loaded} records from {source}; skipped {skipped}"
+        + (f" ({why})" if why else "")
+        + f"; faults {faults}; seed {st.seed}; token ids {'on' if st.token_ids else 'off'}"
+    )
+
+
+def serve(
+    records_path: Path,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    faults: str | None = None,
+    seed: int = 0,
+    token_ids: bool = False,
+    slow_seconds: float = 5.0,
+) -> None:
+    """Load ``records_path`` and serve it until interrupted (blocking)."""
+    import uvicorn
+
+    records, skipped = load_records(records_path)
+    app = make_app(records, faults, seed, token_ids, slow_seconds, skipped=skipped)
+    sock = _bind(host, port)
+    print(_summary(app, str(records_path)), file=sys.stderr, flush=True)
+    print(f"replay-server: listening on {_base_url(sock)}/v1", file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening-ready socket on (host, port), or InputError naming the fix."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise InputError(f"--host {host!r}: cannot resolve ({e}); give an address") from e
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise InputError(
+            f"--host {host} --port {port}: cannot listen ({e.strerror}); pick another port"
+        ) from e
+    return sock
+
+
+def _base_url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+@contextmanager
+def serve_in_thread(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Run ``app`` under uvicorn in a daemon thread; yields its base URL (``http://host:port``).
+    Port 0 picks a free port. Stops the server on exit."""
+    import uvicorn
+
+    sock = _bind(host, port)
+    base = _base_url(sock)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10.0
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            sock.close()
+            raise DraftdataError(f"replay server on {base} did not start; see the log above")
+        time.sleep(0.01)
+    try:
+        yield base
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10.0)
+        sock.close()

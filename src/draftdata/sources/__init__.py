@@ -1,0 +1,143 @@
+"""Readers: native prompt-dataset formats -> ``Prompt`` records (stable id = content hash).
+
+Malformed records are skipped and counted by reason, never fatal."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..api import messages_of
+from ..errors import InputError
+from ..records import Message, Prompt
+
+Reader = Callable[[Path, str, Mapping[str, str], Counter[str]], Iterator[Prompt]]
+READERS: dict[str, Reader] = {}
+
+
+def reader(name: str) -> Callable[[Reader], Reader]:
+    def deco(fn: Reader) -> Reader:
+        READERS[name] = fn
+        return fn
+
+    return deco
+
+
+def prompt_id(messages: tuple[Message, ...], tools: tuple[dict[str, Any], ...] = ()) -> str:
+    doc = json.dumps([[m.role, m.content, [(c.name, c.arguments) for c in m.tool_calls]]
+                      for m in messages] + [list(tools)], ensure_ascii=False, sort_keys=True)
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+def make_prompt(dataset: str, messages: tuple[Message, ...], tools: tuple[dict[str, Any], ...] = (),
+                **metadata: Any) -> Prompt:
+    return Prompt(prompt_id(messages, tools), dataset, messages, tools, metadata)
+
+
+def open_text(path: Path) -> Any:
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return path.open(encoding="utf-8")
+
+
+def iter_json_records(path: Path, counter: Counter[str]) -> Iterator[dict[str, Any]]:
+    """Records of a JSONL file, or of a JSON array file; bad lines are counted."""
+    try:
+        f = open_text(path)
+    except OSError as e:
+        raise InputError(f"{path}: cannot open ({e.strerror}); check the dataset source") from e
+    with f:
+        head = f.read(1)
+        while head and head.isspace():
+            head = f.read(1)
+        if head == "[":
+            try:
+                data = json.loads(head + f.read())
+            except ValueError as e:
+                raise InputError(f"{path}: invalid JSON array ({e})") from e
+            for rec in data:
+                if isinstance(rec, dict):
+                    yield rec
+                else:
+                    counter["not_an_object"] += 1
+            return
+        first = head + f.readline()
+        for line in [first, *f]:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                counter["malformed_json"] += 1
+                continue
+            if isinstance(rec, dict):
+                yield rec
+            else:
+                counter["not_an_object"] += 1
+
+
+@reader("mtbench")
+def read_mtbench(path: Path, dataset: str, columns: Mapping[str, str],
+                 counter: Counter[str]) -> Iterator[Prompt]:
+    """FastChat MT-Bench questions: ``question_id``, ``category``, ``turns[]`` (user turns)."""
+    for rec in iter_json_records(path, counter):
+        turns = rec.get("turns")
+        if not isinstance(turns, list) or not turns or not all(
+                isinstance(t, str) and t for t in turns):
+            counter["mtbench_no_turns"] += 1
+            continue
+        msgs = tuple(Message("user", t) for t in turns)
+        yield make_prompt(dataset, msgs, question_id=rec.get("question_id"),
+                          category=rec.get("category"))
+
+
+@reader("openai")
+def read_openai_messages(path: Path, dataset: str, columns: Mapping[str, str],
+                         counter: Counter[str]) -> Iterator[Prompt]:
+    """OpenAI-messages JSONL: ``messages`` (and optional ``tools``) per line."""
+    key = columns.get("messages", "messages")
+    for rec in iter_json_records(path, counter):
+        raw = rec.get(key)
+        if not isinstance(raw, list) or not raw:
+            counter["no_messages"] += 1
+            continue
+        try:
+            msgs = messages_of(raw)
+        except InputError:
+            counter["bad_message"] += 1
+            continue
+        tools = rec.get(columns.get("tools", "tools")) or ()
+        if not isinstance(tools, (list, tuple)):
+            counter["bad_tools"] += 1
+            continue
+        meta = {k: rec[k] for k in ("id", "source") if k in rec}
+        yield make_prompt(dataset, msgs, tuple(tools), **meta)
+
+
+READERS["openai-messages"] = read_openai_messages
+
+
+def read_prompts(path: Path, reader_name: str, dataset: str,
+                 columns: Mapping[str, str] | None = None,
+                 limit: int | None = None) -> tuple[list[Prompt], Counter[str]]:
+    fn = READERS.get(reader_name)
+    if fn is None:
+        raise InputError(f"unknown reader {reader_name!r}; choose one of "
+                         f"{', '.join(sorted(READERS))}")
+    counter: Counter[str] = Counter()
+    out: list[Prompt] = []
+    seen: set[str] = set()
+    for p in fn(path, dataset, columns or {}, counter):
+        if p.id in seen:
+            counter["duplicate"] += 1
+            continue
+        seen.add(p.id)
+        out.append(p)
+        if limit is not None and len(out) >= limit:
+            break
+    return out, counter
