@@ -598,9 +598,12 @@ ManifestArg = Annotated[Path, typer.Argument(help="the run manifest (TOML)")]
 @app.command()
 def generate(
     manifest: ManifestArg,
-    dataset: Annotated[list[str] | None, typer.Option(
-        "--dataset", "-d", help="only this dataset (repeatable)")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars (logs, CI)")] = False,
+    dataset: Annotated[
+        list[str] | None, typer.Option("--dataset", "-d", help="only this dataset (repeatable)")
+    ] = None,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="no progress bars (logs, CI)")
+    ] = False,
 ) -> None:
     """Generate answers into the run's ledger and make samples. Resume: run it again."""
     import asyncio
@@ -613,8 +616,10 @@ def generate(
     try:
         rep = asyncio.run(runner.run(dataset))
     except KeyboardInterrupt:
-        err.print("interrupted: everything answered so far is in the ledger; run the same "
-                  "command again to resume")
+        err.print(
+            "interrupted: everything answered so far is in the ledger; run the same "
+            "command again to resume"
+        )
         raise typer.Exit(130) from None
     finally:
         runner.ledger.close()
@@ -623,8 +628,10 @@ def generate(
         out.print(f"{name}: samples {d['samples'] or 0}" + (f"; dropped {drops}" if drops else ""))
     out.print(f"cost so far ${rep.spent_usd:.4f}; ledger {m.output_dir / 'ledger.sqlite'}")
     if rep.budget_stopped:
-        err.print(f"[bold yellow]budget reached:[/] scheduling stopped before the next request "
-                  f"could pass budget_usd = {m.run.budget_usd}; raise it and rerun to continue")
+        err.print(
+            f"[bold yellow]budget reached:[/] scheduling stopped before the next request "
+            f"could pass budget_usd = {m.run.budget_usd}; raise it and rerun to continue"
+        )
 
 
 @app.command()
@@ -648,12 +655,55 @@ def status(
     if json_out:
         sys.stdout.write(json.dumps(st, indent=2) + "\n")
         return
-    t = Table("dataset", "total", "done", "failed", "pending", "duplicates", "attempts",
-              "samples", "cost $", "errors", title=f"run {m.run.name} ({path})")
+    t = Table(
+        "dataset",
+        "total",
+        "done",
+        "failed",
+        "pending",
+        "duplicates",
+        "attempts",
+        "samples",
+        "cost $",
+        "errors",
+        title=f"run {m.run.name} ({path})",
+    )
     for name, d in st["datasets"].items():
-        t.add_row(name, str(d["total"]), str(d["done"]), str(d["failed"]), str(d["pending"]),
-                  str(d["duplicates"]), str(d["attempts"]), str(d["samples"]),
-                  f"{d['cost_usd']:.4f}",
-                  ", ".join(f"{k}: {v}" for k, v in sorted(d["errors"].items())))
+        t.add_row(
+            name,
+            str(d["total"]),
+            str(d["done"]),
+            str(d["failed"]),
+            str(d["pending"]),
+            str(d["duplicates"]),
+            str(d["attempts"]),
+            str(d["samples"]),
+            f"{d['cost_usd']:.4f}",
+            ", ".join(f"{k}: {v}" for k, v in sorted(d["errors"].items())),
+        )
     out.print(t)
     out.print(f"cost so far ${st['cost_usd']:.4f}")
+
+
+@app.command("replay-server")
+def replay_server(
+    records: Annotated[Path, typer.Argument(help="ground-truth JSONL to serve")],
+    port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 8000,
+    host: Annotated[str, typer.Option(help="address to bind (loopback by default)")] = "127.0.0.1",
+    faults: Annotated[
+        str | None,
+        typer.Option(
+            help="KIND=RATE,... with kinds 429, 500, slow, truncated, empty, length, reasoning, "
+            "tools; e.g. '429=0.15,500=0.1,slow=0.05'"
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="makes the fault choices reproducible")] = 0,
+    token_ids: Annotated[
+        bool, typer.Option("--token-ids", help="answer vLLM's return_token_ids with the exact ids")
+    ] = False,
+    slow_seconds: Annotated[float, typer.Option(help="delay of a 'slow' answer")] = 30.0,
+) -> None:
+    """Serve ground-truth records as an OpenAI-compatible chat-completions API (dry runs, tests)."""
+    from .replay import serve
+
+    serve(records, host, port, faults, seed, token_ids, slow_seconds)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +42,9 @@ def n_turns(p: Prompt, mode: str) -> int:
     return len(user_turns(p)) if mode == "all" else 1
 
 
-def turn_messages(p: Prompt, mode: str, turn: int, answers: Sequence[Message]) -> tuple[Message, ...]:
+def turn_messages(
+    p: Prompt, mode: str, turn: int, answers: Sequence[Message]
+) -> tuple[Message, ...]:
     """The conversation the model answers at ``turn``: with ``all``, earlier assistant turns are
     the model's own ``answers``; with ``last``, the dataset's conversation up to its last user
     message; with ``first``, up to the first user message."""
@@ -64,8 +66,9 @@ def turn_messages(p: Prompt, mode: str, turn: int, answers: Sequence[Message]) -
 
 
 def answer_message(view: ApiView) -> Message:
-    return Message("assistant", view.content or "", reasoning=view.reasoning,
-                   tool_calls=view.tool_calls)
+    return Message(
+        "assistant", view.content or "", reasoning=view.reasoning, tool_calls=view.tool_calls
+    )
 
 
 def sample_seed(base: int, prompt_id: str, sample_idx: int, turn: int) -> int:
@@ -89,11 +92,17 @@ class Bars:
         self.quiet = quiet
         self.console = console or Console(stderr=True)
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(),
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
             TextColumn("{task.completed}/{task.total}"),
             TextColumn("{task.fields[rps]:.1f} req/s {task.fields[tps]:.0f} tok/s"),
-            TextColumn("errors {task.fields[errors]}"), TextColumn("${task.fields[cost]:.4f}"),
-            TimeRemainingColumn(), console=self.console, disable=quiet, transient=False)
+            TextColumn("errors {task.fields[errors]}"),
+            TextColumn("${task.fields[cost]:.4f}"),
+            TimeRemainingColumn(),
+            console=self.console,
+            disable=quiet,
+            transient=False,
+        )
         self.tasks: dict[str, TaskID] = {}
         self.meters: dict[str, Meter] = {}
 
@@ -106,20 +115,27 @@ class Bars:
 
     def add(self, name: str, total: int, done: int) -> None:
         self.meters[name] = Meter(total, done)
-        self.tasks[name] = self.progress.add_task(name, total=total, completed=done, rps=0.0,
-                                                  tps=0.0, errors=0, cost=0.0)
+        self.tasks[name] = self.progress.add_task(
+            name, total=total, completed=done, rps=0.0, tps=0.0, errors=0, cost=0.0
+        )
 
-    def update(self, name: str, *, done: int = 0, errors: int = 0, tokens: int = 0,
-               cost: float = 0.0) -> None:
+    def update(
+        self, name: str, *, done: int = 0, errors: int = 0, tokens: int = 0, cost: float = 0.0
+    ) -> None:
         m = self.meters[name]
         m.done += done
         m.errors += errors
         m.tokens += tokens
         m.cost += cost
         dt = max(time.time() - m.started, 1e-6)
-        self.progress.update(self.tasks[name], completed=m.done, rps=m.done / dt if done else
-                             self.progress.tasks[self.tasks[name]].fields["rps"],
-                             tps=m.tokens / dt, errors=m.errors, cost=m.cost)
+        self.progress.update(
+            self.tasks[name],
+            completed=m.done,
+            rps=m.done / dt if done else self.progress.tasks[self.tasks[name]].fields["rps"],
+            tps=m.tokens / dt,
+            errors=m.errors,
+            cost=m.cost,
+        )
 
 
 # --- the runner ----------------------------------------------------------------------------------
@@ -131,8 +147,9 @@ class RunReport:
 
 
 class Runner:
-    def __init__(self, manifest: Manifest, *, quiet: bool = False,
-                 console: Console | None = None) -> None:
+    def __init__(
+        self, manifest: Manifest, *, quiet: bool = False, console: Console | None = None
+    ) -> None:
         self.m = manifest
         self.quiet = quiet
         self.console = console or Console(stderr=True)
@@ -140,16 +157,18 @@ class Runner:
         out.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(out / "ledger.sqlite")
         t = manifest.target
-        tok = load_tokenizer(manifest.resolve(t.tokenizer) if not t.tokenizer.startswith("pkg:")
-                             else t.tokenizer,
-                             manifest.resolve(t.chat_template) if t.chat_template else None)
+        tok = load_tokenizer(
+            manifest.resolve(t.tokenizer) if not t.tokenizer.startswith("pkg:") else t.tokenizer,
+            manifest.resolve(t.chat_template) if t.chat_template else None,
+        )
         self.bound: BoundFormat = get_format(t.format, relative_to=manifest.base_dir).bind(tok)
         self.backends: dict[str, Backend] = {}
         self.spent = float(self.ledger.status()["cost_usd"])
         self.reserved = 0.0
         self.budget_hit = False
-        self.ledger.set_meta("manifest", manifest.model_dump(mode="json",
-                                                             exclude={"base_dir", "path"}))
+        self.ledger.set_meta(
+            "manifest", manifest.model_dump(mode="json", exclude={"base_dir", "path"})
+        )
 
     # --- setup ---------------------------------------------------------------------------
     def backend(self, name: str) -> Backend:
@@ -173,29 +192,47 @@ class Runner:
         stored = self.ledger.prompts(d.name)
         if stored:
             return stored
-        prompts, drops = read_prompts(self.m.resolve(d.source), d.reader, d.name, d.columns,
-                                      d.limit)
+        prompts, drops = read_prompts(
+            self.m.resolve(d.source), d.reader, d.name, d.columns, d.limit
+        )
         if not prompts:
-            raise GenerateError(f"dataset {d.name}: {d.source} gave no prompts "
-                                f"(skipped: {dict(drops)})")
-        self.ledger.add_prompts(d.name, prompts, d.samples_per_prompt,
-                                lambda p: n_turns(p, d.turns))
+            raise GenerateError(
+                f"dataset {d.name}: {d.source} gave no prompts (skipped: {dict(drops)})"
+            )
+        self.ledger.add_prompts(
+            d.name, prompts, d.samples_per_prompt, lambda p: n_turns(p, d.turns)
+        )
         self.ledger.set_meta(f"read_drops:{d.name}", dict(drops))
         return prompts
 
-    def request(self, d: DatasetCfg, p: Prompt, s: int, turn: int, msgs: tuple[Message, ...]
-                ) -> GenRequest:
+    def request(
+        self, d: DatasetCfg, p: Prompt, s: int, turn: int, msgs: tuple[Message, ...]
+    ) -> GenRequest:
         opts = {} if self.m.target.thinking is None else {"thinking": self.m.target.thinking}
         ids = self.bound.prompt_ids(msgs, p.tools, **opts)
-        return GenRequest(Key(d.name, p.id, s, turn), msgs, p.tools, ids, d.sampling,
-                          sample_seed(d.sampling.seed, p.id, s, turn))
+        return GenRequest(
+            Key(d.name, p.id, s, turn),
+            msgs,
+            p.tools,
+            ids,
+            d.sampling,
+            sample_seed(d.sampling.seed, p.id, s, turn),
+        )
 
     # --- recording -----------------------------------------------------------------------------
     def on_failure(self, bars: Bars, req: GenRequest, f: FailedAttempt, backend: str) -> None:
-        self.ledger.record_attempt(req.key, backend, ok=False, reason=f.reason,
-                                   http_status=f.http_status, started_at=f.started_at,
-                                   latency_s=f.latency_s, request=f.request,
-                                   response_text=f.response_text, final_failure=f.final)
+        self.ledger.record_attempt(
+            req.key,
+            backend,
+            ok=False,
+            reason=f.reason,
+            http_status=f.http_status,
+            started_at=f.started_at,
+            latency_s=f.latency_s,
+            request=f.request,
+            response_text=f.response_text,
+            final_failure=f.final,
+        )
         bars.update(req.key.dataset, errors=1, done=int(f.final))
 
     def store(self, bars: Bars, req: GenRequest, c: Completion, backend: Backend) -> None:
@@ -203,13 +240,26 @@ class Runner:
         if c.prompt_ids is not None:
             drift = int(list(c.prompt_ids) != req.prompt_ids)
         self.ledger.record_attempt(
-            req.key, backend.name, ok=True, reason=None, http_status=c.http_status,
-            started_at=c.started_at, latency_s=c.latency_s, request=c.request,
+            req.key,
+            backend.name,
+            ok=True,
+            reason=None,
+            http_status=c.http_status,
+            started_at=c.started_at,
+            latency_s=c.latency_s,
+            request=c.request,
             response_text=c.response_text,
-            stored={"response": c.response, "output_ids": c.output_ids,
-                    "prompt_ids": c.prompt_ids, "finish_reason": c.finish_reason,
-                    "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens,
-                    "cost_usd": c.cost_usd, "prompt_drift": drift})
+            stored={
+                "response": c.response,
+                "output_ids": c.output_ids,
+                "prompt_ids": c.prompt_ids,
+                "finish_reason": c.finish_reason,
+                "prompt_tokens": c.prompt_tokens,
+                "completion_tokens": c.completion_tokens,
+                "cost_usd": c.cost_usd,
+                "prompt_drift": drift,
+            },
+        )
         self.spent += c.cost_usd
         bars.update(req.key.dataset, done=1, tokens=c.completion_tokens or 0, cost=c.cost_usd)
 
@@ -249,16 +299,36 @@ class Runner:
         if not pending:
             return
         answers = self.ledger.responses(d.name)
-        chains = [(p, s) for p in prompts for s in range(d.samples_per_prompt)
-                  if any(Key(d.name, p.id, s, t) in pending for t in range(n_turns(p, d.turns)))]
-        if isinstance(self.m.backends[d.backend], OpenAIBackendCfg):
-            await asyncio.gather(*(self.chain(d, p, s, backend, answers, bars)
-                                   for p, s in chains))
+        chains = [
+            (p, s)
+            for p in prompts
+            for s in range(d.samples_per_prompt)
+            if any(Key(d.name, p.id, s, t) in pending for t in range(n_turns(p, d.turns)))
+        ]
+        cfg = self.m.backends[d.backend]
+        if isinstance(cfg, OpenAIBackendCfg):
+            # a pool of workers pulls conversations: memory stays O(concurrency), and requests
+            # start streaming at once instead of after every prompt has been rendered
+            queue = deque(chains)
+
+            async def worker() -> None:
+                while queue and not self.budget_hit:
+                    p, s = queue.popleft()
+                    await self.chain(d, p, s, backend, answers, bars)
+
+            await asyncio.gather(*(worker() for _ in range(min(cfg.concurrency, len(chains)))))
         else:
             await self.rounds(d, chains, backend, answers, bars)
 
-    async def chain(self, d: DatasetCfg, p: Prompt, s: int, backend: Backend,
-                    answers: dict[Key, StoredResponse], bars: Bars) -> None:
+    async def chain(
+        self,
+        d: DatasetCfg,
+        p: Prompt,
+        s: int,
+        backend: Backend,
+        answers: dict[Key, StoredResponse],
+        bars: Bars,
+    ) -> None:
         """One conversation, turn by turn (each turn waits for the model's previous answer)."""
         own: list[Message] = []
         for t in range(n_turns(p, d.turns)):
@@ -272,7 +342,8 @@ class Runner:
                 return  # scheduling stops before the budget could be passed
             try:
                 [c] = await backend.run_batch(
-                    [req], lambda r, f: self.on_failure(bars, r, f, backend.name))
+                    [req], lambda r, f: self.on_failure(bars, r, f, backend.name)
+                )
             finally:
                 self.reserved -= est
             if c is None:
@@ -280,8 +351,14 @@ class Runner:
             self.store(bars, req, c, backend)
             own.append(answer_message(c.view))
 
-    async def rounds(self, d: DatasetCfg, chains: list[tuple[Prompt, int]], backend: Backend,
-                     answers: dict[Key, StoredResponse], bars: Bars) -> None:
+    async def rounds(
+        self,
+        d: DatasetCfg,
+        chains: list[tuple[Prompt, int]],
+        backend: Backend,
+        answers: dict[Key, StoredResponse],
+        bars: Bars,
+    ) -> None:
         """Local engines: every conversation's turn t in batches, then turn t+1."""
         own: dict[tuple[str, int], list[Message]] = {(p.id, s): [] for p, s in chains}
         alive = list(chains)
@@ -296,20 +373,25 @@ class Runner:
                 if key in answers:
                     own[(p.id, s)].append(answer_message(_view(answers[key], self.bound)))
                 else:
-                    todo.append(self.request(d, p, s, turn,
-                                             turn_messages(p, d.turns, turn, own[(p.id, s)])))
+                    todo.append(
+                        self.request(d, p, s, turn, turn_messages(p, d.turns, turn, own[(p.id, s)]))
+                    )
             todo.sort(key=lambda r: len(r.prompt_ids))  # similar lengths pad less
             for i in range(0, len(todo), batch_size):
                 batch = todo[i : i + batch_size]
                 outs = await backend.run_batch(
-                    batch, lambda r, f: self.on_failure(bars, r, f, backend.name))
+                    batch, lambda r, f: self.on_failure(bars, r, f, backend.name)
+                )
                 for req, c in zip(batch, outs, strict=True):
                     if c is not None:
                         self.store(bars, req, c, backend)
                         own[(req.key.prompt_id, req.key.sample_idx)].append(answer_message(c.view))
             turn += 1
-            alive = [(p, s) for p, s in alive if turn < n_turns(p, d.turns)
-                     and len(own[(p.id, s)]) == turn]
+            alive = [
+                (p, s)
+                for p, s in alive
+                if turn < n_turns(p, d.turns) and len(own[(p.id, s)]) == turn
+            ]
 
     # --- tokens stage --------------------------------------------------------------------------
     def make_samples(self, d: DatasetCfg) -> dict[str, Any]:
@@ -320,8 +402,8 @@ class Runner:
         drops: Counter[str] = Counter()
         opts = {} if self.m.target.thinking is None else {"thinking": self.m.target.thinking}
         by_chain: dict[tuple[str, int], dict[int, StoredResponse]] = {}
-        for k, r in answers.items():
-            by_chain.setdefault((k.prompt_id, k.sample_idx), {})[k.turn] = r
+        for k, stored in answers.items():
+            by_chain.setdefault((k.prompt_id, k.sample_idx), {})[k.turn] = stored
         with self.ledger.tx():
             for (pid, s), turns in sorted(by_chain.items()):
                 p = prompts[pid]
@@ -345,27 +427,52 @@ class Runner:
                         self.ledger.put_drop(key, "tokens", type(e).__name__)
                         continue
                     counts[sample.token_source] += 1
-                    self.ledger.put_sample(key, sample.token_source, sample.finish_reason,
-                                           sample.input_ids, sample.prompt_len, sample.warnings)
+                    self.ledger.put_sample(
+                        key,
+                        sample.token_source,
+                        sample.finish_reason,
+                        sample.input_ids,
+                        sample.prompt_len,
+                        sample.warnings,
+                    )
         return {"samples": dict(counts), "drops": dict(drops)}
 
-    def sample(self, p: Prompt, msgs: tuple[Message, ...], r: StoredResponse, view: ApiView,
-               opts: dict[str, Any]) -> Any:
+    def sample(
+        self,
+        p: Prompt,
+        msgs: tuple[Message, ...],
+        r: StoredResponse,
+        view: ApiView,
+        opts: dict[str, Any],
+    ) -> Any:
         from .records import Sample
 
+        if r.output_ids is None and not (view.content or view.reasoning or view.tool_calls):
+            raise ReconstructError("the API returned an empty answer", "empty_response")
         if r.output_ids is not None:
             prompt_ids = self.bound.prompt_ids(msgs, p.tools, **opts)
             out = list(r.output_ids)
             if r.finish_reason in FINISHED and (not out or out[-1] not in self.bound.stop_ids):
                 out.append(self.bound.end_id)
-            return Sample(id=f"{p.id}-{r.key.sample_idx}-{r.key.turn}", dataset=p.dataset,
-                          input_ids=prompt_ids + out,
-                          loss_mask=[False] * len(prompt_ids) + [True] * len(out),
-                          prompt_len=len(prompt_ids), token_source="engine",
-                          finish_reason=r.finish_reason, provenance=provenance(self.bound))
-        s = reconstruct(self.bound, msgs, view, tools=p.tools,
-                        record_id=f"{p.id}-{r.key.sample_idx}-{r.key.turn}", dataset=p.dataset,
-                        thinking=self.m.target.thinking)
+            return Sample(
+                id=f"{p.id}-{r.key.sample_idx}-{r.key.turn}",
+                dataset=p.dataset,
+                input_ids=prompt_ids + out,
+                loss_mask=[False] * len(prompt_ids) + [True] * len(out),
+                prompt_len=len(prompt_ids),
+                token_source="engine",
+                finish_reason=r.finish_reason,
+                provenance=provenance(self.bound),
+            )
+        s = reconstruct(
+            self.bound,
+            msgs,
+            view,
+            tools=p.tools,
+            record_id=f"{p.id}-{r.key.sample_idx}-{r.key.turn}",
+            dataset=p.dataset,
+            thinking=self.m.target.thinking,
+        )
         return s
 
 

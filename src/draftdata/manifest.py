@@ -89,8 +89,9 @@ class EngineBackendCfg(_Strict):
     engine_args: dict[str, Any] = {}
 
 
-BackendCfg = Annotated[HFBackendCfg | OpenAIBackendCfg | EngineBackendCfg,
-                      Field(discriminator="kind")]
+BackendCfg = Annotated[
+    HFBackendCfg | OpenAIBackendCfg | EngineBackendCfg, Field(discriminator="kind")
+]
 
 
 class DatasetCfg(_Strict):
@@ -101,7 +102,7 @@ class DatasetCfg(_Strict):
     limit: int | None = Field(None, ge=1)
     samples_per_prompt: int = Field(1, ge=1, le=1000)
     turns: Literal["all", "first", "last"] = "all"
-    sampling: Sampling = Sampling()
+    sampling: Sampling = Field(default_factory=Sampling)
     columns: dict[str, str] = {}
     ground_truth: bool | None = None
 
@@ -132,14 +133,19 @@ class Manifest(_Strict):
         for d in self.datasets:
             if d.name == name:
                 return d
-        raise ManifestError(f"{self.path}: no dataset named {name!r}; the manifest has "
-                            f"{', '.join(d.name for d in self.datasets)}")
+        raise ManifestError(
+            f"{self.path}: no dataset named {name!r}; the manifest has "
+            f"{', '.join(d.name for d in self.datasets)}"
+        )
 
 
 _FIELDS: dict[str, list[str]] = {
-    "run": list(RunCfg.model_fields), "target": list(TargetCfg.model_fields),
-    "datasets": list(DatasetCfg.model_fields), "sampling": list(Sampling.model_fields),
-    "hf": list(HFBackendCfg.model_fields), "openai": list(OpenAIBackendCfg.model_fields),
+    "run": list(RunCfg.model_fields),
+    "target": list(TargetCfg.model_fields),
+    "datasets": list(DatasetCfg.model_fields),
+    "sampling": list(Sampling.model_fields),
+    "hf": list(HFBackendCfg.model_fields),
+    "openai": list(OpenAIBackendCfg.model_fields),
     "vllm": list(EngineBackendCfg.model_fields),
 }
 
@@ -171,7 +177,8 @@ def load_manifest(path: Path) -> Manifest:
             line = _line_of(text, ["datasets", names.index(d.name), "backend"])
             raise ManifestError(
                 f"{path}:{line}: datasets.{d.name}.backend = {d.backend!r} is not defined; "
-                f"define [backends.{d.backend}] or use one of {sorted(m.backends)}")
+                f"define [backends.{d.backend}] or use one of {sorted(m.backends)}"
+            )
     return m
 
 
@@ -180,15 +187,28 @@ def _check_backend_kinds(raw: dict[str, Any], path: Path, text: str) -> None:
         kind = b.get("kind") if isinstance(b, dict) else None
         if kind not in ("hf", "openai", "vllm", "sglang"):
             line = _line_of(text, ["backends", name, "kind"])
-            raise ManifestError(f"{path}:{line}: backends.{name}.kind = {kind!r}; set kind to "
-                                "one of hf, openai, vllm, sglang")
+            raise ManifestError(
+                f"{path}:{line}: backends.{name}.kind = {kind!r}; set kind to "
+                "one of hf, openai, vllm, sglang"
+            )
 
 
 def _explain(e: ValidationError, raw: dict[str, Any], path: Path, text: str) -> str:
     err = e.errors()[0]
-    loc = [p for p in err["loc"] if p not in ("hf", "openai", "vllm", "sglang",
-                                               "HFBackendCfg", "OpenAIBackendCfg",
-                                               "EngineBackendCfg")]
+    loc = [
+        p
+        for p in err["loc"]
+        if p
+        not in (
+            "hf",
+            "openai",
+            "vllm",
+            "sglang",
+            "HFBackendCfg",
+            "OpenAIBackendCfg",
+            "EngineBackendCfg",
+        )
+    ]
     # pydantic's union tags look like 'function-after[...]'; keep the real path
     loc = [p for p in loc if not (isinstance(p, str) and "[" in p)]
     key = ".".join(str(p) for p in loc)
@@ -242,6 +262,7 @@ def _line_of(text: str, loc: list[Any]) -> int | None:
         return start + 1
     for i in range(start, len(lines)):
         if re.match(rf"^\s*{re.escape(keys[0])}\s*=", lines[i]) or re.search(
-                rf"[{{,]\s*{re.escape(keys[-1])}\s*=", lines[i]):
+            rf"[{{,]\s*{re.escape(keys[-1])}\s*=", lines[i]
+        ):
             return i + 1
     return start + 1

@@ -80,6 +80,11 @@ def response_segments(
             "reasoning; use a tokenizer with <think> tokens or a format that declares them",
             "reasoning_without_think_grammar",
         )
+    if view.tool_calls and not fmt.has_tool_grammar:
+        raise ReconstructError(
+            f"the answer calls tools but format {fmt.name} has no tool-call grammar",
+            "tool_calls_without_grammar",
+        )
     if view.finish_reason not in FINISHED and view.finish_reason != "length":
         warnings.append(f"finish_reason_{view.finish_reason}")
     segs = fmt.render_response(

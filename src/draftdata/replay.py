@@ -19,6 +19,7 @@ text never arrives paired with ids that do not describe it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import random
@@ -28,11 +29,12 @@ import threading
 import time
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -56,6 +58,8 @@ RETRY_AFTER_S = "1"
 RETRY_AFTER_MS = "50"
 RECORD_HEADER = "x-replay-record"
 FAULT_HEADER = "x-replay-fault"
+#: how long a stopping server waits for answers in flight (a slow answer may be among them)
+SHUTDOWN_GRACE_S = 2
 _RATE_SUM_SLACK = 1e-9
 _REQUIRED = ("id", "messages", "prompt_ids", "output_ids", "api_view")
 
@@ -162,7 +166,7 @@ def message_key(messages: Any) -> str:
 
 @dataclass(frozen=True)
 class ReplayRecord:
-    """One ground-truth generation, with its normal response pieces serialised once."""
+    """One ground-truth generation; its normal response pieces are serialised once, on first use."""
 
     id: str
     key: str
@@ -170,9 +174,31 @@ class ReplayRecord:
     finish_reason: str
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
-    #: ``"choices":[...],"usage":{...}`` of the unfaulted answer, without and with token ids
-    tail: str
-    tail_ids: str
+
+    def usage(self) -> dict[str, int]:
+        n_in, n_out = len(self.prompt_ids), len(self.output_ids)
+        return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+
+    def _tail(self, token_ids: bool) -> str:
+        message = _dumps({"role": "assistant", "content": self.content})
+        choice = (
+            f'{{"index":0,"message":{message},"finish_reason":{_dumps(self.finish_reason)},'
+            '"logprobs":null'
+            + (f',"token_ids":{_dumps(self.output_ids)}' if token_ids else "")
+            + "}"
+        )
+        out = f'"choices":[{choice}],"usage":{_dumps(self.usage())}'
+        return out + (f',"prompt_token_ids":{_dumps(self.prompt_ids)}' if token_ids else "")
+
+    @cached_property
+    def tail(self) -> str:
+        """``"choices":[...],"usage":{...}`` of the unfaulted answer, serialised on first use."""
+        return self._tail(token_ids=False)
+
+    @cached_property
+    def tail_ids(self) -> str:
+        """``tail`` with ``choices[0].token_ids`` and top-level ``prompt_token_ids`` (vLLM)."""
+        return self._tail(token_ids=True)
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> ReplayRecord:
@@ -196,24 +222,6 @@ class ReplayRecord:
             key = message_key(raw["messages"])
         except ValueError as e:
             raise InputError(f"{rid}: {e}") from None
-        message = _dumps({"role": "assistant", "content": view["content"]})
-        usage = _dumps(
-            {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": len(output_ids),
-                "total_tokens": len(prompt_ids) + len(output_ids),
-            }
-        )
-        fr = _dumps(str(finish))
-        tail = (
-            f'"choices":[{{"index":0,"message":{message},"finish_reason":{fr},"logprobs":null}}],'
-            f'"usage":{usage}'
-        )
-        tail_ids = (
-            f'"choices":[{{"index":0,"message":{message},"finish_reason":{fr},"logprobs":null,'
-            f'"token_ids":{_dumps(output_ids)}}}],"usage":{usage},'
-            f'"prompt_token_ids":{_dumps(prompt_ids)}'
-        )
         return cls(
             id=rid,
             key=key,
@@ -221,8 +229,6 @@ class ReplayRecord:
             finish_reason=str(finish),
             prompt_ids=tuple(prompt_ids),
             output_ids=tuple(output_ids),
-            tail=tail,
-            tail_ids=tail_ids,
         )
 
 
@@ -381,7 +387,7 @@ class _Replay:
                 headers,
             )
         if fault == "slow":
-            await asyncio.sleep(self.slow_seconds)
+            await _sleep_unless_disconnected(request, self.slow_seconds)
         model = body.get("model")
         head = (
             f'{{"id":"chatcmpl-{n}","object":"chat.completion","created":{int(time.time())},'
@@ -417,11 +423,7 @@ class _Replay:
             "choices": [
                 {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
             ],
-            "usage": {
-                "prompt_tokens": len(rec.prompt_ids),
-                "completion_tokens": len(rec.output_ids),
-                "total_tokens": len(rec.prompt_ids) + len(rec.output_ids),
-            },
+            "usage": rec.usage(),
         }
         if want_ids:  # the message no longer matches output_ids: send the prompt ids only
             out["prompt_token_ids"] = list(rec.prompt_ids)
@@ -448,6 +450,18 @@ class _Replay:
             "records": self.loaded,
             "skipped": dict(self.skipped),
         }
+
+
+async def _sleep_unless_disconnected(request: Request, seconds: float) -> None:
+    """Sleep ``seconds``, or less if the client hangs up first (a client that timed out):
+    a slow answer nobody waits for must not hold the server's shutdown."""
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(gone(), timeout=seconds)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -514,18 +528,26 @@ def serve(
     slow_seconds: float = 5.0,
 ) -> None:
     """Load ``records_path`` and serve it until interrupted (blocking)."""
-    import uvicorn
-
     records, skipped = load_records(records_path)
     app = make_app(records, faults, seed, token_ids, slow_seconds, skipped=skipped)
     sock = _bind(host, port)
     print(_summary(app, str(records_path)), file=sys.stderr, flush=True)
     print(f"replay-server: listening on {_base_url(sock)}/v1", file=sys.stderr, flush=True)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    config = _uvicorn_config(app)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()
+
+
+def _uvicorn_config(app: Starlette) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+    )
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -553,15 +575,13 @@ def _base_url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-@contextmanager
+@contextlib.contextmanager
 def serve_in_thread(app: Starlette, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
     """Run ``app`` under uvicorn in a daemon thread; yields its base URL (``http://host:port``).
     Port 0 picks a free port. Stops the server on exit."""
-    import uvicorn
-
     sock = _bind(host, port)
     base = _base_url(sock)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    config = _uvicorn_config(app)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -113,6 +113,10 @@ class ChatFormat:
         raise NotImplementedError
 
     # --- response grammar -------------------------------------------------------------------
+    @property
+    def has_tool_grammar(self) -> bool:
+        return type(self).render_tool_calls is not ChatFormat.render_tool_calls
+
     def render_tool_calls(self, calls: Sequence[ToolCall], content: str) -> list[Segment]:
         raise FormatError(f"format {self.name} has no tool-call grammar")
 

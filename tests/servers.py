@@ -1,0 +1,114 @@
+"""Real servers on loopback for the tests: the project's replay server as a subprocess."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout}s")
+
+
+@contextlib.contextmanager
+def replay_server(records: Path, *args: str) -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "draftdata",
+            "replay-server",
+            str(records),
+            "--port",
+            str(port),
+            *args,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health")
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def stats(base_url: str) -> dict:
+    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/stats", timeout=5) as r:
+        return json.loads(r.read())
+
+
+def manifest(
+    tmp: Path,
+    base_url: str,
+    source: Path,
+    *,
+    limit: int,
+    extra_backend: str = "",
+    turns: str = "all",
+    budget: str = "",
+    samples: int = 1,
+    reader: str = "openai",
+    name: str = "gt",
+) -> Path:
+    tok = Path(__file__).resolve().parents[2] / "shared" / "tokenizers" / "smollm2"
+    from conftest import TOKENIZERS
+
+    tok = TOKENIZERS / "smollm2"
+    text = f"""
+[run]
+name = "test"
+output = "{tmp / "run"}"
+{budget}
+
+[target]
+tokenizer = "{tok}"
+format = "chatml"
+model = "replay"
+
+[backends.api]
+kind = "openai"
+base_url = "{base_url}"
+concurrency = 8
+timeout_s = 10
+max_retries = 8
+{extra_backend}
+
+[[datasets]]
+name = "{name}"
+source = "{source}"
+reader = "{reader}"
+backend = "api"
+limit = {limit}
+samples_per_prompt = {samples}
+turns = "{turns}"
+sampling = {{ temperature = 0.0, max_tokens = 256 }}
+"""
+    p = tmp / "manifest.toml"
+    p.write_text(text)
+    return p

@@ -1,0 +1,422 @@
+"""The replay server over real HTTP on loopback: matching, token ids, errors, seeded faults."""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from conftest import GROUNDTRUTH
+from draftdata.api import reasoning_of
+from draftdata.errors import InputError
+from draftdata.replay import (
+    FAULT_KINDS,
+    choose_fault,
+    load_records,
+    make_app,
+    parse_faults,
+    serve,
+    serve_in_thread,
+)
+
+Records = list[dict[str, Any]]
+Server = Callable[..., AbstractContextManager[httpx.Client]]
+
+
+@pytest.fixture(scope="module")
+def records() -> Records:
+    recs, skipped = load_records(GROUNDTRUTH)
+    assert skipped == {}
+    return recs
+
+
+@pytest.fixture(scope="module")
+def by_id(records: Records) -> dict[str, dict[str, Any]]:
+    return {r["id"]: r for r in records}
+
+
+@pytest.fixture
+def server(records: Records) -> Iterator[Server]:
+    """server(**make_app kwargs) -> context manager yielding an httpx.Client on its base URL."""
+
+    @contextmanager
+    def _start(**kwargs: Any) -> Iterator[httpx.Client]:
+        app = make_app(records, **kwargs)
+        with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=5) as client:
+            yield client
+
+    yield _start
+
+
+def chat(client: httpx.Client, messages: Any, **extra: Any) -> httpx.Response:
+    return client.post("/v1/chat/completions", json={"model": "m", "messages": messages, **extra})
+
+
+# ---------------------------------------------------------------- matching
+
+
+def test_greedy_and_sample_records_are_picked_by_temperature(
+    server: Server, by_id: dict[str, dict[str, Any]]
+) -> None:
+    greedy, sample = by_id["mtbench-0-greedy"], by_id["mtbench-0-sample"]
+    assert greedy["messages"] == sample["messages"]
+    with server() as c:
+        for extra, rec in (
+            ({}, greedy),
+            ({"temperature": 0}, greedy),
+            ({"temperature": 0.8}, sample),
+        ):
+            r = chat(c, rec["messages"], **extra)
+            assert r.status_code == 200
+            assert r.headers["x-replay-record"] == rec["id"]
+            assert "x-replay-fault" not in r.headers
+            body = r.json()
+            assert body["object"] == "chat.completion"
+            assert body["model"] == "m"
+            assert body["id"].startswith("chatcmpl-")
+            assert isinstance(body["created"], int)
+            (choice,) = body["choices"]
+            assert choice["message"] == {"role": "assistant", "content": rec["api_view"]["content"]}
+            assert choice["finish_reason"] == rec["api_view"]["finish_reason"]
+            assert choice["logprobs"] is None
+            assert "token_ids" not in choice
+            n_in, n_out = len(rec["prompt_ids"]), len(rec["output_ids"])
+            assert body["usage"] == {
+                "prompt_tokens": n_in,
+                "completion_tokens": n_out,
+                "total_tokens": n_in + n_out,
+            }
+
+
+def test_messages_are_matched_on_role_and_content_only(
+    server: Server, by_id: dict[str, dict[str, Any]]
+) -> None:
+    rec = by_id["mtbench_turn2-0-greedy"]
+    parts = [
+        {
+            "role": m["role"],
+            "content": [{"type": "text", "text": m["content"][:5]}, {"text": m["content"][5:]}],
+            "name": "ignored",
+        }
+        for m in rec["messages"]
+    ]
+    with server() as c:
+        r = chat(c, parts)
+        assert r.status_code == 200
+        assert r.headers["x-replay-record"] == rec["id"]
+
+
+def test_only_sample_variant_serves_greedy_requests_too(
+    server: Server, records: Records, by_id: dict[str, dict[str, Any]]
+) -> None:
+    keys = Counter(json.dumps(r["messages"], sort_keys=True) for r in records)
+    lone = next(r for r in records if keys[json.dumps(r["messages"], sort_keys=True)] == 1)
+    with server() as c:
+        for t in (0, 1.0):
+            assert chat(c, lone["messages"], temperature=t).headers["x-replay-record"] == lone["id"]
+
+
+def test_return_token_ids_gives_the_exact_ids(
+    server: Server, by_id: dict[str, dict[str, Any]]
+) -> None:
+    greedy = [r for r in by_id.values() if r["id"].endswith("-greedy")]
+    stop = next(r for r in greedy if r["finish_reason"] == "stop")
+    length = next(r for r in greedy if r["finish_reason"] == "length")
+    sample = next(r for r in by_id.values() if r["id"].endswith("-sample"))
+    with server(token_ids=True) as c:
+        for rec, temperature in ((stop, 0.0), (length, 0.0), (sample, 0.8)):
+            r = chat(c, rec["messages"], return_token_ids=True, temperature=temperature)
+            assert r.headers["x-replay-record"] == rec["id"]
+            body = r.json()
+            assert body["prompt_token_ids"] == rec["prompt_ids"]
+            assert body["choices"][0]["token_ids"] == rec["output_ids"]
+        assert stop["output_ids"][-1] == 2  # the end-of-turn id is kept, as in the record
+        plain = chat(c, stop["messages"]).json()
+        assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
+    with server(token_ids=False) as c:  # the extension is off unless the server turns it on
+        body = chat(c, stop["messages"], return_token_ids=True).json()
+        assert "prompt_token_ids" not in body and "token_ids" not in body["choices"][0]
+
+
+def test_errors_and_other_routes(server: Server, by_id: dict[str, dict[str, Any]]) -> None:
+    msgs = by_id["mtbench-0-greedy"]["messages"]
+    with server() as c:
+        r = chat(c, [{"role": "user", "content": "not in the ground truth"}])
+        assert r.status_code == 404
+        assert r.json() == {
+            "error": {"message": "no ground-truth record for these messages", "type": "not_found"}
+        }
+        r = c.post(
+            "/v1/chat/completions",
+            content=b'{"messages": [',
+            headers={"content-type": "application/json"},
+        )
+        assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+        assert chat(c, "hello").status_code == 400
+        assert chat(c, [{"content": "no role"}]).status_code == 400
+        r = chat(c, msgs, stream=True)
+        assert r.status_code == 400 and "streaming" in r.json()["error"]["message"]
+        assert c.get("/v1/models").json() == {
+            "object": "list",
+            "data": [{"id": "replay", "object": "model"}],
+        }
+        assert c.get("/health").status_code == 200
+        assert c.get("/v1/nothing").json()["error"]["type"] == "not_found"
+        stats = c.get("/stats").json()
+        assert stats["requests"] == 5
+        assert stats["by_status"] == {"400": 4, "404": 1}
+        assert stats["attempts"] == 0
+
+
+# ---------------------------------------------------------------- fault spec
+
+
+def test_parse_faults_normalises_order() -> None:
+    assert parse_faults(None) == {} == parse_faults("  ")
+    parsed = parse_faults(" tools=0.1, 429=0.25 ,slow=0")
+    assert parsed == {"429": 0.25, "slow": 0.0, "tools": 0.1}
+    assert list(parsed) == ["429", "slow", "tools"]
+    assert parse_faults(",".join(f"{k}=0.125" for k in FAULT_KINDS)) == dict.fromkeys(
+        FAULT_KINDS, 0.125
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("bogus=0.1", "unknown fault kind 'bogus'; valid: 429, 500, slow"),
+        ("429=1.5", "outside [0, 1]"),
+        ("429=-0.1", "outside [0, 1]"),
+        ("429=nan", "outside [0, 1]"),
+        ("429=lots", "'lots' is not a number"),
+        ("429", "write KIND=RATE"),
+        ("429=0.1,429=0.2", "given twice"),
+        ("429=0.6,500=0.5", "sum to 1.1"),
+    ],
+)
+def test_parse_faults_errors_name_the_item(spec: str, needle: str) -> None:
+    with pytest.raises(InputError) as info:
+        parse_faults(spec)
+    assert needle in str(info.value)
+
+
+def test_make_app_checks_its_inputs(records: Records) -> None:
+    with pytest.raises(InputError, match="slow-seconds"):
+        make_app(records, slow_seconds=-1)
+    with pytest.raises(InputError, match="unknown fault kind"):
+        make_app(records, {"teapot": 0.1})
+    with pytest.raises(InputError, match="no usable ground-truth records"):
+        make_app([{"id": "x"}])
+
+
+# ---------------------------------------------------------------- faults
+
+
+def test_rate_limit_everywhere(server: Server, records: Records) -> None:
+    with server(faults="429=1") as c:
+        for rec in records[:20]:
+            r = chat(c, rec["messages"])
+            assert r.status_code == 429
+            assert r.headers["retry-after"] == "1"
+            assert r.headers["retry-after-ms"] == "50"
+            assert r.headers["x-replay-fault"] == "429"
+            assert r.json()["error"]["type"] == "rate_limit_error"
+        stats = c.get("/stats").json()
+        assert stats["by_status"] == {"429": 20}
+        assert stats["faults"]["429"] == 20
+
+
+def _fault_sequence(c: httpx.Client, plan: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
+    out = []
+    for rec in plan:
+        r = chat(c, rec["messages"])
+        out.append((r.headers["x-replay-record"], r.headers.get("x-replay-fault")))
+    return out
+
+
+def test_faults_are_reproducible_from_seed_record_and_attempt(
+    server: Server, records: Records
+) -> None:
+    spec = "429=0.2,500=0.1,truncated=0.1,empty=0.1,length=0.1,reasoning=0.1,tools=0.1"
+    greedy = [r for r in records if r["id"].endswith("-greedy")][:25]
+    plan = greedy * 3  # each record three times: attempts 1, 2, 3
+    with server(faults=spec, seed=7) as c:
+        first = _fault_sequence(c, plan)
+    # a second instance sees the records in another order: each (record, attempt) keeps its fault
+    with server(faults=spec, seed=7) as c:
+        second = _fault_sequence(c, list(reversed(greedy)) + greedy[::-1] + greedy[::-1])
+    attempts: Counter[str] = Counter()
+    expected = {}
+    for rid, fault in first:
+        attempts[rid] += 1
+        expected[(rid, attempts[rid])] = fault
+    attempts.clear()
+    for rid, fault in second:
+        attempts[rid] += 1
+        assert expected[(rid, attempts[rid])] == fault
+
+    # the documented rule, computed independently of the server
+    rates = parse_faults(spec)
+    for (rid, attempt), fault in expected.items():
+        u = random.Random(f"7:{rid}:{attempt}").random()
+        cum, want = 0.0, None
+        for kind, rate in rates.items():
+            cum += rate
+            if u < cum:
+                want = kind
+                break
+        assert fault == want == choose_fault(rates, 7, rid, attempt)
+    assert len({f for f in expected.values()}) >= 5
+    with server(faults=spec, seed=8) as c:
+        assert _fault_sequence(c, plan) != first
+
+
+def test_slow_only_on_first_attempt(server: Server, by_id: dict[str, dict[str, Any]]) -> None:
+    rec, other = by_id["humaneval-0-greedy"], by_id["humaneval-1-greedy"]
+    with server(faults="slow=1", slow_seconds=1.0) as c:
+        with pytest.raises(httpx.ReadTimeout):
+            c.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": rec["messages"]},
+                timeout=httpx.Timeout(5, read=0.3),
+            )
+        t0 = time.perf_counter()
+        r = chat(c, rec["messages"])  # the retry is attempt 2: not slow
+        assert time.perf_counter() - t0 < 0.5
+        assert r.status_code == 200 and "x-replay-fault" not in r.headers
+        assert r.json()["choices"][0]["message"]["content"] == rec["api_view"]["content"]
+        t0 = time.perf_counter()
+        r = chat(c, other["messages"])  # a patient client gets the slow answer in full
+        assert time.perf_counter() - t0 >= 1.0
+        assert r.headers["x-replay-fault"] == "slow"
+        assert r.json()["choices"][0]["message"]["content"] == other["api_view"]["content"]
+        stats = c.get("/stats").json()
+        assert stats["faults"]["slow"] == 2 and stats["attempts"] == 3
+
+
+def test_truncated_body_is_not_json(server: Server, by_id: dict[str, dict[str, Any]]) -> None:
+    rec = by_id["mtbench-0-greedy"]
+    with server() as c:
+        whole = chat(c, rec["messages"]).content
+    with server(faults="truncated=1") as c:
+        r = chat(c, rec["messages"])
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "application/json"
+    assert len(r.content) == len(whole) // 2
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(r.content)
+
+
+def test_message_faults(server: Server, by_id: dict[str, dict[str, Any]]) -> None:
+    rec = by_id["bfcl-0-greedy"]
+    content = rec["api_view"]["content"]
+    kw: dict[str, Any] = {"token_ids": True}
+    with server(faults="empty=1", **kw) as c:
+        body = chat(c, rec["messages"], return_token_ids=True).json()
+        assert body["choices"][0]["message"]["content"] == ""
+        assert body["choices"][0]["finish_reason"] == "stop"
+        assert "token_ids" not in body["choices"][0]  # altered text never comes with ids
+        assert body["prompt_token_ids"] == rec["prompt_ids"]
+    with server(faults="length=1", **kw) as c:
+        choice = chat(c, rec["messages"]).json()["choices"][0]
+        assert choice["message"]["content"] == content[: len(content) // 2]
+        assert choice["finish_reason"] == "length"
+    with server(faults="tools=1", **kw) as c:
+        choice = chat(c, rec["messages"]).json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls"
+        assert choice["message"]["content"] is None
+        (call,) = choice["message"]["tool_calls"]
+        assert call["function"] == {"name": "lookup", "arguments": '{"q": "x"}'}
+        assert json.loads(call["function"]["arguments"]) == {"q": "x"}
+    with server(faults="reasoning=1", **kw) as c:
+        shapes = set()
+        for _ in range(6):
+            msg = chat(c, rec["messages"]).json()["choices"][0]["message"]
+            assert msg["content"] == content
+            text, field = reasoning_of(msg)
+            assert text == "Let me think."
+            shapes.add(field)
+        assert shapes == {"reasoning_content", "reasoning", "reasoning_details"}
+
+
+def test_fault_mix_matches_rates(server: Server, records: Records) -> None:
+    n = 300
+    plan = [records[i % 150] for i in range(n)]  # 150 records, two attempts each
+    with server(faults="429=0.2,500=0.1,empty=0.1", seed=3) as c:
+        seen = Counter(chat(c, rec["messages"]).headers.get("x-replay-fault") for rec in plan)
+        stats = c.get("/stats").json()
+    assert abs(seen["429"] / n - 0.2) < 0.07
+    assert abs(seen["500"] / n - 0.1) < 0.05
+    assert abs(seen["empty"] / n - 0.1) < 0.05
+    assert set(seen) <= {None, "429", "500", "empty"}
+    assert stats["requests"] == stats["attempts"] == n
+    assert stats["by_status"] == {
+        "200": n - seen["429"] - seen["500"],
+        "429": seen["429"],
+        "500": seen["500"],
+    }
+    assert {k: v for k, v in stats["faults"].items() if v} == {
+        k: v for k, v in seen.items() if k is not None
+    }
+
+
+# ---------------------------------------------------------------- loading and serve()
+
+
+def test_load_records_counts_what_it_skips(tmp_path: Path) -> None:
+    good = GROUNDTRUTH.read_text(encoding="utf-8").splitlines()[:3]
+    path = tmp_path / "gt.jsonl"
+    path.write_text("\n".join([*good, "{broken", "[1, 2]", '{"id": "x"}', ""]) + "\n")
+    recs, skipped = load_records(path)
+    assert [r["id"] for r in recs] == [json.loads(line)["id"] for line in good]
+    assert skipped == {"malformed_json": 1, "not_an_object": 1, "bad_record": 1}
+    with pytest.raises(InputError, match="cannot read"):
+        load_records(tmp_path / "missing.jsonl")
+
+
+def test_serve_runs_as_a_process(tmp_path: Path) -> None:
+    path = tmp_path / "gt.jsonl"
+    lines = GROUNDTRUTH.read_text(encoding="utf-8").splitlines()
+    path.write_text("\n".join([*lines[:10], "not json"]) + "\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = (
+        "import sys; from pathlib import Path; from draftdata.replay import serve; "
+        f"serve(Path(sys.argv[1]), '127.0.0.1', {port}, '500=0.5', 1, True, 0.1)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(path)], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                if httpx.get(base + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+        rec = json.loads(lines[0])
+        r = httpx.post(base + "/v1/chat/completions", json={"messages": rec["messages"]})
+        assert r.headers["x-replay-record"] == rec["id"]
+        with pytest.raises(InputError, match="cannot listen"):  # the port is taken now
+            serve(path, "127.0.0.1", port)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert "10 records" in err and "skipped 1 (malformed_json 1)" in err
+    assert "faults 500=0.5" in err
