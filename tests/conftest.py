@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# converted models are cached here, once per checkout (a GGUF -> float32 folder takes ~40 s)
+os.environ.setdefault("DRAFTDATA_CACHE", str(ROOT / ".cache"))
 SHARED = Path(os.environ.get("DRAFTDATA_SHARED", ROOT.parent / "shared"))
 TOKENIZERS = SHARED / "tokenizers"
 GROUNDTRUTH = SHARED / "data" / "groundtruth" / "smollm2-135m-instruct.dev.jsonl"

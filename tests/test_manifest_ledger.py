@@ -51,15 +51,30 @@ def test_good_manifest_resolves_paths_relative_to_itself(tmp_path):
     assert m.datasets[0].sampling.max_tokens == 16
 
 
-@pytest.mark.parametrize(("change", "needle"), [
-    (("concurrency = 8", "concurency = 8"), r"m.toml:14: unknown key 'backends.api.concurency'; did you mean 'concurrency'\?"),
-    (("concurrency = 8", "concurrency = 0"), r"m.toml:14: backends.api.concurrency: Input should be greater than or equal to 1"),
-    (('backend = "api"', 'backend = "nope"'), r"m.toml:20: datasets.mt.backend = 'nope' is not defined"),
-    (('kind = "openai"', 'kind = "openia"'), r"m.toml:12: backends.api.kind = 'openia'"),
-    (("temperature = 0.0", "temperature = -1"), r"datasets.0.sampling.temperature"),
-    (('name = "t"\n', ""), r"run.name is required"),
-    (('base_url = "http://127.0.0.1:9/v1"', 'base_url = "127.0.0.1:9"'), r"must start with http"),
-])
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (
+            ("concurrency = 8", "concurency = 8"),
+            r"m.toml:14: unknown key 'backends.api.concurency'; did you mean 'concurrency'\?",
+        ),
+        (
+            ("concurrency = 8", "concurrency = 0"),
+            r"m.toml:14: backends.api.concurrency: Input should be greater than or equal to 1",
+        ),
+        (
+            ('backend = "api"', 'backend = "nope"'),
+            r"m.toml:20: datasets.mt.backend = 'nope' is not defined",
+        ),
+        (('kind = "openai"', 'kind = "openia"'), r"m.toml:12: backends.api.kind = 'openia'"),
+        (("temperature = 0.0", "temperature = -1"), r"datasets.0.sampling.temperature"),
+        (('name = "t"\n', ""), r"run.name is required"),
+        (
+            ('base_url = "http://127.0.0.1:9/v1"', 'base_url = "127.0.0.1:9"'),
+            r"must start with http",
+        ),
+    ],
+)
 def test_bad_manifests_name_file_line_key_and_fix(tmp_path, change, needle):
     with pytest.raises(ManifestError, match=needle):
         load_manifest(write(tmp_path, GOOD.replace(*change)))
@@ -75,22 +90,53 @@ def test_ledger_stores_once_and_counts(tmp_path):
     p = Prompt("p1", "d", (Message("user", "hi"),))
     led.add_prompts("d", [p], samples=2, turns=lambda _: 1)
     k = Key("d", "p1", 0, 0)
-    led.record_attempt(k, "api", ok=False, reason="http_429", http_status=429, started_at=0,
-                       latency_s=0.1, request={"x": 1}, response_text="slow down")
+    led.record_attempt(
+        k,
+        "api",
+        ok=False,
+        reason="http_429",
+        http_status=429,
+        started_at=0,
+        latency_s=0.1,
+        request={"x": 1},
+        response_text="slow down",
+    )
     stored = {"response": {"choices": []}, "finish_reason": "stop", "cost_usd": 0.5}
-    led.record_attempt(k, "api", ok=True, reason=None, http_status=200, started_at=0,
-                       latency_s=0.1, request={"x": 1}, response_text="{}", stored=stored)
+    led.record_attempt(
+        k,
+        "api",
+        ok=True,
+        reason=None,
+        http_status=200,
+        started_at=0,
+        latency_s=0.1,
+        request={"x": 1},
+        response_text="{}",
+        stored=stored,
+    )
     st = led.status()["datasets"]["d"]
     assert (st["total"], st["done"], st["pending"], st["failed"]) == (2, 1, 1, 0)
     assert st["errors"] == {"http_429": 1} and st["duplicates"] == 0
     assert led.status()["cost_usd"] == 0.5
     # a second success for the same key is an attempt (counted as a duplicate), never a 2nd row
-    led.record_attempt(k, "api", ok=True, reason=None, http_status=200, started_at=0,
-                       latency_s=0.1, request={"x": 1}, response_text="{}", stored=stored)
+    led.record_attempt(
+        k,
+        "api",
+        ok=True,
+        reason=None,
+        http_status=200,
+        started_at=0,
+        latency_s=0.1,
+        request={"x": 1},
+        response_text="{}",
+        stored=stored,
+    )
     assert led.status()["datasets"]["d"]["duplicates"] == 1
     assert len(led.responses("d")) == 1
     led.close()
-    assert sqlite3.connect(tmp_path / "l.sqlite").execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert (
+        sqlite3.connect(tmp_path / "l.sqlite").execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    )
 
 
 def test_ledger_refuses_a_foreign_file(tmp_path):
@@ -111,17 +157,28 @@ def test_retry_policy():
     assert retry_after({}) is None
     rng = random.Random(0)
     delays = [backoff(a, rng) for a in range(8)]
-    assert all(0.75 * min(0.5 * 2**a, 60) <= d <= min(0.5 * 2**a, 60)
-               for a, d in enumerate(delays))
+    assert all(0.75 * min(0.5 * 2**a, 60) <= d <= min(0.5 * 2**a, 60) for a, d in enumerate(delays))
     assert retry_delay(3, {"retry-after": "1"}, rng) == 1.0
 
 
 def test_on_policy_turns_use_the_models_own_answers():
-    p = Prompt("x", "d", (Message("system", "S"), Message("user", "Q1"),
-                          Message("assistant", "dataset answer"), Message("user", "Q2")))
+    p = Prompt(
+        "x",
+        "d",
+        (
+            Message("system", "S"),
+            Message("user", "Q1"),
+            Message("assistant", "dataset answer"),
+            Message("user", "Q2"),
+        ),
+    )
     mine = [Message("assistant", "my answer")]
     assert [m.content for m in turn_messages(p, "all", 0, [])] == ["S", "Q1"]
     assert [m.content for m in turn_messages(p, "all", 1, mine)] == ["S", "Q1", "my answer", "Q2"]
     assert [m.content for m in turn_messages(p, "last", 0, [])] == [
-        "S", "Q1", "dataset answer", "Q2"]
+        "S",
+        "Q1",
+        "dataset answer",
+        "Q2",
+    ]
     assert [m.content for m in turn_messages(p, "first", 0, [])] == ["S", "Q1"]

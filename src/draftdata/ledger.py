@@ -84,18 +84,40 @@ class StoredResponse:
 
 
 def messages_to_json(msgs: Iterable[Message]) -> str:
-    return json.dumps([{"role": m.role, "content": m.content, "reasoning": m.reasoning,
-                        "tool_calls": [{"id": c.id, "type": c.type, "name": c.name,
-                                        "arguments": c.arguments} for c in m.tool_calls],
-                        "tool_call_id": m.tool_call_id, "name": m.name} for m in msgs],
-                      ensure_ascii=False)
+    return json.dumps(
+        [
+            {
+                "role": m.role,
+                "content": m.content,
+                "reasoning": m.reasoning,
+                "tool_calls": [
+                    {"id": c.id, "type": c.type, "name": c.name, "arguments": c.arguments}
+                    for c in m.tool_calls
+                ],
+                "tool_call_id": m.tool_call_id,
+                "name": m.name,
+            }
+            for m in msgs
+        ],
+        ensure_ascii=False,
+    )
 
 
 def messages_from_json(text: str) -> tuple[Message, ...]:
-    return tuple(Message(d["role"], d["content"], d.get("reasoning"),
-                         tuple(ToolCall(c["name"], c["arguments"], c.get("id"),
-                                        c.get("type", "function")) for c in d["tool_calls"]),
-                         d.get("tool_call_id"), d.get("name")) for d in json.loads(text))
+    return tuple(
+        Message(
+            d["role"],
+            d["content"],
+            d.get("reasoning"),
+            tuple(
+                ToolCall(c["name"], c["arguments"], c.get("id"), c.get("type", "function"))
+                for c in d["tool_calls"]
+            ),
+            d.get("tool_call_id"),
+            d.get("name"),
+        )
+        for d in json.loads(text)
+    )
 
 
 class Ledger:
@@ -108,14 +130,17 @@ class Ledger:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(_SCHEMA)
         except sqlite3.DatabaseError as e:
-            raise LedgerError(f"{path}: not a usable SQLite ledger ({e}); move it aside to start "
-                              "a fresh run") from e
+            raise LedgerError(
+                f"{path}: not a usable SQLite ledger ({e}); move it aside to start a fresh run"
+            ) from e
         row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         if row is None:
             self.set_meta("schema_version", SCHEMA_VERSION)
         elif int(row[0]) != SCHEMA_VERSION:
-            raise LedgerError(f"{path}: ledger schema {row[0]}, this draftdata writes "
-                              f"{SCHEMA_VERSION}; use the draftdata version that made it")
+            raise LedgerError(
+                f"{path}: ledger schema {row[0]}, this draftdata writes "
+                f"{SCHEMA_VERSION}; use the draftdata version that made it"
+            )
 
     def close(self) -> None:
         self.db.close()
@@ -129,46 +154,87 @@ class Ledger:
         return json.loads(row[0]) if row else default
 
     # --- prompts and work ----------------------------------------------------------------
-    def add_prompts(self, dataset: str, prompts: Iterable[Prompt], samples: int,
-                    turns: Callable[[Prompt], int]) -> None:
+    def add_prompts(
+        self, dataset: str, prompts: Iterable[Prompt], samples: int, turns: Callable[[Prompt], int]
+    ) -> None:
         with self.tx():
             for i, p in enumerate(prompts):
                 self.db.execute(
                     "INSERT OR IGNORE INTO prompts VALUES (?,?,?,?,?,?)",
-                    (dataset, p.id, i, messages_to_json(p.messages),
-                     json.dumps(list(p.tools), ensure_ascii=False),
-                     json.dumps(p.metadata, ensure_ascii=False, default=str)))
+                    (
+                        dataset,
+                        p.id,
+                        i,
+                        messages_to_json(p.messages),
+                        json.dumps(list(p.tools), ensure_ascii=False),
+                        json.dumps(p.metadata, ensure_ascii=False, default=str),
+                    ),
+                )
                 for s in range(samples):
                     for t in range(turns(p)):
-                        self.db.execute("INSERT OR IGNORE INTO work (dataset, prompt_id, "
-                                        "sample_idx, turn) VALUES (?,?,?,?)", (dataset, p.id, s, t))
+                        self.db.execute(
+                            "INSERT OR IGNORE INTO work (dataset, prompt_id, "
+                            "sample_idx, turn) VALUES (?,?,?,?)",
+                            (dataset, p.id, s, t),
+                        )
 
     def prompts(self, dataset: str) -> list[Prompt]:
-        rows = self.db.execute("SELECT prompt_id, messages_json, tools_json, metadata_json FROM "
-                               "prompts WHERE dataset=? ORDER BY idx", (dataset,)).fetchall()
-        return [Prompt(r[0], dataset, messages_from_json(r[1]), tuple(json.loads(r[2])),
-                       json.loads(r[3])) for r in rows]
+        rows = self.db.execute(
+            "SELECT prompt_id, messages_json, tools_json, metadata_json FROM "
+            "prompts WHERE dataset=? ORDER BY idx",
+            (dataset,),
+        ).fetchall()
+        return [
+            Prompt(
+                r[0], dataset, messages_from_json(r[1]), tuple(json.loads(r[2])), json.loads(r[3])
+            )
+            for r in rows
+        ]
 
     def pending(self, dataset: str) -> set[Key]:
-        rows = self.db.execute("SELECT dataset, prompt_id, sample_idx, turn FROM work WHERE "
-                               "dataset=? AND state != 'done'", (dataset,)).fetchall()
+        rows = self.db.execute(
+            "SELECT dataset, prompt_id, sample_idx, turn FROM work WHERE "
+            "dataset=? AND state != 'done'",
+            (dataset,),
+        ).fetchall()
         return {Key(*r) for r in rows}
 
     def responses(self, dataset: str) -> dict[Key, StoredResponse]:
         rows = self.db.execute(
             "SELECT dataset, prompt_id, sample_idx, turn, backend, response_json, "
             "output_ids_json, prompt_ids_json, finish_reason, cost_usd FROM responses "
-            "WHERE dataset=?", (dataset,)).fetchall()
-        return {Key(*r[:4]): StoredResponse(Key(*r[:4]), r[4], json.loads(r[5]),
-                                            json.loads(r[6]) if r[6] else None,
-                                            json.loads(r[7]) if r[7] else None, r[8], r[9])
-                for r in rows}
+            "WHERE dataset=?",
+            (dataset,),
+        ).fetchall()
+        return {
+            Key(*r[:4]): StoredResponse(
+                Key(*r[:4]),
+                r[4],
+                json.loads(r[5]),
+                json.loads(r[6]) if r[6] else None,
+                json.loads(r[7]) if r[7] else None,
+                r[8],
+                r[9],
+            )
+            for r in rows
+        }
 
     # --- the write that matters ------------------------------------------------------------
-    def record_attempt(self, key: Key, backend: str, *, ok: bool, reason: str | None,
-                       http_status: int | None, started_at: float, latency_s: float,
-                       request: dict[str, Any] | None, response_text: str | None,
-                       stored: dict[str, Any] | None = None, final_failure: bool = False) -> None:
+    def record_attempt(
+        self,
+        key: Key,
+        backend: str,
+        *,
+        ok: bool,
+        reason: str | None,
+        http_status: int | None,
+        started_at: float,
+        latency_s: float,
+        request: dict[str, Any] | None,
+        response_text: str | None,
+        stored: dict[str, Any] | None = None,
+        final_failure: bool = False,
+    ) -> None:
         """One transaction: the attempt (raw request/response verbatim) and, for a success,
         the canonical response and the work state."""
         with self.tx():
@@ -176,89 +242,151 @@ class Ledger:
                 "INSERT INTO attempts (dataset, prompt_id, sample_idx, turn, backend, ok, reason,"
                 " http_status, started_at, latency_s, request_json, response_text) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                (*key.tuple(), backend, int(ok), reason, http_status, started_at, latency_s,
-                 json.dumps(request, ensure_ascii=False) if request is not None else None,
-                 response_text))
+                (
+                    *key.tuple(),
+                    backend,
+                    int(ok),
+                    reason,
+                    http_status,
+                    started_at,
+                    latency_s,
+                    json.dumps(request, ensure_ascii=False) if request is not None else None,
+                    response_text,
+                ),
+            )
             if ok and stored is not None:
                 self.db.execute(
                     "INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (*key.tuple(), cur.lastrowid, backend,
-                     json.dumps(stored["response"], ensure_ascii=False),
-                     json.dumps(stored.get("output_ids")) if stored.get("output_ids") is not None
-                     else None,
-                     json.dumps(stored.get("prompt_ids")) if stored.get("prompt_ids") is not None
-                     else None,
-                     stored["finish_reason"], stored.get("prompt_tokens"),
-                     stored.get("completion_tokens"), stored.get("cost_usd", 0.0),
-                     stored.get("prompt_drift"), time.time()))
-                self.db.execute("UPDATE work SET state='done', last_error=NULL WHERE dataset=? AND"
-                                " prompt_id=? AND sample_idx=? AND turn=?", key.tuple())
+                    (
+                        *key.tuple(),
+                        cur.lastrowid,
+                        backend,
+                        json.dumps(stored["response"], ensure_ascii=False),
+                        json.dumps(stored.get("output_ids"))
+                        if stored.get("output_ids") is not None
+                        else None,
+                        json.dumps(stored.get("prompt_ids"))
+                        if stored.get("prompt_ids") is not None
+                        else None,
+                        stored["finish_reason"],
+                        stored.get("prompt_tokens"),
+                        stored.get("completion_tokens"),
+                        stored.get("cost_usd", 0.0),
+                        stored.get("prompt_drift"),
+                        time.time(),
+                    ),
+                )
+                self.db.execute(
+                    "UPDATE work SET state='done', last_error=NULL WHERE dataset=? AND"
+                    " prompt_id=? AND sample_idx=? AND turn=?",
+                    key.tuple(),
+                )
             elif not ok:
                 self.db.execute(
                     "UPDATE work SET errors=errors+1, last_error=?, state=? WHERE dataset=? AND "
                     "prompt_id=? AND sample_idx=? AND turn=?",
-                    (reason, "failed" if final_failure else "pending", *key.tuple()))
+                    (reason, "failed" if final_failure else "pending", *key.tuple()),
+                )
 
     def tx(self) -> _Tx:
         return _Tx(self.db)
 
     # --- samples ---------------------------------------------------------------------------
-    def put_sample(self, key: Key, token_source: str, finish_reason: str, input_ids: list[int],
-                   prompt_len: int, warnings: Iterable[str]) -> None:
-        self.db.execute("INSERT OR REPLACE INTO samples VALUES (?,?,?,?,?,?,?,?,?)",
-                        (*key.tuple(), token_source, finish_reason, json.dumps(input_ids),
-                         prompt_len, json.dumps(list(warnings))))
-        self.db.execute("DELETE FROM drops WHERE dataset=? AND prompt_id=? AND sample_idx=? AND "
-                        "turn=? AND stage='tokens'", key.tuple())
+    def put_sample(
+        self,
+        key: Key,
+        token_source: str,
+        finish_reason: str,
+        input_ids: list[int],
+        prompt_len: int,
+        warnings: Iterable[str],
+    ) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO samples VALUES (?,?,?,?,?,?,?,?,?)",
+            (
+                *key.tuple(),
+                token_source,
+                finish_reason,
+                json.dumps(input_ids),
+                prompt_len,
+                json.dumps(list(warnings)),
+            ),
+        )
+        self.db.execute(
+            "DELETE FROM drops WHERE dataset=? AND prompt_id=? AND sample_idx=? AND "
+            "turn=? AND stage='tokens'",
+            key.tuple(),
+        )
 
     def put_drop(self, key: Key, stage: str, reason: str) -> None:
-        self.db.execute("INSERT OR REPLACE INTO drops VALUES (?,?,?,?,?,?)",
-                        (*key.tuple(), stage, reason))
+        self.db.execute(
+            "INSERT OR REPLACE INTO drops VALUES (?,?,?,?,?,?)", (*key.tuple(), stage, reason)
+        )
 
-    def iter_samples(self, dataset: str) -> Iterator[tuple[Key, str, str, list[int], int, list[str]]]:
-        for r in self.db.execute("SELECT dataset, prompt_id, sample_idx, turn, token_source, "
-                                 "finish_reason, input_ids_json, prompt_len, warnings_json FROM "
-                                 "samples WHERE dataset=? ORDER BY prompt_id, sample_idx, turn",
-                                 (dataset,)):
+    def iter_samples(
+        self, dataset: str
+    ) -> Iterator[tuple[Key, str, str, list[int], int, list[str]]]:
+        for r in self.db.execute(
+            "SELECT dataset, prompt_id, sample_idx, turn, token_source, "
+            "finish_reason, input_ids_json, prompt_len, warnings_json FROM "
+            "samples WHERE dataset=? ORDER BY prompt_id, sample_idx, turn",
+            (dataset,),
+        ):
             yield Key(*r[:4]), r[4], r[5], json.loads(r[6]), r[7], json.loads(r[8])
 
     # --- status ---------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         ds: dict[str, dict[str, Any]] = {}
         for dataset, state, n in self.db.execute(
-                "SELECT dataset, state, count(*) FROM work GROUP BY dataset, state"):
-            d = ds.setdefault(dataset, {"total": 0, "done": 0, "failed": 0, "pending": 0,
-                                        "duplicates": 0, "errors": {}, "cost_usd": 0.0,
-                                        "attempts": 0, "samples": 0, "drops": {}})
+            "SELECT dataset, state, count(*) FROM work GROUP BY dataset, state"
+        ):
+            d = ds.setdefault(
+                dataset,
+                {
+                    "total": 0,
+                    "done": 0,
+                    "failed": 0,
+                    "pending": 0,
+                    "duplicates": 0,
+                    "errors": {},
+                    "cost_usd": 0.0,
+                    "attempts": 0,
+                    "samples": 0,
+                    "drops": {},
+                },
+            )
             d["total"] += n
             d[state if state in ("done", "failed") else "pending"] += n
         for dataset, n in self.db.execute(
-                "SELECT dataset, count(*) FROM (SELECT dataset FROM attempts WHERE ok=1 GROUP BY "
-                "dataset, prompt_id, sample_idx, turn HAVING count(*) > 1) GROUP BY dataset"):
+            "SELECT dataset, count(*) FROM (SELECT dataset FROM attempts WHERE ok=1 GROUP BY "
+            "dataset, prompt_id, sample_idx, turn HAVING count(*) > 1) GROUP BY dataset"
+        ):
             ds[dataset]["duplicates"] = n
         for dataset, reason, n in self.db.execute(
-                "SELECT dataset, reason, count(*) FROM attempts WHERE ok=0 GROUP BY dataset, "
-                "reason"):
+            "SELECT dataset, reason, count(*) FROM attempts WHERE ok=0 GROUP BY dataset, reason"
+        ):
             ds[dataset]["errors"][reason] = n
-        for dataset, n in self.db.execute("SELECT dataset, count(*) FROM attempts GROUP BY "
-                                          "dataset"):
+        for dataset, n in self.db.execute(
+            "SELECT dataset, count(*) FROM attempts GROUP BY dataset"
+        ):
             ds[dataset]["attempts"] = n
-        for dataset, cost in self.db.execute("SELECT dataset, sum(cost_usd) FROM responses "
-                                             "GROUP BY dataset"):
+        for dataset, cost in self.db.execute(
+            "SELECT dataset, sum(cost_usd) FROM responses GROUP BY dataset"
+        ):
             ds[dataset]["cost_usd"] = round(cost or 0.0, 6)
-        for dataset, n in self.db.execute("SELECT dataset, count(*) FROM samples GROUP BY "
-                                          "dataset"):
+        for dataset, n in self.db.execute("SELECT dataset, count(*) FROM samples GROUP BY dataset"):
             ds[dataset]["samples"] = n
         for dataset, reason, n in self.db.execute(
-                "SELECT dataset, reason, count(*) FROM drops GROUP BY dataset, reason"):
+            "SELECT dataset, reason, count(*) FROM drops GROUP BY dataset, reason"
+        ):
             ds[dataset]["drops"][reason] = n
-        drift = self.db.execute("SELECT dataset, sum(prompt_drift), count(prompt_drift) FROM "
-                                "responses GROUP BY dataset").fetchall()
+        drift = self.db.execute(
+            "SELECT dataset, sum(prompt_drift), count(prompt_drift) FROM responses GROUP BY dataset"
+        ).fetchall()
         for dataset, bad, checked in drift:
             if checked:
                 ds[dataset]["template_drift"] = {"checked": checked, "differs": bad}
-        return {"datasets": ds,
-                "cost_usd": round(sum(d["cost_usd"] for d in ds.values()), 6)}
+        return {"datasets": ds, "cost_usd": round(sum(d["cost_usd"] for d in ds.values()), 6)}
 
 
 class _Tx:

@@ -102,7 +102,7 @@ class DatasetCfg(_Strict):
     limit: int | None = Field(None, ge=1)
     samples_per_prompt: int = Field(1, ge=1, le=1000)
     turns: Literal["all", "first", "last"] = "all"
-    sampling: Sampling = Field(default_factory=Sampling)
+    sampling: Sampling = Sampling()
     columns: dict[str, str] = {}
     ground_truth: bool | None = None
 

@@ -107,14 +107,13 @@ def open_ended_ids(tok: Any, text: str, probe: str = OPEN_END_PROBE) -> list[int
     """Encode ``text`` as the prefix of ``text + probe``: the ids whose bytes end exactly where
     the text ends. Falls back to the plain encoding when the probe merges into the last token."""
     ids = tok.encode(text + probe)
-    target = len(text.encode())
-    acc = 0
-    for k, t in enumerate(ids):
-        if acc == target:
-            return list(ids[:k])
-        acc += len(tok.token_bytes(t))
-        if acc > target:
-            break
+    extra = len(probe.encode())  # walk back from the end over the probe's bytes only
+    k = len(ids)
+    while extra > 0 and k > 0:
+        k -= 1
+        extra -= len(tok.token_bytes(ids[k]))
+    if extra == 0:
+        return list(ids[:k])
     return list(tok.encode(text))
 
 

@@ -66,8 +66,9 @@ class Backend(ABC):
         self.name = name
 
     @abstractmethod
-    def run_batch(self, requests: Sequence[GenRequest], on_failure: OnFailure
-                  ) -> Awaitable[list[Completion | None]]:
+    def run_batch(
+        self, requests: Sequence[GenRequest], on_failure: OnFailure
+    ) -> Awaitable[list[Completion | None]]:
         """Answer a batch; None for a request whose attempts all failed."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook

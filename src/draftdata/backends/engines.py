@@ -18,16 +18,28 @@ class EngineUnavailable(DraftdataError):
     """The engine's Python package is not installed here."""
 
 
-def engine_completion(bound: BoundFormat, req: GenRequest, ids: list[int], finish: str,
-                      engine: str, t0: float) -> Completion:
+def engine_completion(
+    bound: BoundFormat, req: GenRequest, ids: list[int], finish: str, engine: str, t0: float
+) -> Completion:
     view = derive_view(bound, ids, finish)
     resp = {"engine": engine, "output_ids": ids, "finish_reason": finish}
-    return Completion(request={"prompt_ids": req.prompt_ids, "sampling": req.sampling.model_dump(),
-                               "seed": req.seed},
-                      response=resp, response_text="", finish_reason=finish, view=view,
-                      output_ids=ids, prompt_ids=req.prompt_ids,
-                      prompt_tokens=len(req.prompt_ids), completion_tokens=len(ids),
-                      started_at=t0, latency_s=time.time() - t0)
+    return Completion(
+        request={
+            "prompt_ids": req.prompt_ids,
+            "sampling": req.sampling.model_dump(),
+            "seed": req.seed,
+        },
+        response=resp,
+        response_text="",
+        finish_reason=finish,
+        view=view,
+        output_ids=ids,
+        prompt_ids=req.prompt_ids,
+        prompt_tokens=len(req.prompt_ids),
+        completion_tokens=len(ids),
+        started_at=t0,
+        latency_s=time.time() - t0,
+    )
 
 
 class VLLMBackend(Backend):
@@ -37,16 +49,20 @@ class VLLMBackend(Backend):
     def __init__(self, name: str, cfg: EngineBackendCfg, m: Manifest, bound: BoundFormat) -> None:
         super().__init__(name)
         try:
-            from vllm import LLM  # type: ignore[import-not-found]
+            from vllm import LLM
         except ImportError as e:
-            raise EngineUnavailable(f"backend {name}: vLLM is not installed; pip install vllm "
-                                    "on a GPU machine, or use kind = \"hf\"") from e
+            raise EngineUnavailable(
+                f"backend {name}: vLLM is not installed; pip install vllm "
+                'on a GPU machine, or use kind = "hf"'
+            ) from e
         self.bound = bound
-        self.llm = LLM(model=str(m.resolve(cfg.model_path)), skip_tokenizer_init=True,
-                       **cfg.engine_args)
+        self.llm = LLM(
+            model=str(m.resolve(cfg.model_path)), skip_tokenizer_init=True, **cfg.engine_args
+        )
 
-    async def run_batch(self, requests: Sequence[GenRequest], on_failure: OnFailure
-                        ) -> list[Completion | None]:
+    async def run_batch(
+        self, requests: Sequence[GenRequest], on_failure: OnFailure
+    ) -> list[Completion | None]:
         return await asyncio.to_thread(self._run, requests)
 
     def _run(self, requests: Sequence[GenRequest]) -> list[Completion | None]:
@@ -54,11 +70,20 @@ class VLLMBackend(Backend):
 
         t0 = time.time()
         stops = sorted(self.bound.stop_ids)
-        params = [SamplingParams(temperature=r.sampling.temperature, top_p=r.sampling.top_p,
-                                 max_tokens=r.sampling.max_tokens, seed=r.seed,
-                                 stop_token_ids=stops, detokenize=False) for r in requests]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests],
-                                 params, use_tqdm=False)
+        params = [
+            SamplingParams(
+                temperature=r.sampling.temperature,
+                top_p=r.sampling.top_p,
+                max_tokens=r.sampling.max_tokens,
+                seed=r.seed,
+                stop_token_ids=stops,
+                detokenize=False,
+            )
+            for r in requests
+        ]
+        outs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests], params, use_tqdm=False
+        )
         res: list[Completion | None] = []
         for r, o in zip(requests, outs, strict=True):
             c = o.outputs[0]
@@ -74,27 +99,38 @@ class SGLangBackend(Backend):
     def __init__(self, name: str, cfg: EngineBackendCfg, m: Manifest, bound: BoundFormat) -> None:
         super().__init__(name)
         try:
-            import sglang  # type: ignore[import-not-found]
+            import sglang
         except ImportError as e:
-            raise EngineUnavailable(f"backend {name}: SGLang is not installed; pip install "
-                                    "sglang on a GPU machine, or use kind = \"hf\"") from e
+            raise EngineUnavailable(
+                f"backend {name}: SGLang is not installed; pip install "
+                'sglang on a GPU machine, or use kind = "hf"'
+            ) from e
         self.bound = bound
-        self.engine = sglang.Engine(model_path=str(m.resolve(cfg.model_path)),
-                                    skip_tokenizer_init=True, **cfg.engine_args)
+        self.engine = sglang.Engine(
+            model_path=str(m.resolve(cfg.model_path)), skip_tokenizer_init=True, **cfg.engine_args
+        )
 
-    async def run_batch(self, requests: Sequence[GenRequest], on_failure: OnFailure
-                        ) -> list[Completion | None]:
+    async def run_batch(
+        self, requests: Sequence[GenRequest], on_failure: OnFailure
+    ) -> list[Completion | None]:
         return await asyncio.to_thread(self._run, requests)
 
     def _run(self, requests: Sequence[GenRequest]) -> list[Completion | None]:
         t0 = time.time()
         stops = sorted(self.bound.stop_ids)
         params: list[dict[str, Any]] = [
-            {"temperature": r.sampling.temperature, "top_p": r.sampling.top_p,
-             "max_new_tokens": r.sampling.max_tokens, "stop_token_ids": stops,
-             "sampling_seed": r.seed} for r in requests]
-        outs = self.engine.generate(input_ids=[r.prompt_ids for r in requests],
-                                    sampling_params=params)
+            {
+                "temperature": r.sampling.temperature,
+                "top_p": r.sampling.top_p,
+                "max_new_tokens": r.sampling.max_tokens,
+                "stop_token_ids": stops,
+                "sampling_seed": r.seed,
+            }
+            for r in requests
+        ]
+        outs = self.engine.generate(
+            input_ids=[r.prompt_ids for r in requests], sampling_params=params
+        )
         res: list[Completion | None] = []
         for r, o in zip(requests, outs, strict=True):
             ids = list(o["output_ids"])
@@ -104,6 +140,7 @@ class SGLangBackend(Backend):
         return res
 
 
-def make_engine_backend(name: str, cfg: EngineBackendCfg, m: Manifest, bound: BoundFormat
-                        ) -> Backend:
+def make_engine_backend(
+    name: str, cfg: EngineBackendCfg, m: Manifest, bound: BoundFormat
+) -> Backend:
     return (VLLMBackend if cfg.kind == "vllm" else SGLangBackend)(name, cfg, m, bound)

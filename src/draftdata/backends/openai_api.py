@@ -1,6 +1,7 @@
 """Any OpenAI-compatible chat-completions endpoint (OpenRouter, vLLM, SGLang, transformers serve).
 
-Async HTTP with bounded concurrency, a timeout per request, retries (Retry-After honoured,
+Async HTTP (aiohttp: httpx's connection pool costs O(connections) per request, which at
+concurrency 64 made the client, not the server, the bottleneck) with bounded concurrency, a timeout per request, retries (Retry-After honoured,
 otherwise exponential backoff with jitter), requests- and tokens-per-minute limits, ``extra_body``
 passed through, and a capability probe: where the server returns exact token ids (vLLM
 ``return_token_ids``), they are asked for and stored."""
@@ -15,7 +16,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import httpx
+import aiohttp
+from yarl import URL
 
 from ..api import view_from_message
 from ..errors import DraftdataError
@@ -57,9 +59,14 @@ def to_openai_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     for m in messages:
         d: dict[str, Any] = {"role": m.role, "content": m.content}
         if m.tool_calls:
-            d["tool_calls"] = [{"id": c.id or f"call_{i}", "type": c.type,
-                                "function": {"name": c.name, "arguments": c.arguments}}
-                               for i, c in enumerate(m.tool_calls)]
+            d["tool_calls"] = [
+                {
+                    "id": c.id or f"call_{i}",
+                    "type": c.type,
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for i, c in enumerate(m.tool_calls)
+            ]
         if m.tool_call_id:
             d["tool_call_id"] = m.tool_call_id
         if m.name:
@@ -69,16 +76,23 @@ def to_openai_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
 
 
 def _is_loopback(url: str) -> bool:
-    host = httpx.URL(url).host
+    host = URL(url).host or ""
     return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
 
 
 class OpenAIBackend(Backend):
     kind = "openai"
 
-    def __init__(self, name: str, cfg: OpenAIBackendCfg, model: str, *,
-                 price_in: float | None = None, price_out: float | None = None,
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        name: str,
+        cfg: OpenAIBackendCfg,
+        model: str,
+        *,
+        price_in: float | None = None,
+        price_out: float | None = None,
+        seed: int = 0,
+    ) -> None:
         super().__init__(name)
         self.cfg = cfg
         self.model = cfg.model or model
@@ -88,12 +102,11 @@ class OpenAIBackend(Backend):
             if not key and not _is_loopback(cfg.base_url):
                 raise BackendConfigError(
                     f"backend {name}: environment variable {cfg.api_key_env} is not set; export "
-                    f"{cfg.api_key_env}=<your key> (the key itself never goes in the manifest)")
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.client = httpx.AsyncClient(
-            base_url=cfg.base_url, headers=headers, timeout=httpx.Timeout(cfg.timeout_s),
-            limits=httpx.Limits(max_connections=cfg.concurrency,
-                                max_keepalive_connections=cfg.concurrency))
+                    f"{cfg.api_key_env}=<your key> (the key itself never goes in the manifest)"
+                )
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.url = cfg.base_url + "/chat/completions"
+        self._session: aiohttp.ClientSession | None = None
         self.sem = asyncio.Semaphore(cfg.concurrency)
         self.rpm = RateLimiter(cfg.rpm) if cfg.rpm else None
         self.tpm = RateLimiter(cfg.tpm) if cfg.tpm else None
@@ -103,17 +116,38 @@ class OpenAIBackend(Backend):
         self._probe = asyncio.Lock()
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "base_url": self.cfg.base_url, "model": self.model,
-                "token_ids": self.token_ids}
+        return {
+            **super().describe(),
+            "base_url": self.cfg.base_url,
+            "model": self.model,
+            "token_ids": self.token_ids,
+        }
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:  # created inside the running event loop
+            self._session = aiohttp.ClientSession(
+                headers=self.headers,
+                timeout=aiohttp.ClientTimeout(total=self.cfg.timeout_s),
+                connector=aiohttp.TCPConnector(limit=self.cfg.concurrency, ttl_dns_cache=300),
+                json_serialize=lambda o: json.dumps(o, ensure_ascii=False),
+            )
+        return self._session
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     def body(self, req: GenRequest, with_ids: bool) -> dict[str, Any]:
         s = req.sampling
-        body: dict[str, Any] = {"model": self.model, "messages": to_openai_messages(req.messages),
-                                "max_tokens": s.max_tokens, "temperature": s.temperature,
-                                "top_p": s.top_p, "seed": req.seed}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": to_openai_messages(req.messages),
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "seed": req.seed,
+        }
         if req.tools:
             body["tools"] = list(req.tools)
         body.update(self.cfg.extra_body)
@@ -121,8 +155,9 @@ class OpenAIBackend(Backend):
             body["return_token_ids"] = True
         return body
 
-    async def run_batch(self, requests: Sequence[GenRequest], on_failure: OnFailure
-                        ) -> list[Completion | None]:
+    async def run_batch(
+        self, requests: Sequence[GenRequest], on_failure: OnFailure
+    ) -> list[Completion | None]:
         return list(await asyncio.gather(*(self.one(r, on_failure) for r in requests)))
 
     async def one(self, req: GenRequest, on_failure: OnFailure) -> Completion | None:
@@ -133,8 +168,9 @@ class OpenAIBackend(Backend):
                         return await self._attempts(req, on_failure, probing=True)
             return await self._attempts(req, on_failure, probing=False)
 
-    async def _attempts(self, req: GenRequest, on_failure: OnFailure, probing: bool
-                        ) -> Completion | None:
+    async def _attempts(
+        self, req: GenRequest, on_failure: OnFailure, probing: bool
+    ) -> Completion | None:
         est_tokens = len(req.prompt_ids) + req.sampling.max_tokens
         attempt = 0
         while True:
@@ -149,12 +185,13 @@ class OpenAIBackend(Backend):
             headers: dict[str, str] = {}
             text: str | None = None
             try:
-                r = await self.client.post("/chat/completions", json=body)
-                status, text, headers = r.status_code, r.text, dict(r.headers)
+                async with self.session.post(self.url, json=body) as r:
+                    status, headers = r.status, dict(r.headers)
+                    text = (await r.read()).decode("utf-8", errors="replace")
                 reason = None if status == 200 else f"http_{status}"
-            except httpx.TimeoutException:
+            except TimeoutError:
                 reason = "timeout"
-            except httpx.TransportError as e:
+            except aiohttp.ClientError as e:
                 reason = f"connection_error:{type(e).__name__}"
             latency = time.time() - t0
             if reason is None:
@@ -166,8 +203,12 @@ class OpenAIBackend(Backend):
             if probing and status in (400, 422) and text and "return_token_ids" in text:
                 self.token_ids = False  # the server refuses the extension: plain text from now
                 self.exact_ids = False
-                on_failure(req, FailedAttempt("capability_probe_refused", status, body, text,
-                                              t0, latency, False))
+                on_failure(
+                    req,
+                    FailedAttempt(
+                        "capability_probe_refused", status, body, text, t0, latency, False
+                    ),
+                )
                 probing = False
                 continue
             retry = should_retry(status) and attempt < self.cfg.max_retries
@@ -179,8 +220,15 @@ class OpenAIBackend(Backend):
             await asyncio.sleep(retry_delay(attempt, headers, self.rng))
             attempt += 1
 
-    def _parse(self, req: GenRequest, body: dict[str, Any], text: str, t0: float,
-               latency: float, probing: bool) -> Completion | str:
+    def _parse(
+        self,
+        req: GenRequest,
+        body: dict[str, Any],
+        text: str,
+        t0: float,
+        latency: float,
+        probing: bool,
+    ) -> Completion | str:
         try:
             data = json.loads(text)
         except ValueError:
@@ -201,15 +249,29 @@ class OpenAIBackend(Backend):
         if isinstance(usage.get("cost"), (int, float)):
             cost = float(usage["cost"])
         else:
-            cost = ((pt if pt is not None else len(req.prompt_ids)) * self.cfg.price_in_per_mtok
-                    + (ct or 0) * self.cfg.price_out_per_mtok) / 1e6
-        return Completion(request=body, response=data, response_text=text, finish_reason=finish,
-                          view=view, output_ids=out_ids if isinstance(out_ids, list) else None,
-                          prompt_ids=prompt_ids if isinstance(prompt_ids, list) else None,
-                          prompt_tokens=pt, completion_tokens=ct, cost_usd=cost,
-                          http_status=200, started_at=t0, latency_s=latency)
+            cost = (
+                (pt if pt is not None else len(req.prompt_ids)) * self.cfg.price_in_per_mtok
+                + (ct or 0) * self.cfg.price_out_per_mtok
+            ) / 1e6
+        return Completion(
+            request=body,
+            response=data,
+            response_text=text,
+            finish_reason=finish,
+            view=view,
+            output_ids=out_ids if isinstance(out_ids, list) else None,
+            prompt_ids=prompt_ids if isinstance(prompt_ids, list) else None,
+            prompt_tokens=pt,
+            completion_tokens=ct,
+            cost_usd=cost,
+            http_status=200,
+            started_at=t0,
+            latency_s=latency,
+        )
 
     def max_cost(self, req: GenRequest) -> float:
         """The most one request can cost at the manifest's prices."""
-        return (len(req.prompt_ids) * self.cfg.price_in_per_mtok
-                + req.sampling.max_tokens * self.cfg.price_out_per_mtok) / 1e6
+        return (
+            len(req.prompt_ids) * self.cfg.price_in_per_mtok
+            + req.sampling.max_tokens * self.cfg.price_out_per_mtok
+        ) / 1e6

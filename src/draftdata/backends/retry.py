@@ -39,8 +39,9 @@ def retry_after(headers: Mapping[str, str] | None, now: float | None = None) -> 
             import time
 
             when = parsedate_to_datetime(ra).timestamp()
-            return max(0.0, min(when - (now if now is not None else time.time()),
-                                MAX_RETRY_AFTER_S))
+            return max(
+                0.0, min(when - (now if now is not None else time.time()), MAX_RETRY_AFTER_S)
+            )
         except (TypeError, ValueError):
             return None
 

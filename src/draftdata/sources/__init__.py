@@ -29,13 +29,21 @@ def reader(name: str) -> Callable[[Reader], Reader]:
 
 
 def prompt_id(messages: tuple[Message, ...], tools: tuple[dict[str, Any], ...] = ()) -> str:
-    doc = json.dumps([[m.role, m.content, [(c.name, c.arguments) for c in m.tool_calls]]
-                      for m in messages] + [list(tools)], ensure_ascii=False, sort_keys=True)
+    doc = json.dumps(
+        [[m.role, m.content, [(c.name, c.arguments) for c in m.tool_calls]] for m in messages]
+        + [list(tools)],
+        ensure_ascii=False,
+        sort_keys=True,
+    )
     return hashlib.sha256(doc.encode()).hexdigest()[:16]
 
 
-def make_prompt(dataset: str, messages: tuple[Message, ...], tools: tuple[dict[str, Any], ...] = (),
-                **metadata: Any) -> Prompt:
+def make_prompt(
+    dataset: str,
+    messages: tuple[Message, ...],
+    tools: tuple[dict[str, Any], ...] = (),
+    **metadata: Any,
+) -> Prompt:
     return Prompt(prompt_id(messages, tools), dataset, messages, tools, metadata)
 
 
@@ -82,23 +90,29 @@ def iter_json_records(path: Path, counter: Counter[str]) -> Iterator[dict[str, A
 
 
 @reader("mtbench")
-def read_mtbench(path: Path, dataset: str, columns: Mapping[str, str],
-                 counter: Counter[str]) -> Iterator[Prompt]:
+def read_mtbench(
+    path: Path, dataset: str, columns: Mapping[str, str], counter: Counter[str]
+) -> Iterator[Prompt]:
     """FastChat MT-Bench questions: ``question_id``, ``category``, ``turns[]`` (user turns)."""
     for rec in iter_json_records(path, counter):
         turns = rec.get("turns")
-        if not isinstance(turns, list) or not turns or not all(
-                isinstance(t, str) and t for t in turns):
+        if (
+            not isinstance(turns, list)
+            or not turns
+            or not all(isinstance(t, str) and t for t in turns)
+        ):
             counter["mtbench_no_turns"] += 1
             continue
         msgs = tuple(Message("user", t) for t in turns)
-        yield make_prompt(dataset, msgs, question_id=rec.get("question_id"),
-                          category=rec.get("category"))
+        yield make_prompt(
+            dataset, msgs, question_id=rec.get("question_id"), category=rec.get("category")
+        )
 
 
 @reader("openai")
-def read_openai_messages(path: Path, dataset: str, columns: Mapping[str, str],
-                         counter: Counter[str]) -> Iterator[Prompt]:
+def read_openai_messages(
+    path: Path, dataset: str, columns: Mapping[str, str], counter: Counter[str]
+) -> Iterator[Prompt]:
     """OpenAI-messages JSONL: ``messages`` (and optional ``tools``) per line."""
     key = columns.get("messages", "messages")
     for rec in iter_json_records(path, counter):
@@ -122,13 +136,18 @@ def read_openai_messages(path: Path, dataset: str, columns: Mapping[str, str],
 READERS["openai-messages"] = read_openai_messages
 
 
-def read_prompts(path: Path, reader_name: str, dataset: str,
-                 columns: Mapping[str, str] | None = None,
-                 limit: int | None = None) -> tuple[list[Prompt], Counter[str]]:
+def read_prompts(
+    path: Path,
+    reader_name: str,
+    dataset: str,
+    columns: Mapping[str, str] | None = None,
+    limit: int | None = None,
+) -> tuple[list[Prompt], Counter[str]]:
     fn = READERS.get(reader_name)
     if fn is None:
-        raise InputError(f"unknown reader {reader_name!r}; choose one of "
-                         f"{', '.join(sorted(READERS))}")
+        raise InputError(
+            f"unknown reader {reader_name!r}; choose one of {', '.join(sorted(READERS))}"
+        )
     counter: Counter[str] = Counter()
     out: list[Prompt] = []
     seen: set[str] = set()

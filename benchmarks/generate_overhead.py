@@ -1,0 +1,153 @@
+"""Client overhead of `draftdata generate` against `replay-server` answering instantly.
+
+Builds N synthetic prompts (real ground-truth answers, distinct prompts), serves them with the
+project's replay server in its own process, then measures, at each concurrency:
+
+- draftdata: `draftdata generate MANIFEST -q` as a subprocess: the whole pipeline (prompt
+  rendering, HTTP, the SQLite ledger written per answer, reconstruction into samples);
+- baseline: a minimal asyncio HTTP/1.1 keep-alive client sending the same requests to the same
+  server and discarding the answers (what the server alone can do).
+
+Reported: requests/s of each and their ratio, CPU seconds per request of the draftdata process,
+and its peak RSS.
+
+    python benchmarks/generate_overhead.py [--prompts 10000] [--concurrency 64 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from replay_throughput import _free_port, _run_raw, _serve
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("DRAFTDATA_SHARED", ROOT.parent / "shared"))
+GT = SHARED / "data" / "groundtruth" / "smollm2-135m-instruct.dev.jsonl"
+
+
+def build(tmp: Path, n: int) -> tuple[Path, Path, list[dict]]:
+    recs = [json.loads(line) for line in GT.read_text().splitlines()]
+    records, prompts, bodies = [], [], []
+    for i in range(n):
+        r = recs[i % len(recs)]
+        msgs = [{"role": "user", "content": f"[{i}] " + r["messages"][-1]["content"]}]
+        records.append(
+            {
+                "id": f"synthetic-{i}-greedy",
+                "source": "bench",
+                "messages": msgs,
+                "prompt_ids": r["prompt_ids"],
+                "output_ids": r["output_ids"],
+                "finish_reason": r["finish_reason"],
+                "api_view": r["api_view"],
+            }
+        )
+        prompts.append({"id": f"p{i}", "messages": msgs})
+        bodies.append({"model": "replay", "messages": msgs, "max_tokens": 256, "temperature": 0.0})
+    gt = tmp / "records.jsonl"
+    gt.write_text("".join(json.dumps(r) + "\n" for r in records))
+    src = tmp / "prompts.jsonl"
+    src.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    return gt, src, bodies
+
+
+MANIFEST = """
+[run]
+name = "bench"
+output = "{out}"
+[target]
+tokenizer = "{tok}"
+format = "chatml"
+model = "replay"
+[backends.api]
+kind = "openai"
+base_url = "{url}"
+concurrency = {conc}
+timeout_s = 60
+token_ids = "never"
+[[datasets]]
+name = "bench"
+source = "{src}"
+reader = "openai"
+backend = "api"
+turns = "first"
+sampling = {{ temperature = 0.0, max_tokens = 256 }}
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prompts", type=int, default=10000)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="draftdata-bench-"))
+    gt, src, bodies = build(tmp, args.prompts)
+    port = _free_port()
+    server = mp.get_context("spawn").Process(
+        target=_serve, args=(str(gt), port, False), daemon=True
+    )
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            asyncio.run(_run_raw(url, 1, 1, None))
+            break
+        except OSError:
+            time.sleep(0.1)
+    print(
+        f"{args.prompts} prompts; server pid {server.pid}; python {sys.version.split()[0]}; "
+        f"{os.cpu_count()} cpus"
+    )
+    for conc in args.concurrency:
+        base_s, ok = asyncio.run(_run_raw(url, args.prompts, conc, bodies))
+        assert ok == args.prompts, ok
+        out = tmp / f"run-{conc}"
+        m = tmp / f"m-{conc}.toml"
+        m.write_text(
+            MANIFEST.format(
+                out=out, tok=SHARED / "tokenizers" / "smollm2", url=url + "/v1", conc=conc, src=src
+            )
+        )
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "draftdata", "generate", str(m), "-q"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        peak_mb = after.ru_maxrss / 1024
+        st = json.loads(
+            subprocess.run(
+                [sys.executable, "-m", "draftdata", "status", str(m), "--json"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+        )["datasets"]["bench"]
+        assert st["done"] == args.prompts, st
+        rps, base_rps = args.prompts / wall, args.prompts / base_s
+        print(
+            f"concurrency {conc}: draftdata {rps:.0f} req/s (wall {wall:.1f}s incl. startup "
+            f"and samples), baseline raw client {base_rps:.0f} req/s, ratio "
+            f"{rps / base_rps:.2f}; draftdata CPU {1000 * cpu / args.prompts:.2f} ms/request; "
+            f"peak RSS {peak_mb:.0f} MB"
+        )
+    server.terminate()
+
+
+if __name__ == "__main__":
+    main()

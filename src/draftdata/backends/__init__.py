@@ -1,0 +1,1 @@
+"""Backends that answer prompts: local engines, OpenAI-compatible APIs, token-id servers."""
