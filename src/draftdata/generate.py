@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +64,26 @@ def turn_messages(
         if t < turn:
             head.append(answers[t])
     return tuple(head)
+
+
+TOOLS_SYSTEM = (
+    "You can call these functions: {tools}\nTo call functions, answer with a JSON object "
+    '{{"name": ..., "arguments": {{...}}}} or a JSON list of such objects.'
+)
+
+
+def tools_as_system(p: Prompt) -> Prompt:
+    """Tool schemas written into the system message as text, for formats whose chat template
+    has no tool prompt (the way the SmolLM2 ground truth shows BFCL functions)."""
+    if not p.tools:
+        return p
+    text = TOOLS_SYSTEM.format(tools=json.dumps(list(p.tools), ensure_ascii=False))
+    msgs = list(p.messages)
+    if msgs and msgs[0].role == "system":
+        msgs[0] = Message("system", (msgs[0].content or "") + "\n\n" + text)
+    else:
+        msgs.insert(0, Message("system", text))
+    return Prompt(p.id, p.dataset, tuple(msgs), (), {**p.metadata, "tools_in_system": True})
 
 
 def answer_message(view: ApiView) -> Message:
@@ -163,12 +184,21 @@ class Runner:
         )
         self.bound: BoundFormat = get_format(t.format, relative_to=manifest.base_dir).bind(tok)
         self.backends: dict[str, Backend] = {}
+        self.text_ids: Callable[[str, list[int]], list[int]] | None = None
+        if t.prefs:
+            from .prefs import SplitPrefs
+
+            prefs_path = manifest.resolve(t.prefs)
+            prefs = SplitPrefs.load(prefs_path)
+            prefs.check_tokenizer(tok, prefs_path)
+            self.text_ids = prefs.applier(tok)
         self.spent = float(self.ledger.status()["cost_usd"])
         self.reserved = 0.0
         self.budget_hit = False
         self.ledger.set_meta(
             "manifest", manifest.model_dump(mode="json", exclude={"base_dir", "path"})
         )
+        self.ledger.set_meta("manifest_base_dir", str(manifest.base_dir))
 
     # --- setup ---------------------------------------------------------------------------
     def backend(self, name: str) -> Backend:
@@ -195,6 +225,14 @@ class Runner:
         prompts, drops = read_prompts(
             self.m.resolve(d.source), d.reader, d.name, d.columns, d.limit
         )
+        if d.tools_prompt == "system":
+            prompts = [tools_as_system(p) for p in prompts]
+        # a prompt already in an earlier dataset of this run is dropped here, and counted
+        earlier = self.ledger.prompt_ids(exclude=d.name)
+        kept = [p for p in prompts if p.id not in earlier]
+        if len(kept) < len(prompts):
+            drops["duplicate_across_datasets"] += len(prompts) - len(kept)
+        prompts = kept
         if not prompts:
             raise GenerateError(
                 f"dataset {d.name}: {d.source} gave no prompts (skipped: {dict(drops)})"
@@ -284,6 +322,7 @@ class Runner:
             finally:
                 for b in self.backends.values():
                     await b.aclose()
+                self.backends.clear()  # their locks and sessions belong to this event loop
         for d in chosen:
             rep.datasets[d.name] = self.make_samples(d)
         rep.budget_stopped = self.budget_hit
@@ -394,47 +433,46 @@ class Runner:
             ]
 
     # --- tokens stage --------------------------------------------------------------------------
+    def conversations(
+        self, d: DatasetCfg
+    ) -> Iterator[tuple[Key, Prompt, tuple[Message, ...], StoredResponse, ApiView]]:
+        """Every stored answer with the conversation it answered (on-policy history rebuilt)."""
+        prompts = {p.id: p for p in self.ledger.prompts(d.name)}
+        by_chain: dict[tuple[str, int], dict[int, StoredResponse]] = {}
+        for k, stored in self.ledger.responses(d.name).items():
+            by_chain.setdefault((k.prompt_id, k.sample_idx), {})[k.turn] = stored
+        for (pid, s), turns in sorted(by_chain.items()):
+            p = prompts[pid]
+            own: list[Message] = []
+            for t in range(n_turns(p, d.turns)):
+                r = turns.get(t)
+                if r is None:
+                    break
+                view = _view(r, self.bound)
+                msgs = turn_messages(p, d.turns, t, own)
+                own.append(answer_message(view))
+                yield Key(d.name, pid, s, t), p, msgs, r, view
+
     def make_samples(self, d: DatasetCfg) -> dict[str, Any]:
         """Exact ids where the backend gave them, reconstructed otherwise; drops by reason."""
-        prompts = {p.id: p for p in self.ledger.prompts(d.name)}
-        answers = self.ledger.responses(d.name)
         counts: Counter[str] = Counter()
         drops: Counter[str] = Counter()
         opts = {} if self.m.target.thinking is None else {"thinking": self.m.target.thinking}
-        by_chain: dict[tuple[str, int], dict[int, StoredResponse]] = {}
-        for k, stored in answers.items():
-            by_chain.setdefault((k.prompt_id, k.sample_idx), {})[k.turn] = stored
         with self.ledger.tx():
-            for (pid, s), turns in sorted(by_chain.items()):
-                p = prompts[pid]
-                own: list[Message] = []
-                for t in range(n_turns(p, d.turns)):
-                    r = turns.get(t)
-                    if r is None:
-                        break
-                    view = _view(r, self.bound)
-                    msgs = turn_messages(p, d.turns, t, own)
-                    own.append(answer_message(view))
-                    key = Key(d.name, pid, s, t)
-                    try:
-                        sample = self.sample(p, msgs, r, view, opts)
-                    except ReconstructError as e:
-                        drops[e.reason] += 1
-                        self.ledger.put_drop(key, "tokens", e.reason)
-                        continue
-                    except DraftdataError as e:
-                        drops[type(e).__name__] += 1
-                        self.ledger.put_drop(key, "tokens", type(e).__name__)
-                        continue
-                    counts[sample.token_source] += 1
-                    self.ledger.put_sample(
-                        key,
-                        sample.token_source,
-                        sample.finish_reason,
-                        sample.input_ids,
-                        sample.prompt_len,
-                        sample.warnings,
-                    )
+            for key, p, msgs, r, view in self.conversations(d):
+                try:
+                    sample = self.sample(p, msgs, r, view, opts)
+                except ReconstructError as e:
+                    drops[e.reason] += 1
+                    self.ledger.put_drop(key, "tokens", e.reason)
+                    continue
+                except DraftdataError as e:
+                    drops[type(e).__name__] += 1
+                    self.ledger.put_drop(key, "tokens", type(e).__name__)
+                    continue
+                counts[sample.token_source] += 1
+                self.ledger.put_sample(key, sample.token_source, sample.finish_reason,
+                                       sample.input_ids, sample.prompt_len, sample.warnings)
         return {"samples": dict(counts), "drops": dict(drops)}
 
     def sample(
@@ -472,6 +510,7 @@ class Runner:
             record_id=f"{p.id}-{r.key.sample_idx}-{r.key.turn}",
             dataset=p.dataset,
             thinking=self.m.target.thinking,
+            text_ids=self.text_ids,
         )
         return s
 

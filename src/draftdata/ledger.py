@@ -191,6 +191,12 @@ class Ledger:
             for r in rows
         ]
 
+    def prompt_ids(self, exclude: str | None = None) -> set[str]:
+        rows = self.db.execute(
+            "SELECT prompt_id FROM prompts WHERE dataset != ?", (exclude or "",)
+        ).fetchall()
+        return {r[0] for r in rows}
+
     def pending(self, dataset: str) -> set[Key]:
         rows = self.db.execute(
             "SELECT dataset, prompt_id, sample_idx, turn FROM work WHERE "

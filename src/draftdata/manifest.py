@@ -48,6 +48,7 @@ class TargetCfg(_Strict):
     model: str = "target"
     chat_template: str | None = None
     thinking: bool | None = None
+    prefs: str | None = None  # split preferences from `draftdata learn`, applied to reconstruction
 
 
 class HFBackendCfg(_Strict):
@@ -61,6 +62,7 @@ class OpenAIBackendCfg(_Strict):
     kind: Literal["openai"]
     base_url: str
     api_key_env: str | None = None
+    #: the model name sent to this endpoint (default: target.model); "" sends none
     model: str | None = None
     concurrency: int = Field(16, ge=1, le=4096)
     timeout_s: float = Field(120.0, gt=0)
@@ -105,6 +107,9 @@ class DatasetCfg(_Strict):
     sampling: Sampling = Sampling()
     columns: dict[str, str] = {}
     ground_truth: bool | None = None
+    #: "native": tool schemas go to the format's own tool prompt; "system": they are written
+    #: into a system message as text (for formats whose template has no tool prompt)
+    tools_prompt: Literal["native", "system"] = "native"
 
 
 class Manifest(_Strict):
@@ -266,3 +271,26 @@ def _line_of(text: str, loc: list[Any]) -> int | None:
         ):
             return i + 1
     return start + 1
+
+
+def manifest_of_run(run_dir: Path) -> Manifest:
+    """The manifest a run was made with, as stored in its ledger (paths resolved as then)."""
+    import json
+    import sqlite3
+
+    ledger = run_dir / "ledger.sqlite"
+    if not ledger.exists():
+        raise ManifestError(f"{ledger}: no ledger here; pass the run's output folder (the one "
+                            "holding ledger.sqlite), or run `draftdata run MANIFEST` first")
+    db = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
+    try:
+        rows = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('manifest', "
+                               "'manifest_base_dir')").fetchall())
+    finally:
+        db.close()
+    if "manifest" not in rows:
+        raise ManifestError(f"{ledger}: holds no manifest; it was not made by `draftdata run`")
+    m = Manifest.model_validate(json.loads(rows["manifest"]))
+    m.base_dir = Path(json.loads(rows.get("manifest_base_dir", '"."')))
+    m.path = run_dir / "manifest.toml"
+    return m

@@ -95,7 +95,7 @@ class OpenAIBackend(Backend):
     ) -> None:
         super().__init__(name)
         self.cfg = cfg
-        self.model = cfg.model or model
+        self.model = model if cfg.model is None else cfg.model
         key = None
         if cfg.api_key_env:
             key = os.environ.get(cfg.api_key_env)
@@ -137,6 +137,7 @@ class OpenAIBackend(Backend):
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+            self._session = None
 
     def body(self, req: GenRequest, with_ids: bool) -> dict[str, Any]:
         s = req.sampling
@@ -148,6 +149,8 @@ class OpenAIBackend(Backend):
             "top_p": s.top_p,
             "seed": req.seed,
         }
+        if not self.model:
+            del body["model"]  # a server pinned to one model (transformers serve) wants none
         if req.tools:
             body["tools"] = list(req.tools)
         body.update(self.cfg.extra_body)
