@@ -160,3 +160,6 @@ def read_prompts(
         if limit is not None and len(out) >= limit:
             break
     return out, counter
+
+
+from . import native  # noqa: E402,F401  (registers readers)
