@@ -713,8 +713,10 @@ def replay_server(
 @app.command("run")
 def run_cmd(
     manifest: ManifestArg,
-    force: Annotated[bool, typer.Option(
-        "--force", help="override a failed validation gate (recorded in the export)")] = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="override a failed validation gate (recorded in the export)"),
+    ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")] = False,
 ) -> None:
     """Read -> generate -> tokens -> validate (gate) -> export -> report. Rerun to resume."""
@@ -727,14 +729,22 @@ def run_cmd(
     except GateError:
         vpath = m.output_dir / "validation.json"
         if vpath.exists():
-            _print_validation({**json.loads(vpath.read_text()), "format": m.target.format,
-                               "format_version": "", "prefs": m.target.prefs})
+            _print_validation(
+                {
+                    **json.loads(vpath.read_text()),
+                    "format": m.target.format,
+                    "format_version": "",
+                    "prefs": m.target.prefs,
+                }
+            )
         raise
     g = res.gate
     if res.validation is not None and res.validation.n:
-        out.print(f"validation on ground truth: exact-match {res.validation.exact_match_rate:.1%}"
-                  f" ({res.validation.exact}/{res.validation.n}), token accuracy "
-                  f"{res.validation.token_accuracy:.4f}")
+        out.print(
+            f"validation on ground truth: exact-match {res.validation.exact_match_rate:.1%}"
+            f" ({res.validation.exact}/{res.validation.n}), token accuracy "
+            f"{res.validation.token_accuracy:.4f}"
+        )
     if g is not None:
         verdict = "passed" if g.passed else ("FORCED past a failed gate" if g.forced else "failed")
         out.print(f"gate (min_exact {g.min_exact}): {verdict}; {g.reason}")
@@ -742,8 +752,10 @@ def run_cmd(
         drops = ", ".join(f"{k}: {v}" for k, v in d["drops"].items())
         out.print(f"{name}: samples {d['samples'] or 0}" + (f"; dropped {drops}" if drops else ""))
     if res.budget_stopped:
-        err.print("[bold yellow]budget reached:[/] scheduling stopped before the next request "
-                  f"could pass budget_usd = {m.run.budget_usd}")
+        err.print(
+            "[bold yellow]budget reached:[/] scheduling stopped before the next request "
+            f"could pass budget_usd = {m.run.budget_usd}"
+        )
     if res.export_dir is not None:
         out.print(f"shards and manifest: {res.export_dir}")
     report_path = _try_report(res.run_dir)
@@ -764,9 +776,14 @@ def _try_report(run_dir: Path) -> Path | None:
 @app.command()
 def export(
     run: Annotated[Path, typer.Argument(help="the run's output folder (holds ledger.sqlite)")],
-    as_: Annotated[list[str] | None, typer.Option(
-        "--as", help="also write trainer JSONL: specforge (conversations with reasoning), "
-        "speculators (input_ids + loss_mask); repeatable")] = None,
+    as_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--as",
+            help="also write trainer JSONL: specforge (conversations with reasoning), "
+            "speculators (input_ids + loss_mask); repeatable",
+        ),
+    ] = None,
 ) -> None:
     """Write Parquet shards + manifest.json from a run's ledger, and trainer-specific JSONL."""
     from .generate import Runner

@@ -24,20 +24,36 @@ from .records import Sample
 
 SHARD_BYTES = 256 * 1024 * 1024  # about this much token data per shard
 
-SHARD_SCHEMA = pa.schema([
-    ("id", pa.string()), ("dataset", pa.string()), ("prompt_id", pa.string()),
-    ("sample_idx", pa.int32()), ("turn", pa.int32()),
-    ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.bool_())),
-    ("prompt_len", pa.int32()), ("token_source", pa.string()), ("finish_reason", pa.string()),
-    ("warnings", pa.list_(pa.string())), ("metadata", pa.string()),
-])
+SHARD_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("dataset", pa.string()),
+        ("prompt_id", pa.string()),
+        ("sample_idx", pa.int32()),
+        ("turn", pa.int32()),
+        ("input_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.bool_())),
+        ("prompt_len", pa.int32()),
+        ("token_source", pa.string()),
+        ("finish_reason", pa.string()),
+        ("warnings", pa.list_(pa.string())),
+        ("metadata", pa.string()),
+    ]
+)
 
 
 def sample_row(s: Sample) -> dict[str, Any]:
-    return {"id": s.id, "dataset": s.dataset, "input_ids": s.input_ids,
-            "loss_mask": s.loss_mask, "prompt_len": s.prompt_len, "token_source": s.token_source,
-            "finish_reason": s.finish_reason, "warnings": list(s.warnings),
-            "provenance": asdict(s.provenance)}
+    return {
+        "id": s.id,
+        "dataset": s.dataset,
+        "input_ids": s.input_ids,
+        "loss_mask": s.loss_mask,
+        "prompt_len": s.prompt_len,
+        "token_source": s.token_source,
+        "finish_reason": s.finish_reason,
+        "warnings": list(s.warnings),
+        "provenance": asdict(s.provenance),
+    }
 
 
 def write_samples(samples: Sequence[Sample], path: Path) -> None:
@@ -45,16 +61,32 @@ def write_samples(samples: Sequence[Sample], path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".parquet":
         rows = [sample_row(s) for s in samples]
-        table = pa.Table.from_pylist(rows, schema=pa.schema([
-            ("id", pa.string()), ("dataset", pa.string()),
-            ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.bool_())),
-            ("prompt_len", pa.int32()), ("token_source", pa.string()),
-            ("finish_reason", pa.string()), ("warnings", pa.list_(pa.string())),
-            ("provenance", pa.struct([("tokenizer_sha256", pa.string()),
-                                      ("format_name", pa.string()),
-                                      ("format_version", pa.string()),
-                                      ("draftdata_version", pa.string())])),
-        ]))
+        table = pa.Table.from_pylist(
+            rows,
+            schema=pa.schema(
+                [
+                    ("id", pa.string()),
+                    ("dataset", pa.string()),
+                    ("input_ids", pa.list_(pa.int32())),
+                    ("loss_mask", pa.list_(pa.bool_())),
+                    ("prompt_len", pa.int32()),
+                    ("token_source", pa.string()),
+                    ("finish_reason", pa.string()),
+                    ("warnings", pa.list_(pa.string())),
+                    (
+                        "provenance",
+                        pa.struct(
+                            [
+                                ("tokenizer_sha256", pa.string()),
+                                ("format_name", pa.string()),
+                                ("format_version", pa.string()),
+                                ("draftdata_version", pa.string()),
+                            ]
+                        ),
+                    ),
+                ]
+            ),
+        )
         pq.write_table(table, tmp)
     elif path.suffix in (".jsonl", ".json"):
         with tmp.open("w", encoding="utf-8") as f:
@@ -115,8 +147,14 @@ class ShardWriter:
         self._writer.close()
         final = self.folder / f"shard-{len(self.shards):05d}.parquet"
         os.replace(self._tmp, final)
-        self.shards.append({"path": final.name, "rows": self._shard_rows,
-                            "bytes": final.stat().st_size, "sha256": _sha256(final)})
+        self.shards.append(
+            {
+                "path": final.name,
+                "rows": self._shard_rows,
+                "bytes": final.stat().st_size,
+                "sha256": _sha256(final),
+            }
+        )
         self._writer, self._tmp, self._shard_rows, self._shard_bytes = None, None, 0, 0
 
     def close(self) -> list[dict[str, Any]]:
@@ -127,8 +165,9 @@ class ShardWriter:
 def write_manifest(folder: Path, doc: dict[str, Any]) -> Path:
     path = folder / "manifest.json"
     tmp = folder / ".manifest.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=2, ensure_ascii=False, default=str) + "\n",
-                   encoding="utf-8")
+    tmp.write_text(
+        json.dumps(doc, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8"
+    )
     os.replace(tmp, path)
     return path
 

@@ -471,8 +471,14 @@ class Runner:
                     self.ledger.put_drop(key, "tokens", type(e).__name__)
                     continue
                 counts[sample.token_source] += 1
-                self.ledger.put_sample(key, sample.token_source, sample.finish_reason,
-                                       sample.input_ids, sample.prompt_len, sample.warnings)
+                self.ledger.put_sample(
+                    key,
+                    sample.token_source,
+                    sample.finish_reason,
+                    sample.input_ids,
+                    sample.prompt_len,
+                    sample.warnings,
+                )
         return {"samples": dict(counts), "drops": dict(drops)}
 
     def sample(

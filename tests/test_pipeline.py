@@ -1,0 +1,141 @@
+"""`draftdata run`: ground truth first, the validation gate before any paid request, export."""
+
+from __future__ import annotations
+
+import glob
+import json
+from collections import Counter
+
+import datasets
+import pyarrow.parquet as pq
+
+from conftest import GROUNDTRUTH, TOKENIZERS
+from servers import replay_server, stats
+from test_audit_cli import run
+
+GT = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
+
+
+def write_sources(tmp_path):
+    greedy = [r for r in GT if r["id"].endswith("-greedy") and r["source"] != "mtbench_turn2"]
+    a, b = greedy[:40], greedy[40:70]
+    for name, recs in (("truth", a), ("paid", b)):
+        (tmp_path / f"{name}.jsonl").write_text(
+            "".join(json.dumps({"id": r["id"], "messages": r["messages"]}) + "\n" for r in recs)
+        )
+    return a, b
+
+
+def manifest(tmp_path, truth_url, paid_url, *, min_exact=0.8, fmt="chatml"):
+    p = tmp_path / "m.toml"
+    p.write_text(f"""
+[run]
+name = "pipe"
+output = "{tmp_path / "run"}"
+min_exact = {min_exact}
+[target]
+tokenizer = "{TOKENIZERS / "smollm2"}"
+format = "{fmt}"
+[backends.engine]
+kind = "openai"
+base_url = "{truth_url}"
+token_ids = "always"     # a vLLM-style server: exact ids
+[backends.paid]
+kind = "openai"
+base_url = "{paid_url}"
+token_ids = "never"      # a hosted API: text only
+price_in_per_mtok = 0.5
+price_out_per_mtok = 1.5
+[[datasets]]
+name = "truth"
+source = "truth.jsonl"
+reader = "openai"
+backend = "engine"
+ground_truth = true
+turns = "first"
+[[datasets]]
+name = "paid"
+source = "paid.jsonl"
+reader = "openai"
+backend = "paid"
+turns = "first"
+""")
+    return p
+
+
+def test_run_exports_shards_that_load_and_match_the_manifest(tmp_path):
+    a, b = write_sources(tmp_path)
+    with replay_server(GROUNDTRUTH, "--token-ids") as t_url, replay_server(GROUNDTRUTH) as p_url:
+        m = manifest(tmp_path, t_url, p_url)
+        r = run("run", str(m), "--quiet")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert stats(p_url)["requests"] == 30
+    export = tmp_path / "run" / "export"
+    doc = json.loads((export / "manifest.json").read_text())
+    files = sorted(glob.glob(str(export / "shard-*.parquet")))
+    ds = datasets.load_dataset("parquet", data_files=files, split="train")
+    assert len(ds) == doc["counts"]["samples"] == sum(s["rows"] for s in doc["shards"]) == 70
+    rows = pq.read_table(files).to_pylist()
+    for name, d in doc["datasets"].items():
+        mine = [x for x in rows if x["dataset"] == name]
+        assert d["samples"] == len(mine)
+        assert d["token_sources"] == dict(Counter(x["token_source"] for x in mine))
+        assert d["finish_reasons"] == dict(Counter(x["finish_reason"] for x in mine))
+    assert doc["datasets"]["truth"]["token_sources"] == {"engine": 40}
+    assert doc["datasets"]["paid"]["token_sources"] == {"reconstructed": 30}
+    for x in rows:
+        assert len(x["input_ids"]) == len(x["loss_mask"])
+        assert x["loss_mask"] == [False] * x["prompt_len"] + [True] * (
+            len(x["input_ids"]) - x["prompt_len"]
+        )
+    # the exact engine ids are the ground truth's own
+    truth = {r["id"]: r for r in a}
+    for x in rows:
+        if x["dataset"] == "truth":
+            rec = truth[json.loads(x["metadata"])["id"]]
+            assert x["input_ids"] == rec["prompt_ids"] + rec["output_ids"]
+    v = doc["validation"]
+    assert v["n"] == 40 and 0.8 <= v["exact_match_rate"] <= 1.0
+    assert doc["gate"]["passed"] and not doc["gate"]["forced"]
+    assert doc["tokenizer"]["sha256"] and doc["format"] == {"name": "chatml", "version": "1"}
+    assert doc["datasets"]["paid"]["cost_usd"] > 0
+    # trainer exports
+    r = run("export", str(tmp_path / "run"), "--as", "specforge", "--as", "speculators")
+    assert r.returncode == 0, r.stderr
+    spec = [json.loads(x) for x in (export / "specforge.jsonl").read_text().splitlines()]
+    assert len(spec) == 70 and spec[0]["conversations"][-1]["role"] == "assistant"
+    sp = [json.loads(x) for x in (export / "speculators.jsonl").read_text().splitlines()]
+    assert len(sp) == 70 and set(sp[0]["loss_mask"]) == {0, 1}
+
+
+def test_gate_stops_before_any_paid_request_and_force_is_recorded(tmp_path):
+    write_sources(tmp_path)
+    with replay_server(GROUNDTRUTH, "--token-ids") as t_url, replay_server(GROUNDTRUTH) as p_url:
+        m = manifest(tmp_path, t_url, p_url, min_exact=0.999)
+        r = run("run", str(m), "--quiet")
+        assert r.returncode == 1
+        assert "gate failed before any paid request" in r.stderr
+        assert "reconstruction vs ground truth" in r.stdout  # the validation report is printed
+        assert stats(p_url)["requests"] == 0
+        assert stats(t_url)["requests"] == 40
+        r = run("run", str(m), "--quiet", "--force")
+        assert r.returncode == 0, r.stderr
+        assert stats(p_url)["requests"] == 30
+    doc = json.loads((tmp_path / "run" / "export" / "manifest.json").read_text())
+    assert doc["gate"]["forced"] is True and doc["gate"]["passed"] is False
+
+
+def test_mispinned_format_stops_before_any_request(tmp_path):
+    write_sources(tmp_path)
+    fmt = tmp_path / "seed.toml"
+    fmt.write_text(
+        'name = "chatml-seed"\nversion = "0"\nbase = "chatml"\n'
+        '[markers]\nim_end = { text = "<|im_end|>", id = 3 }\n'
+    )
+    with replay_server(GROUNDTRUTH, "--token-ids") as t_url, replay_server(GROUNDTRUTH) as p_url:
+        m = manifest(tmp_path, t_url, p_url, fmt=str(fmt))
+        r = run("run", str(m), "--quiet")
+        assert r.returncode == 2
+        assert "pinned id 3 decodes to '<repo_name>', a special token; <|im_end|> is 2" in r.stderr
+        assert "Traceback" not in r.stderr
+        assert stats(p_url)["requests"] == 0 and stats(t_url)["requests"] == 0
