@@ -64,7 +64,7 @@ turns = "first"
 
 
 def test_run_exports_shards_that_load_and_match_the_manifest(tmp_path):
-    a, b = write_sources(tmp_path)
+    a, _ = write_sources(tmp_path)
     with replay_server(GROUNDTRUTH, "--token-ids") as t_url, replay_server(GROUNDTRUTH) as p_url:
         m = manifest(tmp_path, t_url, p_url)
         r = run("run", str(m), "--quiet")

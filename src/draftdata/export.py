@@ -18,7 +18,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import __version__
 from .errors import InputError
 from .records import Sample
 
