@@ -764,13 +764,27 @@ def run_cmd(
 
 
 def _try_report(run_dir: Path) -> Path | None:
-    try:
-        from .report import build_report, summary
-    except ImportError:
-        return None
+    from .report import build_report, summary
+
     path = build_report(run_dir)
-    out.print(summary(run_dir))
+    out.print(summary(run_dir), markup=False, highlight=False)  # reasons may hold [ ] or <script>
     return path
+
+
+@app.command()
+def report(
+    run: Annotated[Path, typer.Argument(help="the run folder (the manifest's [run] output)")],
+    out_path: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="where to write the page (default RUN/report.html)"),
+    ] = None,
+) -> None:
+    """Write a self-contained HTML report of a run and print its key figures."""
+    from .report import build_report, summary
+
+    path = build_report(run, out_path)
+    out.print(summary(run), markup=False, highlight=False)
+    out.print(f"[bold]report[/] {path}", highlight=False)
 
 
 @app.command()
