@@ -280,12 +280,17 @@ def manifest_of_run(run_dir: Path) -> Manifest:
 
     ledger = run_dir / "ledger.sqlite"
     if not ledger.exists():
-        raise ManifestError(f"{ledger}: no ledger here; pass the run's output folder (the one "
-                            "holding ledger.sqlite), or run `draftdata run MANIFEST` first")
+        raise ManifestError(
+            f"{ledger}: no ledger here; pass the run's output folder (the one "
+            "holding ledger.sqlite), or run `draftdata run MANIFEST` first"
+        )
     db = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
     try:
-        rows = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('manifest', "
-                               "'manifest_base_dir')").fetchall())
+        rows = dict(
+            db.execute(
+                "SELECT key, value FROM meta WHERE key IN ('manifest', 'manifest_base_dir')"
+            ).fetchall()
+        )
     finally:
         db.close()
     if "manifest" not in rows:
