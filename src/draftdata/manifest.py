@@ -5,6 +5,7 @@ Unknown keys and bad values are refused with the file, the line, the key and the
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import sys
 from pathlib import Path
@@ -128,7 +129,7 @@ class Manifest(_Strict):
 
             return resolve_path(p)
         q = Path(p).expanduser()
-        return q if q.is_absolute() else self.base_dir / q
+        return Path(os.path.normpath(q if q.is_absolute() else self.base_dir / q))
 
     @property
     def output_dir(self) -> Path:
