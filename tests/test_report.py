@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import GROUNDTRUTH, TOKENIZERS
-from draftdata import __version__
+from draftdata import __version__, export
 from draftdata.errors import InputError
 from draftdata.report import build_report, summary, usd
 from draftdata.tokenizers import load_tokenizer
@@ -36,22 +36,8 @@ DATASETS = {
     "code": (("humaneval", "writingbench"), 12, "vllm"),
     "tools": (("bfcl",), 14, "api"),
 }
-SHARD_SCHEMA = pa.schema(
-    [
-        ("id", pa.string()),
-        ("dataset", pa.string()),
-        ("prompt_id", pa.string()),
-        ("sample_idx", pa.int32()),
-        ("turn", pa.int32()),
-        ("input_ids", pa.list_(pa.int32())),
-        ("loss_mask", pa.list_(pa.bool_())),
-        ("prompt_len", pa.int32()),
-        ("token_source", pa.string()),
-        ("finish_reason", pa.string()),
-        ("warnings", pa.list_(pa.string())),
-        ("metadata", pa.string()),
-    ]
-)
+# the exporter's own schema: the fixture writes shards exactly as `draftdata run` does
+SHARD_SCHEMA = export.SHARD_SCHEMA
 
 
 def _manifest_toml(tmp: Path, url: str, sources: dict[str, Path]) -> Path:
