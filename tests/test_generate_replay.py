@@ -182,3 +182,51 @@ def test_fault_matrix_every_fault_retried_or_recorded(tmp_path):
     assert st["drops"].get("reasoning_without_think_grammar", 0) == f.get("reasoning", 0)
     assert st["drops"].get("tool_calls_without_grammar", 0) == f.get("tools", 0)
     assert st["drops"].get("empty_response", 0) == f.get("empty", 0)
+
+
+def test_budget_stops_scheduling_before_it_could_be_passed(tmp_path):
+    src, _ = greedy_subset(tmp_path, 40, sources=("mtbench",))
+    with replay_server(GROUNDTRUTH) as url:
+        m = manifest(
+            tmp_path,
+            url,
+            src,
+            limit=40,
+            turns="first",
+            budget="budget_usd = 0.05",
+            extra_backend="price_in_per_mtok = 20.0\nprice_out_per_mtok = 40.0",
+        )
+        r = run("generate", str(m), "--quiet")
+        assert r.returncode == 0, r.stderr
+        assert "budget reached" in r.stderr
+        st = status_json(m)
+    d = st["datasets"]["gt"]
+    # each request may cost up to (prompt + 256) tokens at these prices; the spend never passes
+    # the budget, and most of the 40 prompts are left pending for a later, bigger budget
+    assert st["cost_usd"] <= 0.05
+    assert 0 < d["done"] < 40 and d["pending"] == 40 - d["done"]
+
+
+def test_rate_limiter_spaces_requests(monkeypatch):
+    import asyncio
+
+    from draftdata.backends import openai_api
+
+    clock = {"t": 0.0}
+    slept = []
+
+    async def fake_sleep(s):
+        slept.append(s)
+        clock["t"] += s
+
+    monkeypatch.setattr(openai_api.time, "monotonic", lambda: clock["t"])
+    monkeypatch.setattr(openai_api.asyncio, "sleep", fake_sleep)
+    lim = openai_api.RateLimiter(per_minute=60)  # one per second, burst of 60
+
+    async def go():
+        for _ in range(62):
+            await lim.acquire(1)
+
+    asyncio.run(go())
+    assert len(slept) == 2 and all(abs(s - 1.0) < 1e-9 for s in slept)
+    assert clock["t"] == 2.0
