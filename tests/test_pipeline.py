@@ -108,6 +108,23 @@ def test_run_exports_shards_that_load_and_match_the_manifest(tmp_path):
     assert len(sp) == 70 and set(sp[0]["loss_mask"]) == {0, 1}
 
 
+def test_learned_preferences_are_cross_validated_and_applied(tmp_path):
+    write_sources(tmp_path)
+    with replay_server(GROUNDTRUTH, "--token-ids") as t_url, replay_server(GROUNDTRUTH) as p_url:
+        m = manifest(tmp_path, t_url, p_url)
+        m.write_text(
+            m.read_text().replace("min_exact = 0.8", "min_exact = 0.8\nlearn_prefs = true")
+        )
+        r = run("run", str(m), "--quiet")
+        assert r.returncode == 0, r.stdout + r.stderr
+    prefs = json.loads((tmp_path / "run" / "prefs.json").read_text())
+    assert prefs["kind"] == "draftdata.split_prefs"
+    doc = json.loads((tmp_path / "run" / "export" / "manifest.json").read_text())
+    v = doc["validation"]
+    assert v["cross_validated"] is True and v["n"] == 40
+    assert v["prefs_rules"] == len(prefs["rules"])
+
+
 def test_gate_stops_before_any_paid_request_and_force_is_recorded(tmp_path):
     write_sources(tmp_path)
     with replay_server(GROUNDTRUTH, "--token-ids") as t_url, replay_server(GROUNDTRUTH) as p_url:

@@ -739,6 +739,12 @@ def run_cmd(
             )
         raise
     g = res.gate
+    if res.validation is not None and res.validation.meta.get("cross_validated"):
+        out.print(
+            f"learned {res.validation.meta['prefs_rules']} split preference(s) from the "
+            f"ground truth ({m.output_dir / 'prefs.json'}); the figure below is "
+            "cross-validated (learned on one half of the prompts, measured on the other)"
+        )
     if res.validation is not None and res.validation.n:
         out.print(
             f"validation on ground truth: exact-match {res.validation.exact_match_rate:.1%}"

@@ -41,6 +41,10 @@ class RunCfg(_Strict):
     output: str
     budget_usd: float | None = Field(None, ge=0)
     min_exact: float = Field(0.9, ge=0.0, le=1.0)
+    #: learn split preferences from the ground-truth datasets and apply them when text answers
+    #: are reconstructed; the gate then measures them cross-validated (learned on one half of the
+    #: prompts, measured on the other)
+    learn_prefs: bool = False
 
 
 class TargetCfg(_Strict):

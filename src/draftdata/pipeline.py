@@ -82,6 +82,7 @@ def ground_truth_records(runner: Runner, d: DatasetCfg) -> list[dict[str, Any]]:
         out.append(
             {
                 "id": f"{key.dataset}/{key.prompt_id}/{key.sample_idx}/{key.turn}",
+                "group": key.prompt_id,
                 "source": d.name,
                 "messages": [
                     {
@@ -119,10 +120,14 @@ def run_pipeline(
         # 3. validate reconstruction on it, and gate the text backends
         if gt:
             records = [r for d in gt for r in ground_truth_records(runner, d)]
-            res.validation = validate(
-                runner.bound, records, text_ids=runner.text_ids, thinking=m.target.thinking
-            )
+            if m.run.learn_prefs and records:
+                res.validation = learn_and_validate(runner, records)
+            else:
+                res.validation = validate(
+                    runner.bound, records, text_ids=runner.text_ids, thinking=m.target.thinking
+                )
             res.validation.meta = {
+                **res.validation.meta,
                 "format": runner.bound.format.name,
                 "format_version": runner.bound.format.version,
                 "tokenizer_sha256": runner.bound.tokenizer.sha256,
@@ -171,6 +176,38 @@ def run_pipeline(
     finally:
         runner.ledger.close()
     return res
+
+
+def learn_and_validate(runner: Runner, records: list[dict[str, Any]]) -> ValidationReport:
+    """Learn split preferences from the run's own ground truth. The figure the gate sees is
+    cross-validated: preferences learned on one half of the prompts are measured on the other,
+    both ways. The preferences learned on all of it are saved (RUN/prefs.json) and applied to
+    the text datasets."""
+    from .prefs import _bucket, learn
+    from .validate import learning_pairs
+
+    bound, thinking = runner.bound, runner.m.target.thinking
+    halves = (
+        [r for r in records if _bucket(r["group"]) < 0.5],
+        [r for r in records if _bucket(r["group"]) >= 0.5],
+    )
+    report = ValidationReport()
+    for learn_on, measure_on in ((halves[0], halves[1]), (halves[1], halves[0])):
+        if not measure_on:
+            continue
+        pairs, _ = learning_pairs(bound, learn_on, thinking)
+        applier = learn(bound.tokenizer, pairs).applier(bound.tokenizer) if pairs else None
+        inner = validate(
+            bound, measure_on, text_ids=applier, thinking=thinking, on_result=report.add
+        )
+        report.drops.update(inner.drops)
+        report.warnings.update(inner.warnings)
+    pairs, _ = learning_pairs(bound, records, thinking)
+    prefs = learn(bound.tokenizer, pairs)
+    prefs.save(runner.m.output_dir / "prefs.json")
+    runner.text_ids = prefs.applier(bound.tokenizer)
+    report.meta = {"prefs_rules": len(prefs.rules), "cross_validated": True}
+    return report
 
 
 def _template_sha(runner: Runner) -> str | None:
