@@ -615,6 +615,7 @@ def generate(
     runner = Runner(m, quiet=quiet, console=err)
     try:
         rep = asyncio.run(runner.run(dataset))
+        st = runner.ledger.status()["datasets"]
     except KeyboardInterrupt:
         err.print(
             "interrupted: everything answered so far is in the ledger; run the same "
@@ -632,6 +633,32 @@ def generate(
             f"[bold yellow]budget reached:[/] scheduling stopped before the next request "
             f"could pass budget_usd = {m.run.budget_usd}; raise it and rerun to continue"
         )
+    if _report_failures(st, rep.datasets, manifest):
+        raise typer.Exit(1)
+
+
+def _report_failures(st: dict[str, Any], names: Any, manifest: Path) -> bool:
+    """Print what failed for good; True when a dataset got no answer at all."""
+    nothing = False
+    for name in names:
+        d = st.get(name, {})
+        if not d.get("failed"):
+            continue
+        reasons = sorted(d.get("errors", {}).items(), key=lambda kv: -kv[1])[:3]
+        why = ", ".join(f"{k} ({v} attempts)" for k, v in reasons)
+        err.print(
+            f"[bold yellow]{name}: {d['failed']} of {d['total']} failed after retries[/]"
+            f" ({why}); `draftdata status {manifest}` has the details, and rerunning "
+            "retries them"
+        )
+        if d.get("done", 0) == 0:
+            nothing = True
+            if any(k.startswith(("connection_error", "timeout")) for k, _ in reasons):
+                err.print(
+                    "  nothing was answered: is the server at the backend's base_url "
+                    "running and reachable?"
+                )
+    return nothing
 
 
 @app.command()
