@@ -794,6 +794,15 @@ def run_cmd(
     report_path = _try_report(res.run_dir)
     if report_path is not None:
         out.print(f"report: {report_path}")
+    from .ledger import Ledger
+
+    led = Ledger(m.output_dir / "ledger.sqlite")
+    try:
+        st = led.status()["datasets"]
+    finally:
+        led.close()
+    if _report_failures(st, res.datasets, manifest):
+        raise typer.Exit(1)
 
 
 def _try_report(run_dir: Path) -> Path | None:
