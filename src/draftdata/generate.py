@@ -296,6 +296,7 @@ class Runner:
                 "completion_tokens": c.completion_tokens,
                 "cost_usd": c.cost_usd,
                 "prompt_drift": drift,
+                "our_prompt_ids": req.prompt_ids,
             },
         )
         self.spent += c.cost_usd
@@ -494,7 +495,7 @@ class Runner:
         if r.output_ids is None and not (view.content or view.reasoning or view.tool_calls):
             raise ReconstructError("the API returned an empty answer", "empty_response")
         if r.output_ids is not None:
-            prompt_ids = self.bound.prompt_ids(msgs, p.tools, **opts)
+            prompt_ids = r.our_prompt_ids or self.bound.prompt_ids(msgs, p.tools, **opts)
             out = list(r.output_ids)
             if r.finish_reason in FINISHED and (not out or out[-1] not in self.bound.stop_ids):
                 out.append(self.bound.end_id)
@@ -517,6 +518,7 @@ class Runner:
             dataset=p.dataset,
             thinking=self.m.target.thinking,
             text_ids=self.text_ids,
+            prompt_ids=r.our_prompt_ids,
         )
         return s
 

@@ -18,7 +18,7 @@ from typing import Any
 from .errors import DraftdataError
 from .records import Message, Prompt, ToolCall
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -44,6 +44,7 @@ CREATE TABLE IF NOT EXISTS responses (
   response_json TEXT NOT NULL, output_ids_json TEXT, prompt_ids_json TEXT,
   finish_reason TEXT NOT NULL, prompt_tokens INTEGER, completion_tokens INTEGER,
   cost_usd REAL NOT NULL DEFAULT 0, prompt_drift INTEGER, created_at REAL NOT NULL,
+  our_prompt_ids_json TEXT,
   PRIMARY KEY (dataset, prompt_id, sample_idx, turn));
 CREATE TABLE IF NOT EXISTS samples (
   dataset TEXT NOT NULL, prompt_id TEXT NOT NULL, sample_idx INTEGER NOT NULL,
@@ -81,6 +82,8 @@ class StoredResponse:
     prompt_ids: list[int] | None
     finish_reason: str
     cost_usd: float
+    #: our rendering of the prompt when it was asked (saves rendering it again for the sample)
+    our_prompt_ids: list[int] | None = None
 
 
 def messages_to_json(msgs: Iterable[Message]) -> str:
@@ -208,7 +211,8 @@ class Ledger:
     def responses(self, dataset: str) -> dict[Key, StoredResponse]:
         rows = self.db.execute(
             "SELECT dataset, prompt_id, sample_idx, turn, backend, response_json, "
-            "output_ids_json, prompt_ids_json, finish_reason, cost_usd FROM responses "
+            "output_ids_json, prompt_ids_json, finish_reason, cost_usd, our_prompt_ids_json "
+            "FROM responses "
             "WHERE dataset=?",
             (dataset,),
         ).fetchall()
@@ -221,6 +225,7 @@ class Ledger:
                 json.loads(r[7]) if r[7] else None,
                 r[8],
                 r[9],
+                json.loads(r[10]) if r[10] else None,
             )
             for r in rows
         }
@@ -262,7 +267,7 @@ class Ledger:
             )
             if ok and stored is not None:
                 self.db.execute(
-                    "INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    "INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (
                         *key.tuple(),
                         cur.lastrowid,
@@ -280,6 +285,9 @@ class Ledger:
                         stored.get("cost_usd", 0.0),
                         stored.get("prompt_drift"),
                         time.time(),
+                        json.dumps(stored["our_prompt_ids"])
+                        if stored.get("our_prompt_ids") is not None
+                        else None,
                     ),
                 )
                 self.db.execute(

@@ -206,13 +206,16 @@ def reconstruct(
     text_ids: TextIds | None = None,
     use_logprobs: bool = True,
     prompt_opts: dict[str, Any] | None = None,
+    prompt_ids: list[int] | None = None,
 ) -> Sample:
     """Prompt + API answer -> Sample. ``text_ids`` applies learned split preferences to the
-    canonical ids of each response text piece."""
+    canonical ids of each response text piece; ``prompt_ids`` skips rendering the prompt again
+    (they must be this format's rendering of ``messages``)."""
     opts = dict(prompt_opts or {})
     if thinking is not None and bound.format.think is not None:
         opts["thinking"] = thinking
-    prompt_ids, _ = bound.encode(bound.format.render_prompt(messages, tools, **opts))
+    if prompt_ids is None:  # callers that rendered the prompt already pass its ids
+        prompt_ids, _ = bound.encode(bound.format.render_prompt(messages, tools, **opts))
     warnings: list[str] = []
     source: TokenSource = "reconstructed"
     response: list[int] | None = None
