@@ -471,6 +471,8 @@ def validate(
         "bucket": bucket,
         "skipped_lines": skipped,
     }
+    if rep.n == 0:
+        raise InputError(f"{input}: no usable records (drops: {dict(rep.drops)})")
     doc = rep.to_json()
     if json_out is not None:
         text = json.dumps(doc, indent=2, ensure_ascii=False)
@@ -481,8 +483,6 @@ def validate(
     if json_out is None or str(json_out) != "-":
         _print_validation(doc)
     _print_skipped(skipped)
-    if rep.n == 0:
-        raise InputError(f"{input}: no usable records (drops: {dict(rep.drops)})")
     if min_exact is not None and rep.exact_match_rate < min_exact:
         err.print(
             f"[bold red]GATE FAILED[/] exact-match {rep.exact_match_rate:.4f} < "

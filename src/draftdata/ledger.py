@@ -142,7 +142,8 @@ class Ledger:
         elif int(row[0]) != SCHEMA_VERSION:
             raise LedgerError(
                 f"{path}: ledger schema {row[0]}, this draftdata writes "
-                f"{SCHEMA_VERSION}; use the draftdata version that made it"
+                f"{SCHEMA_VERSION}; use the draftdata version that made it, or move "
+                f"{path.parent} aside to start the run afresh"
             )
 
     def close(self) -> None:
