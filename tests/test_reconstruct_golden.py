@@ -132,3 +132,18 @@ def test_deepseek_v3_reasoning_without_think_tokens_is_refused(bound):
             ApiView(content="a", reasoning="r", finish_reason="stop"),
         )
     assert REAL["deepseek-v3"][1] == "deepseek-v3"
+
+
+@pytest.mark.parametrize(("key", "doc", "case"), [c for c in _cases() if c.values[2]["tool_calls"]])
+def test_tool_calls_survive_a_servers_view_of_the_ids(bound, key, doc, case):
+    """Golden answer ids -> what a server's reasoning and tool parsers would return -> our
+    reconstruction: the same ids (the response grammar inverted, then applied)."""
+    from draftdata.validate import derive_view
+
+    b = bound(key)
+    answer = case["input_ids"][case["prompt_len"] :]
+    view = derive_view(b, answer, case["finish"])
+    assert [c.name for c in view.tool_calls] == [c["function"]["name"] for c in case["tool_calls"]]
+    tools = bfcl_tools(PROMPTS / "BFCL_v4_multiple.json")[0] if case["use_tools"] else ()
+    s = reconstruct(b, messages_of(case["messages"]), view, tools=tools)
+    assert s.input_ids == case["input_ids"]

@@ -13,10 +13,10 @@ from typing import Any
 from . import __version__
 from .api import messages_of, view_from_record
 from .errors import DraftdataError, ReconstructError
-from .formats import BoundFormat
+from .formats import BoundFormat, Segment, Special, Text
 from .prefs import Pair
 from .reconstruct import FINISHED, encode_response, reconstruct, response_segments
-from .records import ApiView
+from .records import ApiView, ToolCall
 
 CATEGORIES = (
     "end_of_turn",
@@ -144,9 +144,41 @@ def derive_view(bound: BoundFormat, output_ids: Sequence[int], finish_reason: st
         ids = ids[cut + 1 :]
     elif th is not None and th.prompt_opens and finish_reason == "length":
         reasoning, ids = tok.decode(ids), []
+    calls: tuple[ToolCall, ...] = ()
+    section = bound.ids.get(fmt.tool_section) if fmt.tool_section else None
+    if section is not None and section in ids:
+        cut = ids.index(section)
+        calls = fmt.parse_tool_calls(_segments(bound, ids[cut:]))
+        if calls:  # a server's tool parser takes the section out of the content
+            ids = ids[:cut]
     control = tok.control_ids
     content = tok.decode([i for i in ids if i not in control])
-    return ApiView(content=content, finish_reason=finish_reason, reasoning=reasoning)
+    if calls:
+        content = content.rstrip("\n")
+    return ApiView(
+        content=content or (None if calls else ""),
+        finish_reason=finish_reason,
+        reasoning=reasoning,
+        tool_calls=calls,
+    )
+
+
+def _segments(bound: BoundFormat, ids: Sequence[int]) -> list[Segment]:
+    """Ids as the format's segments: marker ids by name, runs of other ids decoded to text."""
+    names = {v: k for k, v in bound.ids.items()}
+    out: list[Segment] = []
+    run: list[int] = []
+    for i in ids:
+        if i in names:
+            if run:
+                out.append(Text(bound.tokenizer.decode(run)))
+                run = []
+            out.append(Special(names[i]))
+        else:
+            run.append(i)
+    if run:
+        out.append(Text(bound.tokenizer.decode(run)))
+    return out
 
 
 def _bytes(tok: Any, ids: Sequence[int]) -> bytes:

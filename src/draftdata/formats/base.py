@@ -72,6 +72,8 @@ class ChatFormat:
     stop_markers: tuple[str, ...] = ()
     think: ThinkGrammar | None = None
     supports_tools: bool = True
+    #: the marker that opens the tool-call section of an answer (None: no tool grammar)
+    tool_section: str | None = None
     #: extra keyword arguments the model's own chat template needs to render like this format
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -119,6 +121,11 @@ class ChatFormat:
 
     def render_tool_calls(self, calls: Sequence[ToolCall], content: str) -> list[Segment]:
         raise FormatError(f"format {self.name} has no tool-call grammar")
+
+    def parse_tool_calls(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
+        """Tool calls from an answer's tool-call section, the way a server's tool parser returns
+        them (the inverse of ``render_tool_calls``)."""
+        return ()
 
     def render_response(
         self,

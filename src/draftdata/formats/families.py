@@ -115,6 +115,39 @@ def probe_default_system(fmt: TemplateFormat, tokenizer: Tokenizer) -> str | Non
     return None
 
 
+def _between(
+    segments: Sequence[Segment], open_m: str, close_m: str, keep_markers: bool = False
+) -> list[str]:
+    """Texts between ``open_m`` and ``close_m`` markers; inner markers appear as ``\\0name\\0``
+    when ``keep_markers``."""
+    out: list[str] = []
+    cur: list[str] | None = None
+    for seg in segments:
+        if isinstance(seg, Special) and seg.marker == open_m:
+            cur = []
+        elif isinstance(seg, Special) and seg.marker == close_m:
+            if cur is not None:
+                out.append("".join(cur))
+            cur = None
+        elif cur is not None:
+            if isinstance(seg, Text):
+                cur.append(seg.text)
+            elif keep_markers:
+                cur.append(f"\x00{seg.marker}\x00")
+    return out
+
+
+def _unstring(v: str) -> Any:
+    """Invert Jinja's ``string``/``tojson`` rendering of a Qwen3.5 parameter value."""
+    special = {"True": True, "False": False, "None": None}
+    if v in special:
+        return special[v]
+    try:
+        return json.loads(v)
+    except ValueError:
+        return v
+
+
 # ---------------------------------------------------------------------------------------------
 CHATML = TemplateFormat(
     name="chatml",
@@ -250,6 +283,23 @@ class Qwen3Format(ChatFormat):
             out += self.render_tool_calls(m.tool_calls, content)
         return out
 
+    def parse_tool_calls(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
+        calls: list[ToolCall] = []
+        for body in _between(segments, "tool_call_open", "tool_call_close"):
+            try:
+                obj = json.loads(body.strip())
+            except ValueError:
+                continue  # a server's parser would leave it as text
+            args = obj.get("arguments", {})
+            calls.append(
+                ToolCall(
+                    str(obj.get("name", "")),
+                    args if isinstance(args, str) else tojson(args),
+                    f"call_{len(calls)}",
+                )
+            )
+        return tuple(calls)
+
     def render_tool_calls(self, calls: Sequence[ToolCall], content: str) -> list[Segment]:
         out: list[Segment] = []
         for i, c in enumerate(calls):
@@ -308,6 +358,7 @@ class Qwen3Format(ChatFormat):
 
 QWEN3 = Qwen3Format(
     name="qwen3",
+    tool_section="tool_call_open",
     version="1",
     description="Qwen3 hybrid thinking; <tool_call> JSON; reasoning of earlier turns dropped",
     markers=dict(_QWEN_MARKERS),
@@ -383,6 +434,21 @@ class Qwen35Format(Qwen3Format):
             out += self.render_tool_calls(m.tool_calls, content)
         return out
 
+    def parse_tool_calls(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
+        calls: list[ToolCall] = []
+        for body in _between(segments, "tool_call_open", "tool_call_close"):
+            m = re.match(r"\s*<function=([^>\n]+)>\n(.*)</function>\s*$", body, re.S)
+            if m is None:
+                continue
+            args = {
+                k: _unstring(v)
+                for k, v in re.findall(
+                    r"<parameter=([^>\n]+)>\n(.*?)\n</parameter>\n", m.group(2), re.S
+                )
+            }
+            calls.append(ToolCall(m.group(1), tojson(args), f"call_{len(calls)}"))
+        return tuple(calls)
+
     def render_tool_calls(self, calls: Sequence[ToolCall], content: str) -> list[Segment]:
         out: list[Segment] = []
         for i, c in enumerate(calls):
@@ -451,6 +517,7 @@ def _jinja_string(v: Any) -> str:
 
 QWEN35 = Qwen35Format(
     name="qwen3.5",
+    tool_section="tool_call_open",
     version="1",
     description="Qwen3.5/3.6: prompt opens <think>; <function=...><parameter=...> tool calls",
     markers=dict(_QWEN_MARKERS),
@@ -478,6 +545,16 @@ class DeepSeekV3Format(ChatFormat):
     used where the tokenizer has them (V3.1, V4); otherwise reasoning is written as text (R1)."""
 
     supports_tools: bool = False
+
+    def parse_tool_calls(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
+        calls: list[ToolCall] = []
+        for body in _between(segments, "tool_call_begin", "tool_call_end", keep_markers=True):
+            m = re.match(r"(.*)\x00tool_sep\x00(.*?)\n```json\n(.*)\n```$", body, re.S)
+            if m:
+                calls.append(
+                    ToolCall(m.group(2), m.group(3), f"call_{len(calls)}", m.group(1) or "function")
+                )
+        return tuple(calls)
 
     def render_tool_calls(self, calls: Sequence[ToolCall], content: str) -> list[Segment]:
         out: list[Segment] = [Special("tool_calls_begin")]
@@ -542,6 +619,7 @@ class DeepSeekV3Format(ChatFormat):
 
 DEEPSEEK_V3 = DeepSeekV3Format(
     name="deepseek-v3",
+    tool_section="tool_calls_begin",
     version="1",
     description="DeepSeek V3/R1/V3.1 (and V4 vocabularies): ｜-token roles and tool calls",
     markers={
@@ -578,6 +656,15 @@ class KimiK2Format(ChatFormat):
     def _role(self, m: Message) -> list[Segment]:
         role = {"user": "im_user", "assistant": "im_assistant"}.get(m.role, "im_system")
         return [Special(role), Text(m.name or m.role), Special("im_middle")]
+
+    def parse_tool_calls(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
+        calls: list[ToolCall] = []
+        for body in _between(segments, "tool_call_begin", "tool_call_end", keep_markers=True):
+            call_id, sep, args = body.partition("\x00tool_call_arg_begin\x00")
+            if sep:
+                name = call_id.removeprefix("functions.").rsplit(":", 1)[0]
+                calls.append(ToolCall(name, args, call_id))
+        return tuple(calls)
 
     def render_tool_calls(self, calls: Sequence[ToolCall], content: str) -> list[Segment]:
         out: list[Segment] = [Special("tool_calls_begin")]
@@ -644,6 +731,7 @@ class KimiK2Format(ChatFormat):
 
 KIMI_K2 = KimiK2Format(
     name="kimi-k2",
+    tool_section="tool_calls_begin",
     version="2.5",
     description="Kimi K2/K2.5: <|im_user|>/<|im_assistant|> roles, generation prompt opens "
     "<think>, tool calls in <|tool_calls_section_begin|>",
