@@ -23,20 +23,44 @@ from .records import Sample
 
 SHARD_BYTES = 256 * 1024 * 1024  # about this much token data per shard
 
+# the columns every sample file has, in both shapes below
+_TOKENS = [
+    ("input_ids", pa.list_(pa.int32())),
+    ("loss_mask", pa.list_(pa.bool_())),
+    ("prompt_len", pa.int32()),
+    ("token_source", pa.string()),
+    ("finish_reason", pa.string()),
+    ("warnings", pa.list_(pa.string())),
+]
+_ID = [("id", pa.string()), ("dataset", pa.string())]
+
+#: a run's shards: provenance lives once in manifest.json
 SHARD_SCHEMA = pa.schema(
     [
-        ("id", pa.string()),
-        ("dataset", pa.string()),
+        *_ID,
         ("prompt_id", pa.string()),
         ("sample_idx", pa.int32()),
         ("turn", pa.int32()),
-        ("input_ids", pa.list_(pa.int32())),
-        ("loss_mask", pa.list_(pa.bool_())),
-        ("prompt_len", pa.int32()),
-        ("token_source", pa.string()),
-        ("finish_reason", pa.string()),
-        ("warnings", pa.list_(pa.string())),
+        *_TOKENS,
         ("metadata", pa.string()),
+    ]
+)
+#: `reconstruct -o X.parquet`: a standalone file, so every row carries its provenance
+SAMPLES_SCHEMA = pa.schema(
+    [
+        *_ID,
+        *_TOKENS,
+        (
+            "provenance",
+            pa.struct(
+                [
+                    ("tokenizer_sha256", pa.string()),
+                    ("format_name", pa.string()),
+                    ("format_version", pa.string()),
+                    ("draftdata_version", pa.string()),
+                ]
+            ),
+        ),
     ]
 )
 
@@ -60,32 +84,7 @@ def write_samples(samples: Sequence[Sample], path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".parquet":
         rows = [sample_row(s) for s in samples]
-        table = pa.Table.from_pylist(
-            rows,
-            schema=pa.schema(
-                [
-                    ("id", pa.string()),
-                    ("dataset", pa.string()),
-                    ("input_ids", pa.list_(pa.int32())),
-                    ("loss_mask", pa.list_(pa.bool_())),
-                    ("prompt_len", pa.int32()),
-                    ("token_source", pa.string()),
-                    ("finish_reason", pa.string()),
-                    ("warnings", pa.list_(pa.string())),
-                    (
-                        "provenance",
-                        pa.struct(
-                            [
-                                ("tokenizer_sha256", pa.string()),
-                                ("format_name", pa.string()),
-                                ("format_version", pa.string()),
-                                ("draftdata_version", pa.string()),
-                            ]
-                        ),
-                    ),
-                ]
-            ),
-        )
+        table = pa.Table.from_pylist(rows, schema=SAMPLES_SCHEMA)
         pq.write_table(table, tmp)
     elif path.suffix in (".jsonl", ".json"):
         with tmp.open("w", encoding="utf-8") as f:
