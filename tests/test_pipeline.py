@@ -70,6 +70,10 @@ def test_run_exports_shards_that_load_and_match_the_manifest(tmp_path):
         r = run("run", str(m), "--quiet")
         assert r.returncode == 0, r.stdout + r.stderr
         assert stats(p_url)["requests"] == 30
+    st = json.loads(run("status", str(m), "--json").stdout)["datasets"]
+    # the ids server echoes the prompt ids it saw: every one equals our rendering (no drift)
+    assert st["truth"]["template_drift"] == {"checked": 40, "differs": 0}
+    assert "template_drift" not in st["paid"]
     export = tmp_path / "run" / "export"
     doc = json.loads((export / "manifest.json").read_text())
     files = sorted(glob.glob(str(export / "shard-*.parquet")))
