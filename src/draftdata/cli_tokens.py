@@ -1,0 +1,319 @@
+"""CLI commands for reconstruction: reconstruct, validate, learn."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from .cli import FormatOpt, TokenizerOpt, app, err, out, read_jsonl
+from .errors import InputError
+
+# --- reconstruction ---------------------------------------------------------------------------
+PrefsOpt = Annotated[
+    Path | None,
+    typer.Option("--prefs", help="split preferences from `draftdata learn` (same tokenizer)"),
+]
+BucketOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--bucket",
+        help="LO:HI use only records whose prompt hashes into [LO, HI), e.g. 0:0.5; "
+        "a deterministic split that keeps one prompt's samples together",
+    ),
+]
+ThinkingOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--thinking/--no-thinking",
+        help="whether prompts were rendered with thinking on "
+        "(default: on for formats with think markers)",
+    ),
+]
+
+
+def _bound(tokenizer: str, format: str, chat_template: Path | None = None, strict: bool = True):  # type: ignore[no-untyped-def]
+    from .formats import get_format
+    from .tokenizers import load_tokenizer
+
+    return get_format(format).bind(load_tokenizer(tokenizer, chat_template), strict=strict)
+
+
+def _applier(prefs: Path | None, bound: Any):  # type: ignore[no-untyped-def]
+    if prefs is None:
+        return None
+    from .prefs import SplitPrefs
+
+    p = SplitPrefs.load(prefs)
+    p.check_tokenizer(bound.tokenizer, prefs)
+    return p.applier(bound.tokenizer)
+
+
+def _bucketed(records: list[dict[str, Any]], bucket: str | None) -> list[dict[str, Any]]:
+    if bucket is None:
+        return records
+    from .prefs import _bucket
+    from .validate import group_of
+
+    try:
+        lo_s, hi_s = bucket.split(":")
+        lo, hi = float(lo_s), float(hi_s)
+    except ValueError:
+        raise InputError(f"--bucket {bucket!r}: write LO:HI with 0 <= LO < HI <= 1") from None
+    if not 0 <= lo < hi <= 1:
+        raise InputError(f"--bucket {bucket!r}: need 0 <= LO < HI <= 1")
+    return [
+        r
+        for r in records
+        if lo <= _bucket(group_of(r)) < hi or (hi == 1 and _bucket(group_of(r)) == 1)
+    ]
+
+
+def _print_skipped(skipped: dict[str, int]) -> None:
+    if skipped:
+        parts = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items()))
+        err.print(f"[yellow]skipped input lines ({parts})[/]")
+
+
+@app.command()
+def reconstruct(
+    input: Annotated[
+        Path,
+        typer.Argument(
+            help="JSONL: messages (+tools) and api_view or a raw chat-completion response per line"
+        ),
+    ],
+    tokenizer: TokenizerOpt,
+    format: FormatOpt,
+    output: Annotated[Path, typer.Option("-o", "--output", help="OUT.jsonl or OUT.parquet")],
+    prefs: PrefsOpt = None,
+    thinking: ThinkingOpt = None,
+    chat_template: Annotated[Path | None, typer.Option(help="override the chat template")] = None,
+) -> None:
+    """Turn API text back into the model's exact token ids (input_ids + loss_mask)."""
+    from rich.progress import track
+
+    from .api import view_from_record
+    from .errors import ReconstructError
+    from .export import write_samples
+
+    bound = _bound(tokenizer, format, chat_template)
+    text_ids = _applier(prefs, bound)
+    skipped: dict[str, int] = {}
+    records = list(read_jsonl(input, skipped))
+    samples = []
+    drops: dict[str, int] = {}
+    for i, rec in enumerate(
+        track(records, description="reconstructing", console=err, disable=not sys.stderr.isatty())
+    ):
+        try:
+            view = view_from_record(rec)
+            if view is None:
+                raise ReconstructError("record has neither api_view nor choices", "no_response")
+            if not isinstance(rec.get("messages"), list):
+                raise ReconstructError("record has no messages list", "no_messages")
+            samples.append(_reconstruct_one(bound, rec, view, i, thinking, text_ids))
+        except ReconstructError as e:
+            drops[e.reason] = drops.get(e.reason, 0) + 1
+        except InputError as e:
+            drops[f"bad_record:{e}"] = drops.get(f"bad_record:{e}", 0) + 1
+    write_samples(samples, output)
+    by_source: dict[str, int] = {}
+    for s in samples:
+        by_source[s.token_source] = by_source.get(s.token_source, 0) + 1
+    out.print(
+        f"wrote {len(samples)} samples to {output} ({', '.join(f'{k}: {v}' for k, v in by_source.items()) or 'none'})"
+    )
+    if drops:
+        err.print("[yellow]dropped: " + ", ".join(f"{k}: {v}" for k, v in drops.items()) + "[/]")
+    _print_skipped(skipped)
+
+
+def _reconstruct_one(
+    bound: Any, rec: dict[str, Any], view: Any, i: int, thinking: bool | None, text_ids: Any
+) -> Any:
+    from .api import messages_of
+    from .reconstruct import reconstruct as run
+
+    return run(
+        bound,
+        messages_of(rec["messages"]),
+        view,
+        tools=rec.get("tools") or (),
+        record_id=str(rec.get("id", i)),
+        dataset=str(rec.get("source") or rec.get("dataset") or ""),
+        thinking=thinking,
+        text_ids=text_ids,
+    )
+
+
+@app.command()
+def validate(
+    input: Annotated[
+        Path,
+        typer.Argument(
+            help="ground truth JSONL: messages, output_ids, "
+            "finish_reason, and api_view (derived if missing)"
+        ),
+    ],
+    tokenizer: TokenizerOpt,
+    format: FormatOpt,
+    prefs: PrefsOpt = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="write the report as JSON ('-' for stdout)")
+    ] = None,
+    min_exact: Annotated[
+        float | None,
+        typer.Option(
+            help="exit 1 when the exact-match rate is below this (the gate for paid runs)"
+        ),
+    ] = None,
+    bucket: BucketOpt = None,
+    thinking: ThinkingOpt = None,
+    chat_template: Annotated[Path | None, typer.Option(help="override the chat template")] = None,
+) -> None:
+    """Reconstruct ground-truth records from their text and compare id for id."""
+    from .validate import validate as run
+
+    bound = _bound(tokenizer, format, chat_template, strict=False)
+    for c in bound.checks:
+        if not c.ok:
+            err.print(
+                f"[bold yellow]warning:[/] marker {c.name}: {c.problem} — measuring with "
+                "the format as declared"
+            )
+    text_ids = _applier(prefs, bound)
+    skipped: dict[str, int] = {}
+    records = _bucketed(list(read_jsonl(input, skipped)), bucket)
+    rep = run(bound, records, text_ids=text_ids, thinking=thinking)
+    rep.meta = {
+        "input": str(input),
+        "format": bound.format.name,
+        "format_version": bound.format.version,
+        "tokenizer_sha256": bound.tokenizer.sha256,
+        "prefs": str(prefs) if prefs else None,
+        "bucket": bucket,
+        "skipped_lines": skipped,
+    }
+    if rep.n == 0:
+        raise InputError(f"{input}: no usable records (drops: {dict(rep.drops)})")
+    doc = rep.to_json()
+    if json_out is not None:
+        text = json.dumps(doc, indent=2, ensure_ascii=False)
+        if str(json_out) == "-":
+            sys.stdout.write(text + "\n")
+        else:
+            json_out.write_text(text + "\n", encoding="utf-8")
+    if json_out is None or str(json_out) != "-":
+        _print_validation(doc)
+    _print_skipped(skipped)
+    if min_exact is not None and rep.exact_match_rate < min_exact:
+        err.print(
+            f"[bold red]GATE FAILED[/] exact-match {rep.exact_match_rate:.4f} < "
+            f"--min-exact {min_exact}"
+        )
+        raise typer.Exit(1)
+
+
+def _print_validation(doc: dict[str, Any]) -> None:
+    t = Table(
+        "source",
+        "n",
+        "exact",
+        "exact-match",
+        "token accuracy",
+        "mismatches",
+        title=f"reconstruction vs ground truth ({doc['format']} v{doc['format_version']}"
+        + (f", prefs {doc['prefs']}" if doc.get("prefs") else "")
+        + ")",
+    )
+    for s, v in doc["by_source"].items():
+        t.add_row(
+            s,
+            str(v["n"]),
+            str(v["exact"]),
+            f"{v['exact_match_rate']:.1%}",
+            f"{v['token_accuracy']:.4f}",
+            ", ".join(f"{k} {n}" for k, n in sorted(v["categories"].items())),
+        )
+    t.add_row(
+        "[bold]all[/]",
+        str(doc["n"]),
+        str(doc["exact"]),
+        f"[bold]{doc['exact_match_rate']:.1%}[/]",
+        f"[bold]{doc['token_accuracy']:.4f}[/]",
+        ", ".join(f"{k} {n}" for k, n in sorted(doc["categories"].items())),
+    )
+    out.print(t)
+    for cat, exs in doc["examples"].items():
+        out.print(f"[bold]{cat}[/] ({doc['categories'][cat]})")
+        for e in exs:
+            out.print(f"  {e['id']} {e['where']} position {e['position']}: {e['text']!r}")
+            out.print(f"    truth: {e['truth']}")
+            out.print(f"    ours:  {e['ours']}")
+    if doc["drops"]:
+        out.print("[yellow]dropped: " + ", ".join(f"{k}: {v}" for k, v in doc["drops"].items()))
+    out.print(f"token sources: {doc['token_sources']}")
+
+
+@app.command()
+def learn(
+    input: Annotated[Path, typer.Argument(help="ground truth JSONL with exact output_ids")],
+    tokenizer: TokenizerOpt,
+    format: FormatOpt,
+    output: Annotated[Path, typer.Option("-o", "--output", help="prefs.json to write")],
+    holdout: Annotated[
+        float, typer.Option(help="share of prompts held out to check each preference")
+    ] = 0.25,
+    min_support: Annotated[
+        int, typer.Option(help="distinct prompts whose answers must show a preference")
+    ] = 3,
+    bucket: BucketOpt = None,
+    thinking: ThinkingOpt = None,
+) -> None:
+    """Learn which non-canonical splits a model prefers, from its ground-truth outputs."""
+    from .prefs import learn as run
+    from .validate import learning_pairs
+
+    if not 0 < holdout < 1:
+        raise InputError("--holdout must be between 0 and 1 (exclusive)")
+    bound = _bound(tokenizer, format)
+    skipped: dict[str, int] = {}
+    records = _bucketed(list(read_jsonl(input, skipped)), bucket)
+    pairs, drops = learning_pairs(bound, records, thinking)
+    if not pairs:
+        raise InputError(f"{input}: no usable ground-truth records (drops: {dict(drops)})")
+    prefs = run(bound.tokenizer, pairs, holdout=holdout, min_support=min_support)
+    prefs.stats.update({"input": str(input), "bucket": bucket, "drops": dict(drops)})
+    prefs.save(output)
+    st = prefs.stats
+    t = Table(
+        "canonical",
+        "model writes",
+        "context",
+        "support",
+        "against",
+        title=f"{len(prefs.rules)} split preferences kept ({st['candidates']} candidates)",
+    )
+    tok = bound.tokenizer
+    for r in prefs.rules:
+        ctx = f"{r.before or '*'} _ {r.after or '*'}"
+        t.add_row(
+            " ".join(repr(tok.token_str(i)) for i in r.canonical),
+            " ".join(repr(tok.token_str(i)) for i in r.model),
+            ctx,
+            str(r.support),
+            str(r.against),
+        )
+    out.print(t)
+    out.print(
+        f"held-out check: {st['held_out_records']} records, exact "
+        f"{st['held_out_exact_before']} -> {st['held_out_exact_after']}; "
+        f"{len(st['rejected_by_held_out'])} rejected for lowering it"
+    )
+    out.print(f"wrote {output}")
+    _print_skipped(skipped)
