@@ -1,0 +1,120 @@
+"""Kimi K2 / K2.5."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..records import Message, ToolCall
+from ._common import _between, _text
+from .base import ChatFormat, MarkerSpec, ThinkGrammar, tojson
+from .segments import Segment, Special, Text
+
+
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KimiK2Format(ChatFormat):
+    """Kimi K2 / K2.5. The generation prompt ends with ``<think>`` (thinking) or
+    ``<think></think>`` (thinking off); history turns are rendered with empty ``<think></think>``
+    unless they come after the last plain assistant turn (``preserve_thinking`` keeps them all)."""
+
+    def _role(self, m: Message) -> list[Segment]:
+        role = {"user": "im_user", "assistant": "im_assistant"}.get(m.role, "im_system")
+        return [Special(role), Text(m.name or m.role), Special("im_middle")]
+
+    def parse_tool_calls(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
+        calls: list[ToolCall] = []
+        for body in _between(segments, "tool_call_begin", "tool_call_end", keep_markers=True):
+            call_id, sep, args = body.partition("\x00tool_call_arg_begin\x00")
+            if sep:
+                name = call_id.removeprefix("functions.").rsplit(":", 1)[0]
+                calls.append(ToolCall(name, args, call_id))
+        return tuple(calls)
+
+    def render_tool_calls(self, calls: Sequence[ToolCall], content: str) -> list[Segment]:
+        out: list[Segment] = [Special("tool_calls_begin")]
+        for c in calls:
+            out += [
+                Special("tool_call_begin"),
+                Text(c.id or ""),
+                Special("tool_call_arg_begin"),
+                Text(c.arguments),
+                Special("tool_call_end"),
+            ]
+        return [*out, Special("tool_calls_end")]
+
+    def render_prompt(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] = (),
+        *,
+        add_generation_prompt: bool = True,
+        thinking: bool = True,
+        preserve_thinking: bool = False,
+    ) -> list[Segment]:
+        out: list[Segment] = []
+        if tools:
+            out += [
+                Special("im_system"),
+                Text("tool_declare"),
+                Special("im_middle"),
+                Text(tojson(list(tools), separators=(",", ":"))),
+                Special("im_end"),
+            ]
+        split = -1
+        if not preserve_thinking:
+            for i in range(len(messages) - 1, -1, -1):
+                if messages[i].role == "assistant" and not messages[i].tool_calls:
+                    split = i
+                    break
+        for i, m in enumerate(messages):
+            out += self._role(m)
+            if m.role == "assistant":
+                if i <= split or not thinking:
+                    out += [Special("think_open"), Special("think_close")]
+                else:
+                    out += [Special("think_open"), Text(m.reasoning or ""), Special("think_close")]
+                out.append(Text(_text(m)))
+                if m.tool_calls:
+                    out += self.render_tool_calls(m.tool_calls, _text(m))
+            elif m.role == "tool":
+                out.append(Text(f"## Return of {m.tool_call_id}\n{_text(m)}"))
+            else:
+                out.append(Text(_text(m)))
+            out.append(Special("im_end"))
+        if add_generation_prompt:
+            out += [
+                Special("im_assistant"),
+                Text("assistant"),
+                Special("im_middle"),
+                Special("think_open"),
+            ]
+            if not thinking:
+                out.append(Special("think_close"))
+        return out
+
+
+KIMI_K2 = KimiK2Format(
+    name="kimi-k2",
+    tool_section="tool_calls_begin",
+    version="2.5",
+    description="Kimi K2/K2.5: <|im_user|>/<|im_assistant|> roles, generation prompt opens "
+    "<think>, tool calls in <|tool_calls_section_begin|>",
+    markers={
+        "im_end": MarkerSpec("<|im_end|>"),
+        "im_user": MarkerSpec("<|im_user|>"),
+        "im_assistant": MarkerSpec("<|im_assistant|>"),
+        "im_system": MarkerSpec("<|im_system|>"),
+        "im_middle": MarkerSpec("<|im_middle|>"),
+        "think_open": MarkerSpec("<think>"),
+        "think_close": MarkerSpec("</think>"),
+        "tool_calls_begin": MarkerSpec("<|tool_calls_section_begin|>"),
+        "tool_calls_end": MarkerSpec("<|tool_calls_section_end|>"),
+        "tool_call_begin": MarkerSpec("<|tool_call_begin|>"),
+        "tool_call_arg_begin": MarkerSpec("<|tool_call_argument_begin|>"),
+        "tool_call_end": MarkerSpec("<|tool_call_end|>"),
+    },
+    end_of_turn="im_end",
+    think=ThinkGrammar("think_open", "think_close", prompt_opens=True),
+)

@@ -1,0 +1,367 @@
+"""Qwen3 and Qwen3.5/3.6."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import FormatError
+from ..records import Message, ToolCall
+from ._common import _between, _text, _unstring
+from .base import ChatFormat, MarkerSpec, ThinkGrammar, tojson
+from .segments import Segment, Special, Text
+
+# ---------------------------------------------------------------------------------------------
+_QWEN_MARKERS = {
+    "im_start": MarkerSpec("<|im_start|>"),
+    "im_end": MarkerSpec("<|im_end|>"),
+    "endoftext": MarkerSpec("<|endoftext|>"),
+    "think_open": MarkerSpec("<think>"),
+    "think_close": MarkerSpec("</think>"),
+    "tool_call_open": MarkerSpec("<tool_call>"),
+    "tool_call_close": MarkerSpec("</tool_call>"),
+    "tool_response_open": MarkerSpec("<tool_response>"),
+    "tool_response_close": MarkerSpec("</tool_response>"),
+}
+
+
+def _split_think(content: str) -> tuple[str, str]:
+    """Qwen templates' fallback when reasoning is inline: '<think>R</think>C' -> (R, C)."""
+    reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+    return reasoning, content.split("</think>")[-1].lstrip("\n")
+
+
+def _args_obj(call: ToolCall) -> Any:
+    try:
+        return json.loads(call.arguments)
+    except ValueError as e:
+        raise FormatError(
+            f"tool call {call.name!r} has arguments that are not JSON ({e}); this format renders "
+            "arguments from parsed JSON"
+        ) from e
+
+
+@dataclass(frozen=True)
+class Qwen3Format(ChatFormat):
+    """Qwen3 hybrid thinking: ``<think>\\n R \\n</think>\\n\\n`` and ``<tool_call>`` JSON.
+    Reasoning of assistant turns before the last user query is dropped, as the template does."""
+
+    tools_header: str = (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    )
+    tools_footer: str = (
+        "\n</tools>\n\nFor each function call, return a json object with function name and "
+        'arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": '
+        '<function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+    def _last_query(self, messages: Sequence[Message]) -> int:
+        for i in range(len(messages) - 1, -1, -1):
+            m = messages[i]
+            c = self._content(m)
+            if m.role == "user" and not (
+                c.startswith("<tool_response>") and c.endswith("</tool_response>")
+            ):
+                return i
+        return len(messages) - 1
+
+    def _content(self, m: Message) -> str:
+        return _text(m)
+
+    def _system_block(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]
+    ) -> list[Segment]:
+        out: list[Segment] = []
+        first_sys = bool(messages) and messages[0].role == "system"
+        if tools:
+            body = self._content(messages[0]) + "\n\n" if first_sys else ""
+            out += [Special("im_start"), Text("system\n" + body)]
+            out += self.lit(
+                self.tools_header + "".join("\n" + tojson(t) for t in tools) + self.tools_footer
+            )
+            out += [Special("im_end"), Text("\n")]
+        elif first_sys:
+            out += [
+                Special("im_start"),
+                Text("system\n" + self._content(messages[0])),
+                Special("im_end"),
+                Text("\n"),
+            ]
+        return out
+
+    def _assistant_body(
+        self, m: Message, idx: int, last_query: int, is_last: bool
+    ) -> list[Segment]:
+        content = self._content(m)
+        reasoning = ""
+        if m.reasoning is not None:
+            reasoning = m.reasoning
+        elif "</think>" in content:
+            reasoning, content = _split_think(content)
+        out: list[Segment] = [Special("im_start"), Text("assistant\n")]
+        if idx > last_query and (is_last or reasoning):
+            out += [
+                Special("think_open"),
+                Text("\n" + reasoning.strip("\n") + "\n"),
+                Special("think_close"),
+                Text("\n\n" + content.lstrip("\n")),
+            ]
+        else:
+            out.append(Text(content))
+        if m.tool_calls:
+            out += self.render_tool_calls(m.tool_calls, content)
+        return out
+
+    def parse_tool_calls(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
+        calls: list[ToolCall] = []
+        for body in _between(segments, "tool_call_open", "tool_call_close"):
+            try:
+                obj = json.loads(body.strip())
+            except ValueError:
+                continue  # a server's parser would leave it as text
+            args = obj.get("arguments", {})
+            calls.append(
+                ToolCall(
+                    str(obj.get("name", "")),
+                    args if isinstance(args, str) else tojson(args),
+                    f"call_{len(calls)}",
+                )
+            )
+        return tuple(calls)
+
+    def render_tool_calls(self, calls: Sequence[ToolCall], content: str) -> list[Segment]:
+        out: list[Segment] = []
+        for i, c in enumerate(calls):
+            if (i == 0 and content) or i > 0:
+                out.append(Text("\n"))
+            out += [
+                Special("tool_call_open"),
+                Text('\n{"name": "' + c.name + '", "arguments": ' + c.arguments + "}\n"),
+                Special("tool_call_close"),
+            ]
+        return out
+
+    def _gen_prompt(self, thinking: bool) -> list[Segment]:
+        out: list[Segment] = [Special("im_start"), Text("assistant\n")]
+        if not thinking:
+            out += [Special("think_open"), Text("\n\n"), Special("think_close"), Text("\n\n")]
+        return out
+
+    def render_prompt(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] = (),
+        *,
+        add_generation_prompt: bool = True,
+        thinking: bool = True,
+    ) -> list[Segment]:
+        out = self._system_block(messages, tools)
+        last_query = self._last_query(messages)
+        n = len(messages)
+        for i, m in enumerate(messages):
+            if m.role == "user" or (m.role == "system" and i > 0):
+                out += [
+                    Special("im_start"),
+                    Text(m.role + "\n" + self._content(m)),
+                    Special("im_end"),
+                    Text("\n"),
+                ]
+            elif m.role == "assistant":
+                out += self._assistant_body(m, i, last_query, i == n - 1)
+                out += [Special("im_end"), Text("\n")]
+            elif m.role == "tool":
+                if i == 0 or messages[i - 1].role != "tool":
+                    out += [Special("im_start"), Text("user")]
+                out += [
+                    Text("\n"),
+                    Special("tool_response_open"),
+                    Text("\n" + self._content(m) + "\n"),
+                    Special("tool_response_close"),
+                ]
+                if i == n - 1 or messages[i + 1].role != "tool":
+                    out += [Special("im_end"), Text("\n")]
+        if add_generation_prompt:
+            out += self._gen_prompt(thinking)
+        return out
+
+
+QWEN3 = Qwen3Format(
+    name="qwen3",
+    tool_section="tool_call_open",
+    version="1",
+    description="Qwen3 hybrid thinking; <tool_call> JSON; reasoning of earlier turns dropped",
+    markers=dict(_QWEN_MARKERS),
+    end_of_turn="im_end",
+    stop_markers=("endoftext",),
+    think=ThinkGrammar(
+        "think_open", "think_close", open_suffix="\n", close_prefix="\n", close_suffix="\n\n"
+    ),
+    template_kwargs={},
+)
+
+
+@dataclass(frozen=True)
+class Qwen35Format(Qwen3Format):
+    """Qwen3.5/3.6: content trimmed; the generation prompt opens ``<think>\\n``; tool calls in
+    XML-ish ``<function=NAME><parameter=K>V</parameter></function>`` blocks."""
+
+    tools_header: str = "# Tools\n\nYou have access to the following functions:\n\n<tools>"
+    tools_footer: str = (
+        "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO "
+        "suffix:\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>"
+        "\nvalue_1\n</parameter>\n<parameter=example_parameter_2>\nThis is the value for the "
+        "second parameter\nthat can span\nmultiple lines\n</parameter>\n</function>\n</tool_call>"
+        "\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified format: an inner "
+        "<function=...></function> block must be nested within <tool_call></tool_call> XML tags\n"
+        "- Required parameters MUST be specified\n- You may provide optional reasoning for your "
+        "function call in natural language BEFORE the function call, but NOT after\n- If there is "
+        "no function call available, answer the question like normal with your current knowledge "
+        "and do not tell the user about function calls\n</IMPORTANT>"
+    )
+
+    def _content(self, m: Message) -> str:
+        return _text(m).strip()
+
+    def _system_block(
+        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]
+    ) -> list[Segment]:
+        first_sys = bool(messages) and messages[0].role == "system"
+        sys_text = self._content(messages[0]) if first_sys else ""
+        if tools:
+            out: list[Segment] = [Special("im_start"), Text("system\n")]
+            out += self.lit(
+                self.tools_header + "".join("\n" + tojson(t) for t in tools) + self.tools_footer
+            )
+            if sys_text:
+                out.append(Text("\n\n" + sys_text))
+            return [*out, Special("im_end"), Text("\n")]
+        if first_sys:
+            return [Special("im_start"), Text("system\n" + sys_text), Special("im_end"), Text("\n")]
+        return []
+
+    def _assistant_body(
+        self, m: Message, idx: int, last_query: int, is_last: bool
+    ) -> list[Segment]:
+        content = self._content(m)
+        reasoning = ""
+        if m.reasoning is not None:
+            reasoning = m.reasoning
+        elif "</think>" in content:
+            reasoning, content = _split_think(content)
+        reasoning = reasoning.strip()
+        out: list[Segment] = [Special("im_start"), Text("assistant\n")]
+        if idx > last_query:
+            out += [
+                Special("think_open"),
+                Text("\n" + reasoning + "\n"),
+                Special("think_close"),
+                Text("\n\n" + content),
+            ]
+        else:
+            out.append(Text(content))
+        if m.tool_calls:
+            out += self.render_tool_calls(m.tool_calls, content)
+        return out
+
+    def parse_tool_calls(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
+        calls: list[ToolCall] = []
+        for body in _between(segments, "tool_call_open", "tool_call_close"):
+            m = re.match(r"\s*<function=([^>\n]+)>\n(.*)</function>\s*$", body, re.S)
+            if m is None:
+                continue
+            args = {
+                k: _unstring(v)
+                for k, v in re.findall(
+                    r"<parameter=([^>\n]+)>\n(.*?)\n</parameter>\n", m.group(2), re.S
+                )
+            }
+            calls.append(ToolCall(m.group(1), tojson(args), f"call_{len(calls)}"))
+        return tuple(calls)
+
+    def render_tool_calls(self, calls: Sequence[ToolCall], content: str) -> list[Segment]:
+        out: list[Segment] = []
+        for i, c in enumerate(calls):
+            lead = ("\n\n" if content.strip() else "") if i == 0 else "\n"
+            out += [Text(lead), Special("tool_call_open")]
+            body = "\n<function=" + c.name + ">\n"
+            args = _args_obj(c)
+            if not isinstance(args, dict):
+                raise FormatError(f"tool call {c.name!r}: qwen3.5 needs an arguments object")
+            for k, v in args.items():
+                val = tojson(v) if isinstance(v, (dict, list)) else _jinja_string(v)
+                body += "<parameter=" + k + ">\n" + val + "\n</parameter>\n"
+            out += [Text(body + "</function>\n"), Special("tool_call_close")]
+        return out
+
+    def _gen_prompt(self, thinking: bool) -> list[Segment]:
+        out: list[Segment] = [Special("im_start"), Text("assistant\n"), Special("think_open")]
+        if not thinking:
+            return [*out, Text("\n\n"), Special("think_close"), Text("\n\n")]
+        return [*out, Text("\n")]
+
+    def render_prompt(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] = (),
+        *,
+        add_generation_prompt: bool = True,
+        thinking: bool = True,
+    ) -> list[Segment]:
+        if any(m.role == "system" for m in messages[1:]):
+            raise FormatError("qwen3.5: a system message must come first (the template refuses)")
+        out = self._system_block(messages, tools)
+        last_query = self._last_query(messages)
+        n = len(messages)
+        for i, m in enumerate(messages):
+            if m.role == "user":
+                out += [
+                    Special("im_start"),
+                    Text("user\n" + self._content(m)),
+                    Special("im_end"),
+                    Text("\n"),
+                ]
+            elif m.role == "assistant":
+                out += self._assistant_body(m, i, last_query, i == n - 1)
+                out += [Special("im_end"), Text("\n")]
+            elif m.role == "tool":
+                if i > 0 and messages[i - 1].role != "tool":
+                    out += [Special("im_start"), Text("user")]
+                out += [
+                    Text("\n"),
+                    Special("tool_response_open"),
+                    Text("\n" + self._content(m) + "\n"),
+                    Special("tool_response_close"),
+                ]
+                if i == n - 1 or messages[i + 1].role != "tool":
+                    out += [Special("im_end"), Text("\n")]
+        if add_generation_prompt:
+            out += self._gen_prompt(thinking)
+        return out
+
+
+def _jinja_string(v: Any) -> str:
+    """Jinja's ``string`` filter on a JSON scalar (Python ``str``: True, None, 1.5)."""
+    return str(v)
+
+
+QWEN35 = Qwen35Format(
+    name="qwen3.5",
+    tool_section="tool_call_open",
+    version="1",
+    description="Qwen3.5/3.6: prompt opens <think>; <function=...><parameter=...> tool calls",
+    markers=dict(_QWEN_MARKERS),
+    end_of_turn="im_end",
+    stop_markers=("endoftext",),
+    think=ThinkGrammar(
+        "think_open",
+        "think_close",
+        open_suffix="\n",
+        close_prefix="\n",
+        close_suffix="\n\n",
+        prompt_opens=True,
+    ),
+)

@@ -1,0 +1,142 @@
+"""Formats described by per-role strings (ChatML, Llama 3, and TOML-declared ones)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jinja2
+import jinja2.sandbox
+
+from ..errors import FormatError
+from ..records import Message
+from ..tokenizers import Tokenizer
+from ._common import _text
+from .base import ChatFormat, MarkerSpec
+from .segments import Segment, Special, Text
+
+_FIELD = re.compile(r"\{(content|role)\}")
+_PROBE = "\ue000draftdata-probe\ue001"
+
+
+@dataclass(frozen=True)
+class TemplateFormat(ChatFormat):
+    """A format described by per-role strings: ``{role}`` and ``{content}`` are text fields, every
+    marker text inside the strings is a control token. Declarable in TOML without code."""
+
+    bos: str | None = None
+    message: dict[str, str] = field(default_factory=dict)
+    generation_prompt: str = ""
+    generation_prompt_no_think: str | None = None
+    #: a system message the template inserts when the conversation has none; ``"auto"`` reads it
+    #: from the tokenizer's own chat template when the format is bound
+    default_system: str | None = None
+    trim_content: bool = False
+    supports_tools: bool = False
+
+    def fill(self, template: str, **fields: str) -> list[Segment]:
+        out: list[Segment] = []
+        pos = 0
+        for m in _FIELD.finditer(template):
+            out += self.lit(template[pos : m.start()])
+            out.append(Text(fields[m.group(1)]))
+            pos = m.end()
+        out += self.lit(template[pos:])
+        return out
+
+    def render_prompt(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] = (),
+        *,
+        add_generation_prompt: bool = True,
+        thinking: bool = True,
+    ) -> list[Segment]:
+        self._no_tools(tools)
+        out: list[Segment] = [Special(self.bos)] if self.bos else []
+        msgs = list(messages)
+        if self.default_system not in (None, "auto") and (not msgs or msgs[0].role != "system"):
+            msgs.insert(0, Message("system", self.default_system))
+        for m in msgs:
+            tpl = self.message.get(m.role) or self.message.get("default")
+            if tpl is None:
+                raise FormatError(f"format {self.name} has no template for role {m.role!r}")
+            if m.role == "assistant" and m.tool_calls:
+                raise FormatError(f"format {self.name} has no tool-call grammar")
+            content = _text(m).strip() if self.trim_content else _text(m)
+            out += self.fill(tpl, role=m.role, content=content)
+        if add_generation_prompt:
+            gp = self.generation_prompt
+            if not thinking and self.generation_prompt_no_think is not None:
+                gp = self.generation_prompt_no_think
+            out += self.lit(gp)
+        return out
+
+    def adapt(self, tokenizer: Tokenizer, ids: dict[str, int]) -> ChatFormat:
+        if self.default_system != "auto":
+            return self
+        return self.with_overrides(default_system=probe_default_system(self, tokenizer))
+
+
+def probe_default_system(fmt: TemplateFormat, tokenizer: Tokenizer) -> str | None:
+    """Read the system message a chat template inserts when a conversation has none (SmolLM2's
+    'You are a helpful AI assistant named SmolLM, ...'), by rendering it once on a probe."""
+    tpl = tokenizer.chat_template
+    if not tpl:
+        return None
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    try:
+        rendered = env.from_string(tpl).render(
+            messages=[{"role": "user", "content": _PROBE}],
+            add_generation_prompt=False,
+            bos_token="",
+            eos_token="",
+        )
+    except jinja2.TemplateError:
+        return None
+    head = rendered.split(_PROBE, 1)[0]
+    sys_open = "".join(
+        s.text if isinstance(s, Text) else fmt.markers[s.marker].text
+        for s in fmt.fill(
+            fmt.message.get("system") or fmt.message.get("default", ""), role="system", content="\0"
+        )
+    )
+    before, _, after = sys_open.partition("\0")
+    if before and head.startswith(before) and after and after in head:
+        return head[len(before) : head.index(after, len(before))]
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+CHATML = TemplateFormat(
+    name="chatml",
+    version="1",
+    description="ChatML (SmolLM2 and other <|im_start|>/<|im_end|> models); a default system "
+    "prompt is read from the tokenizer's chat template when it has one",
+    markers={"im_start": MarkerSpec("<|im_start|>"), "im_end": MarkerSpec("<|im_end|>")},
+    end_of_turn="im_end",
+    message={"default": "<|im_start|>{role}\n{content}<|im_end|>\n"},
+    generation_prompt="<|im_start|>assistant\n",
+    default_system="auto",
+)
+
+LLAMA3 = TemplateFormat(
+    name="llama3",
+    version="1",
+    description="Llama 3 instruct (header ids, <|eot_id|>); content is trimmed as the template does",
+    markers={
+        "bos": MarkerSpec("<|begin_of_text|>"),
+        "start_header": MarkerSpec("<|start_header_id|>"),
+        "end_header": MarkerSpec("<|end_header_id|>"),
+        "eot": MarkerSpec("<|eot_id|>"),
+        "end_of_text": MarkerSpec("<|end_of_text|>"),
+    },
+    end_of_turn="eot",
+    stop_markers=("end_of_text",),
+    bos="bos",
+    message={"default": "<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>"},
+    generation_prompt="<|start_header_id|>assistant<|end_header_id|>\n\n",
+    trim_content=True,
+)
