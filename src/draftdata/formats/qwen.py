@@ -151,6 +151,13 @@ class Qwen3Format(ChatFormat):
             out += [Special("think_open"), Text("\n\n"), Special("think_close"), Text("\n\n")]
         return out
 
+    def _check(self, messages: Sequence[Message]) -> None:
+        """Refuse conversations the model's template refuses (none for Qwen3)."""
+
+    def _opens_tool_turn(self, messages: Sequence[Message], i: int) -> bool:
+        """Whether the tool result at ``i`` starts a new user turn."""
+        return i == 0 or messages[i - 1].role != "tool"
+
     def render_prompt(
         self,
         messages: Sequence[Message],
@@ -159,6 +166,7 @@ class Qwen3Format(ChatFormat):
         add_generation_prompt: bool = True,
         thinking: bool = True,
     ) -> list[Segment]:
+        self._check(messages)
         out = self._system_block(messages, tools)
         last_query = self._last_query(messages)
         n = len(messages)
@@ -174,7 +182,7 @@ class Qwen3Format(ChatFormat):
                 out += self._assistant_body(m, i, last_query, i == n - 1)
                 out += [Special("im_end"), Text("\n")]
             elif m.role == "tool":
-                if i == 0 or messages[i - 1].role != "tool":
+                if self._opens_tool_turn(messages, i):
                     out += [Special("im_start"), Text("user")]
                 out += [
                     Text("\n"),
@@ -303,44 +311,13 @@ class Qwen35Format(Qwen3Format):
             return [*out, Text("\n\n"), Special("think_close"), Text("\n\n")]
         return [*out, Text("\n")]
 
-    def render_prompt(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[dict[str, Any]] = (),
-        *,
-        add_generation_prompt: bool = True,
-        thinking: bool = True,
-    ) -> list[Segment]:
+    def _check(self, messages: Sequence[Message]) -> None:
         if any(m.role == "system" for m in messages[1:]):
             raise FormatError("qwen3.5: a system message must come first (the template refuses)")
-        out = self._system_block(messages, tools)
-        last_query = self._last_query(messages)
-        n = len(messages)
-        for i, m in enumerate(messages):
-            if m.role == "user":
-                out += [
-                    Special("im_start"),
-                    Text("user\n" + self._content(m)),
-                    Special("im_end"),
-                    Text("\n"),
-                ]
-            elif m.role == "assistant":
-                out += self._assistant_body(m, i, last_query, i == n - 1)
-                out += [Special("im_end"), Text("\n")]
-            elif m.role == "tool":
-                if i > 0 and messages[i - 1].role != "tool":
-                    out += [Special("im_start"), Text("user")]
-                out += [
-                    Text("\n"),
-                    Special("tool_response_open"),
-                    Text("\n" + self._content(m) + "\n"),
-                    Special("tool_response_close"),
-                ]
-                if i == n - 1 or messages[i + 1].role != "tool":
-                    out += [Special("im_end"), Text("\n")]
-        if add_generation_prompt:
-            out += self._gen_prompt(thinking)
-        return out
+
+    def _opens_tool_turn(self, messages: Sequence[Message], i: int) -> bool:
+        # the Qwen3.5 template opens no user turn for a tool result that comes first
+        return i > 0 and messages[i - 1].role != "tool"
 
 
 def _jinja_string(v: Any) -> str:
