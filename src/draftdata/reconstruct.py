@@ -149,7 +149,7 @@ def ids_from_logprobs(bound: BoundFormat, view: ApiView) -> tuple[list[int] | No
     if not view.logprobs:
         return None, "no_logprobs"
     tok = bound.tokenizer
-    index = _bytes_index(tok)
+    index = tok.ordinary_ids_by_bytes
     ids: list[int] = []
     for lp in view.logprobs:
         if lp.id is not None:
@@ -174,24 +174,6 @@ def ids_from_logprobs(bound: BoundFormat, view: ApiView) -> tuple[list[int] | No
     if view.finish_reason in FINISHED and (not ids or ids[-1] not in stops):
         ids.append(bound.end_id)  # servers leave the stop token out of the reported tokens
     return ids, None
-
-
-_INDEX_CACHE: dict[str, dict[bytes, int]] = {}
-
-
-def _bytes_index(tok: Any) -> dict[bytes, int]:
-    idx = _INDEX_CACHE.get(tok.sha256)
-    if idx is None:
-        idx = {}
-        for i in range(tok.vocab_size):
-            if i in tok.control_tokens:
-                continue
-            try:
-                idx.setdefault(tok.token_bytes(i), i)
-            except Exception:  # vocabulary holes
-                continue
-        _INDEX_CACHE[tok.sha256] = idx
-    return idx
 
 
 def reconstruct(

@@ -111,6 +111,21 @@ class Tokenizer(ABC):
         drops them). Empty for complete byte-level vocabularies."""
         return frozenset()
 
+    @cached_property
+    def ordinary_ids_by_bytes(self) -> dict[bytes, int]:
+        """Raw bytes -> the (first) ordinary id that stands for them; built once, on demand."""
+        from ..errors import TokenizerError
+
+        index: dict[bytes, int] = {}
+        for i in range(self.vocab_size):
+            if i in self.control_tokens:
+                continue
+            try:
+                index.setdefault(self.token_bytes(i), i)
+            except TokenizerError:  # holes in a vocabulary
+                continue
+        return index
+
     def kind_of(self, token_id: int) -> TokenKind:
         info = self.control_tokens.get(token_id)
         return info.kind if info else "ordinary"

@@ -15,7 +15,6 @@ import base64
 import json
 import unicodedata
 from collections.abc import Iterable
-from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -141,26 +140,11 @@ class TiktokenTokenizer(Tokenizer):
     def control_tokens(self) -> dict[int, TokenInfo]:
         return self._specials
 
-    @cached_property
-    def _ordinary_by_bytes(self) -> dict[bytes, int]:
-        return {
-            self._enc.decode_single_token_bytes(i): i
-            for i in range(self._enc.max_token_value + 1)
-            if i not in self._specials and self._has(i)
-        }
-
-    def _has(self, i: int) -> bool:
-        try:
-            self._enc.decode_single_token_bytes(i)
-        except KeyError:
-            return False
-        return True
-
     def token_to_id(self, text: str) -> int | None:
         info = self.control_by_text.get(text)
         if info:
             return info.id
-        return self._ordinary_by_bytes.get(text.encode())
+        return self.ordinary_ids_by_bytes.get(text.encode())
 
 
 def _find_profile(path: Path, sha: str) -> dict[str, Any]:
