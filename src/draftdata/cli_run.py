@@ -215,9 +215,7 @@ def run_cmd(
         )
     if res.export_dir is not None:
         out.print(f"shards and manifest: {res.export_dir}")
-    report_path = _try_report(res.run_dir)
-    if report_path is not None:
-        out.print(f"report: {report_path}")
+    _write_report(res.run_dir)
     from .ledger import Ledger
 
     led = Ledger(m.output_dir / "ledger.sqlite")
@@ -229,11 +227,12 @@ def run_cmd(
         raise typer.Exit(1)
 
 
-def _try_report(run_dir: Path) -> Path | None:
+def _write_report(run_dir: Path, out_path: Path | None = None) -> Path:
     from .report import build_report, summary
 
-    path = build_report(run_dir)
+    path = build_report(run_dir, out_path)
     out.print(summary(run_dir), markup=False, highlight=False)  # reasons may hold [ ] or <script>
+    out.print(f"[bold]report[/] {path}", highlight=False)
     return path
 
 
@@ -246,11 +245,7 @@ def report(
     ] = None,
 ) -> None:
     """Write a self-contained HTML report of a run and print its key figures."""
-    from .report import build_report, summary
-
-    path = build_report(run, out_path)
-    out.print(summary(run), markup=False, highlight=False)
-    out.print(f"[bold]report[/] {path}", highlight=False)
+    _write_report(run, out_path)
 
 
 @app.command()

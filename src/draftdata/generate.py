@@ -106,6 +106,8 @@ class Meter:
     tokens: int = 0
     cost: float = 0.0
     started: float = field(default_factory=time.time)
+    #: answers that were already in the ledger when this session started (not this session's rate)
+    resumed: int = 0
 
 
 class Bars:
@@ -135,7 +137,7 @@ class Bars:
         self.progress.__exit__(*a)
 
     def add(self, name: str, total: int, done: int) -> None:
-        self.meters[name] = Meter(total, done)
+        self.meters[name] = Meter(total, done, resumed=done)
         self.tasks[name] = self.progress.add_task(
             name, total=total, completed=done, rps=0.0, tps=0.0, errors=0, cost=0.0
         )
@@ -152,7 +154,7 @@ class Bars:
         self.progress.update(
             self.tasks[name],
             completed=m.done,
-            rps=m.done / dt if done else self.progress.tasks[self.tasks[name]].fields["rps"],
+            rps=(m.done - m.resumed) / dt,
             tps=m.tokens / dt,
             errors=m.errors,
             cost=m.cost,
