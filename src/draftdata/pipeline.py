@@ -93,7 +93,7 @@ def ground_truth_records(runner: Runner, d: DatasetCfg) -> list[dict[str, Any]]:
                     for m in msgs
                 ],
                 "tools": list(p.tools),
-                "prompt_ids": runner.bound.prompt_ids(msgs, p.tools, **opts),
+                "prompt_ids": r.our_prompt_ids or runner.bound.prompt_ids(msgs, p.tools, **opts),
                 "output_ids": ids,
                 "finish_reason": r.finish_reason,
             }
