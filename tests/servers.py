@@ -19,9 +19,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, timeout: float = 30.0) -> None:
+def wait_http(url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float = 120.0) -> None:
+    """Wait until ``url`` answers. A server process that exits first fails at once with its
+    stderr; the timeout only bounds a server that hangs (generous: these machines are busy)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise RuntimeError(f"server exited with {proc.returncode} before answering: {err}")
         try:
             with urllib.request.urlopen(url, timeout=1):
                 return
@@ -48,7 +53,7 @@ def replay_server(records: Path, *args: str) -> Iterator[str]:
         stderr=subprocess.PIPE,
     )
     try:
-        wait_http(f"http://127.0.0.1:{port}/health")
+        wait_http(f"http://127.0.0.1:{port}/health", proc)
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         proc.terminate()
