@@ -37,7 +37,7 @@ def _free_port() -> int:
 
 
 def _serve(path: str, port: int, token_ids: bool) -> None:
-    from draftdata.replay import serve
+    from draftdata.devtools.replay import serve
 
     serve(Path(path), "127.0.0.1", port, None, 0, token_ids, 0.0)
 

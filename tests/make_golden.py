@@ -15,10 +15,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from cases import bfcl_tools
 from conftest import PROMPTS, REAL
-from draftdata.api import messages_of, view_from_record
 from draftdata.formats import get_format
-from draftdata.reconstruct import reconstruct
+from draftdata.records.wire import messages_of, view_from_record
 from draftdata.tokenizers import load_tokenizer
+from draftdata.tokens.reconstruct import reconstruct
 from golden_cases import CASES, shapes
 
 OUT = Path(__file__).parent / "golden"

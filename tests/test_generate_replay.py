@@ -210,7 +210,7 @@ def test_budget_stops_scheduling_before_it_could_be_passed(tmp_path):
 def test_rate_limiter_spaces_requests(monkeypatch):
     import asyncio
 
-    from draftdata.backends import openai_api
+    from draftdata.generate.backends import openai_api
 
     clock = {"t": 0.0}
     slept = []

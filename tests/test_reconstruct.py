@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import GROUNDTRUTH
-from draftdata.api import messages_of, view_from_record
-from draftdata.reconstruct import ids_from_logprobs, reconstruct
+from draftdata.measure.validate import derive_view, validate
 from draftdata.records import ApiView, Message
-from draftdata.validate import derive_view, validate
+from draftdata.records.wire import messages_of, view_from_record
+from draftdata.tokens.reconstruct import ids_from_logprobs, reconstruct
 
 RECORDS = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
 
@@ -132,7 +132,7 @@ def test_canonical_ids_round_trip_through_reconstruction(bound, text, finish):
             text = unicodedata.normalize("NFC", text)
         canonical = tok.encode(text)
         if finish == "length":  # open-ended encoding may differ from plain at the very end
-            canonical = __import__("draftdata.reconstruct", fromlist=["x"]).open_ended_ids(
+            canonical = __import__("draftdata.tokens.reconstruct", fromlist=["x"]).open_ended_ids(
                 tok, text
             )
         view = ApiView(content=tok.decode(canonical), finish_reason=finish, reasoning=None)

@@ -18,9 +18,7 @@ import httpx
 import pytest
 
 from conftest import GROUNDTRUTH
-from draftdata.api import reasoning_of
-from draftdata.errors import InputError
-from draftdata.replay import (
+from draftdata.devtools.replay import (
     FAULT_KINDS,
     choose_fault,
     load_records,
@@ -29,6 +27,8 @@ from draftdata.replay import (
     serve,
     serve_in_thread,
 )
+from draftdata.errors import InputError
+from draftdata.records.wire import reasoning_of
 
 Records = list[dict[str, Any]]
 Server = Callable[..., AbstractContextManager[httpx.Client]]
@@ -393,7 +393,7 @@ def test_serve_runs_as_a_process(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = (
-        "import sys; from pathlib import Path; from draftdata.replay import serve; "
+        "import sys; from pathlib import Path; from draftdata.devtools.replay import serve; "
         f"serve(Path(sys.argv[1]), '127.0.0.1', {port}, '500=0.5', 1, True, 0.1)"
     )
     proc = subprocess.Popen(

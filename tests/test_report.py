@@ -21,9 +21,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import GROUNDTRUTH, TOKENIZERS
-from draftdata import __version__, export
+from draftdata import __version__
 from draftdata.errors import InputError
-from draftdata.report import build_report, summary, usd
+from draftdata.export import shards as export
+from draftdata.report.data import build_report, summary, usd
 from draftdata.tokenizers import load_tokenizer
 from servers import replay_server
 from test_audit_cli import run

@@ -20,8 +20,8 @@ def main() -> int:
     ap.add_argument("--force", action="store_true", help="pass --force to draftdata run")
     args = ap.parse_args()
 
-    from draftdata import models
     from draftdata.errors import DraftdataError
+    from draftdata.model import folders as models
 
     t0 = time.time()
     try:

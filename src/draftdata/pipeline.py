@@ -18,14 +18,14 @@ from typing import Any
 from rich.console import Console
 
 from . import __version__
-from .api import messages_of
 from .errors import DraftdataError
-from .export import ShardWriter, now_iso, write_manifest
-from .generate import Runner
-from .ledger import Key
+from .export.shards import ShardWriter, now_iso, write_manifest
+from .generate.runner import Runner
 from .manifest import DatasetCfg, EngineBackendCfg, HFBackendCfg, Manifest
-from .reconstruct import FINISHED
-from .validate import ValidationReport, validate
+from .measure.validate import ValidationReport, validate
+from .records.wire import messages_of
+from .store.ledger import Key
+from .tokens.reconstruct import FINISHED
 
 
 class GateError(DraftdataError):
@@ -183,8 +183,8 @@ def learn_and_validate(runner: Runner, records: list[dict[str, Any]]) -> Validat
     cross-validated: preferences learned on one half of the prompts are measured on the other,
     both ways. The preferences learned on all of it are saved (RUN/prefs.json) and applied to
     the text datasets."""
-    from .prefs import _bucket, learn
-    from .validate import learning_pairs
+    from .measure.validate import learning_pairs
+    from .tokens.prefs import _bucket, learn
 
     bound, thinking = runner.bound, runner.m.target.thinking
     halves = (

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..api import messages_of
 from ..errors import InputError
 from ..records import Message, Prompt
+from ..records.wire import messages_of
 
 Reader = Callable[[Path, str, Mapping[str, str], Counter[str]], Iterator[Prompt]]
 READERS: dict[str, Reader] = {}

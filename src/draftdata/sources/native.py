@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..api import messages_of
 from ..errors import InputError
 from ..records import Message, Prompt, Role, ToolCall
+from ..records.wire import messages_of
 from . import iter_json_records, make_prompt, reader
 
 #: HumanEval's instruction, as the ground-truth generations used it (groundtruth/README.md)

@@ -18,9 +18,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..api import messages_of
 from ..errors import InputError
 from ..records import Message, Prompt
+from ..records.wire import messages_of
 from . import make_prompt, reader
 from .native import Skip, _text, _with_user, tools_of
 

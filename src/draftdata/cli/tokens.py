@@ -10,8 +10,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from .cli import FormatOpt, TokenizerOpt, app, err, out, read_jsonl
-from .errors import InputError
+from ..errors import InputError
+from .app import FormatOpt, TokenizerOpt, app, err, out, read_jsonl
 
 # --- reconstruction ---------------------------------------------------------------------------
 PrefsOpt = Annotated[
@@ -37,8 +37,8 @@ ThinkingOpt = Annotated[
 
 
 def _bound(tokenizer: str, format: str, chat_template: Path | None = None, strict: bool = True):  # type: ignore[no-untyped-def]
-    from .formats import get_format
-    from .tokenizers import load_tokenizer
+    from ..formats import get_format
+    from ..tokenizers import load_tokenizer
 
     return get_format(format).bind(load_tokenizer(tokenizer, chat_template), strict=strict)
 
@@ -46,7 +46,7 @@ def _bound(tokenizer: str, format: str, chat_template: Path | None = None, stric
 def _applier(prefs: Path | None, bound: Any):  # type: ignore[no-untyped-def]
     if prefs is None:
         return None
-    from .prefs import SplitPrefs
+    from ..tokens.prefs import SplitPrefs
 
     p = SplitPrefs.load(prefs)
     p.check_tokenizer(bound.tokenizer, prefs)
@@ -56,8 +56,8 @@ def _applier(prefs: Path | None, bound: Any):  # type: ignore[no-untyped-def]
 def _bucketed(records: list[dict[str, Any]], bucket: str | None) -> list[dict[str, Any]]:
     if bucket is None:
         return records
-    from .prefs import _bucket
-    from .validate import group_of
+    from ..measure.validate import group_of
+    from ..tokens.prefs import _bucket
 
     try:
         lo_s, hi_s = bucket.split(":")
@@ -97,9 +97,9 @@ def reconstruct(
     """Turn API text back into the model's exact token ids (input_ids + loss_mask)."""
     from rich.progress import track
 
-    from .api import view_from_record
-    from .errors import ReconstructError
-    from .export import write_samples
+    from ..errors import ReconstructError
+    from ..export.shards import write_samples
+    from ..records.wire import view_from_record
 
     bound = _bound(tokenizer, format, chat_template)
     text_ids = _applier(prefs, bound)
@@ -136,8 +136,8 @@ def reconstruct(
 def _reconstruct_one(
     bound: Any, rec: dict[str, Any], view: Any, i: int, thinking: bool | None, text_ids: Any
 ) -> Any:
-    from .api import messages_of
-    from .reconstruct import reconstruct as run
+    from ..records.wire import messages_of
+    from ..tokens.reconstruct import reconstruct as run
 
     return run(
         bound,
@@ -177,7 +177,7 @@ def validate(
     chat_template: Annotated[Path | None, typer.Option(help="override the chat template")] = None,
 ) -> None:
     """Reconstruct ground-truth records from their text and compare id for id."""
-    from .validate import validate as run
+    from ..measure.validate import validate as run
 
     bound = _bound(tokenizer, format, chat_template, strict=False)
     for c in bound.checks:
@@ -276,8 +276,8 @@ def learn(
     thinking: ThinkingOpt = None,
 ) -> None:
     """Learn which non-canonical splits a model prefers, from its ground-truth outputs."""
-    from .prefs import learn as run
-    from .validate import learning_pairs
+    from ..measure.validate import learning_pairs
+    from ..tokens.prefs import learn as run
 
     if not 0 < holdout < 1:
         raise InputError("--holdout must be between 0 and 1 (exclusive)")

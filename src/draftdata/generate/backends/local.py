@@ -7,9 +7,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..formats import BoundFormat
-from ..manifest import HFBackendCfg, Manifest
-from ..models import ensure_hf_folder, resolve_model
+from ...formats import BoundFormat
+from ...manifest import HFBackendCfg, Manifest
+from ...model.folders import ensure_hf_folder, resolve_model
 from .base import Backend, Completion, GenRequest, OnFailure
 from .engines import engine_completion
 

@@ -11,9 +11,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from .cli import app, err, out
-from .cli_tokens import _print_validation
-from .errors import InputError
+from ..errors import InputError
+from .app import app, err, out
+from .tokens import _print_validation
 
 # --- generation -------------------------------------------------------------------------------
 ManifestArg = Annotated[Path, typer.Argument(help="the run manifest (TOML)")]
@@ -32,8 +32,8 @@ def generate(
     """Generate answers into the run's ledger and make samples. Resume: run it again."""
     import asyncio
 
-    from .generate import Runner
-    from .manifest import load_manifest
+    from ..generate.runner import Runner
+    from ..manifest import load_manifest
 
     m = load_manifest(manifest)
     runner = Runner(m, quiet=quiet, console=err)
@@ -91,8 +91,8 @@ def status(
     json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """Counts by dataset and state, cost so far, error reasons."""
-    from .ledger import Ledger
-    from .manifest import load_manifest
+    from ..manifest import load_manifest
+    from ..store.ledger import Ledger
 
     m = load_manifest(manifest)
     path = m.output_dir / "ledger.sqlite"
@@ -155,7 +155,7 @@ def replay_server(
     slow_seconds: Annotated[float, typer.Option(help="delay of a 'slow' answer")] = 30.0,
 ) -> None:
     """Serve ground-truth records as an OpenAI-compatible chat-completions API (dry runs, tests)."""
-    from .replay import serve
+    from ..devtools.replay import serve
 
     serve(records, host, port, faults, seed, token_ids, slow_seconds)
 
@@ -171,8 +171,8 @@ def run_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")] = False,
 ) -> None:
     """Read -> generate -> tokens -> validate (gate) -> export -> report. Rerun to resume."""
-    from .manifest import load_manifest
-    from .pipeline import GateError, run_pipeline
+    from ..manifest import load_manifest
+    from ..pipeline import GateError, run_pipeline
 
     m = load_manifest(manifest)
     try:
@@ -216,7 +216,7 @@ def run_cmd(
     if res.export_dir is not None:
         out.print(f"shards and manifest: {res.export_dir}")
     _write_report(res.run_dir)
-    from .ledger import Ledger
+    from ..store.ledger import Ledger
 
     led = Ledger(m.output_dir / "ledger.sqlite")
     try:
@@ -228,7 +228,7 @@ def run_cmd(
 
 
 def _write_report(run_dir: Path, out_path: Path | None = None) -> Path:
-    from .report import build_report, summary
+    from ..report.data import build_report, summary
 
     path = build_report(run_dir, out_path)
     out.print(summary(run_dir), markup=False, highlight=False)  # reasons may hold [ ] or <script>
@@ -261,10 +261,10 @@ def export(
     ] = None,
 ) -> None:
     """Write Parquet shards + manifest.json from a run's ledger, and trainer-specific JSONL."""
-    from .generate import Runner
-    from .ledger import Ledger
-    from .manifest import manifest_of_run
-    from .pipeline import export_run, export_trainer
+    from ..generate.runner import Runner
+    from ..manifest import manifest_of_run
+    from ..pipeline import export_run, export_trainer
+    from ..store.ledger import Ledger
 
     kinds = as_ or []
     for k in kinds:

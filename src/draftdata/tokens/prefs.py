@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .errors import InputError
-from .tokenizers import Tokenizer
+from .. import __version__
+from ..errors import InputError
+from ..tokenizers import Tokenizer
 
 EDGE = "e"
 FORMAT_VERSION = 1

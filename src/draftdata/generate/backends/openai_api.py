@@ -19,10 +19,10 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from ..api import view_from_message
-from ..errors import DraftdataError
-from ..manifest import OpenAIBackendCfg
-from ..records import Message
+from ...errors import DraftdataError
+from ...manifest import OpenAIBackendCfg
+from ...records import Message
+from ...records.wire import view_from_message
 from .base import Backend, Completion, FailedAttempt, GenRequest, OnFailure
 from .retry import retry_delay, should_retry
 

@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import DraftdataError
-from .tokenizers import resolve_path
-from .tokenizers.base import file_sha256
+from ..errors import DraftdataError
+from ..tokenizers import resolve_path
+from ..tokenizers.base import file_sha256
 
 __all__ = [
     "ModelError",

@@ -7,8 +7,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .errors import InputError
-from .records import ApiView, LogprobToken, Message, Role, ToolCall
+from ..errors import InputError
+from . import ApiView, LogprobToken, Message, Role, ToolCall
 
 #: provider fields that carry reasoning text, in the order they are trusted
 REASONING_FIELDS = ("reasoning_content", "reasoning", "reasoning_details")

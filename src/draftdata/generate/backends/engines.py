@@ -7,10 +7,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import DraftdataError
-from ..formats import BoundFormat
-from ..manifest import EngineBackendCfg, Manifest
-from ..validate import derive_view
+from ...errors import DraftdataError
+from ...formats import BoundFormat
+from ...manifest import EngineBackendCfg, Manifest
+from ...measure.validate import derive_view
 from .base import Backend, Completion, GenRequest, OnFailure
 
 

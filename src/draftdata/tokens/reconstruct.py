@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import __version__
-from .errors import ReconstructError
-from .formats import BoundFormat, Segment
-from .records import ApiView, Message, Provenance, Sample, TokenSource
+from .. import __version__
+from ..errors import ReconstructError
+from ..formats import BoundFormat, Segment
+from ..records import ApiView, Message, Provenance, Sample, TokenSource
 
 #: finish reasons after which the model wrote its end-of-turn marker
 FINISHED = frozenset({"stop", "tool_calls", "function_call"})
@@ -125,7 +125,7 @@ def encode_response(
 ) -> list[int]:
     """Response segments -> ids. A truncated answer's final text is encoded open-ended; learned
     split preferences (``text_ids``) then rewrite each text piece."""
-    from .formats import Text, merge_text
+    from ..formats import Text, merge_text
 
     merged = merge_text(segs)
     last = len(merged) - 1 if merged and isinstance(merged[-1], Text) else -1

@@ -41,7 +41,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .errors import DraftdataError, InputError
+from ..errors import DraftdataError, InputError
 
 #: fault kinds, in the order their rates are stacked when a request's draw is walked
 FAULT_KINDS = ("429", "500", "slow", "truncated", "empty", "length", "reasoning", "tools")

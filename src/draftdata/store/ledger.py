@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import DraftdataError
-from .records import Message, Prompt, ToolCall
+from ..errors import DraftdataError
+from ..records import Message, Prompt, ToolCall
 
 SCHEMA_VERSION = 2
 

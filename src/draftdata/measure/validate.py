@@ -10,13 +10,13 @@ from dataclasses import asdict, dataclass, field
 from difflib import SequenceMatcher
 from typing import Any
 
-from . import __version__
-from .api import messages_of, view_from_record
-from .errors import DraftdataError, ReconstructError
-from .formats import BoundFormat, Segment, Special, Text
-from .prefs import Pair
-from .reconstruct import FINISHED, encode_response, reconstruct, response_segments
-from .records import ApiView, ToolCall
+from .. import __version__
+from ..errors import DraftdataError, ReconstructError
+from ..formats import BoundFormat, Segment, Special, Text
+from ..records import ApiView, ToolCall
+from ..records.wire import messages_of, view_from_record
+from ..tokens.prefs import Pair
+from ..tokens.reconstruct import FINISHED, encode_response, reconstruct, response_segments
 
 CATEGORIES = (
     "end_of_turn",

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .errors import InputError
+from .. import __version__
+from ..errors import InputError
 
 __all__ = ["DatasetTokens", "ReportData", "Throughput", "build_report", "collect", "summary"]
 
@@ -521,7 +521,7 @@ def summary_of(data: ReportData) -> str:
 # --- entry points ------------------------------------------------------------------------------
 def build_report(run_dir: Path, out: Path | None = None) -> Path:
     """Write the HTML report of a run (``RUN/report.html`` by default) and return its path."""
-    from .report_html import render_html
+    from .html import render_html
 
     run_dir = Path(run_dir)
     page = render_html(collect(run_dir))

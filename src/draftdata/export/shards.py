@@ -18,8 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import InputError
-from .records import Sample
+from ..errors import InputError
+from ..records import Sample
 
 SHARD_BYTES = 256 * 1024 * 1024  # about this much token data per shard
 

@@ -1,88 +1,17 @@
-"""The command layer: parse arguments, call the library, print, map errors to exit codes."""
+"""CLI commands for tokenizers and formats: formats, audit."""
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from . import __version__
-from .errors import DraftdataError, InputError
-
-app = typer.Typer(
-    name="draftdata",
-    help="Token-exact training data for speculative-decoding drafters.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-out = Console(width=None if sys.stdout.isatty() else 140)
-err = Console(stderr=True, soft_wrap=True)
-
-TokenizerOpt = Annotated[
-    str,
-    typer.Option(
-        "--tokenizer",
-        "-t",
-        help="HF folder, tokenizer.json, tiktoken file, GGUF, or pkg:MODULE/path inside a package",
-    ),
-]
-FormatOpt = Annotated[
-    str,
-    typer.Option(
-        "--format", "-f", help="built-in format name (see `draftdata formats`) or a format .toml"
-    ),
-]
-
-
-def _version(value: bool) -> None:
-    if value:
-        out.print(f"draftdata {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    version: Annotated[
-        bool,
-        typer.Option(
-            "--version", callback=_version, is_eager=True, help="print the version and exit"
-        ),
-    ] = False,
-) -> None:
-    pass
-
-
-def read_jsonl(path: Path, counter: dict[str, int] | None = None) -> Iterator[dict[str, Any]]:
-    """Records of a JSONL file; malformed lines are skipped and counted, never fatal."""
-    try:
-        f = path.open(encoding="utf-8")
-    except OSError as e:
-        raise InputError(f"{path}: cannot open ({e.strerror}); check the path") from e
-    with f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                if counter is not None:
-                    counter["malformed_json"] = counter.get("malformed_json", 0) + 1
-                    continue
-                raise InputError(f"{path}:{lineno}: not valid JSON") from None
-            if not isinstance(rec, dict):
-                if counter is not None:
-                    counter["not_an_object"] = counter.get("not_an_object", 0) + 1
-                    continue
-                raise InputError(f"{path}:{lineno}: expected a JSON object per line")
-            yield rec
+from ..errors import InputError
+from .app import FormatOpt, TokenizerOpt, app, err, out, read_jsonl
 
 
 def _parse_expect(items: list[str]) -> dict[str, int]:
@@ -101,7 +30,7 @@ def _parse_expect(items: list[str]) -> dict[str, int]:
 @app.command()
 def formats() -> None:
     """List the built-in chat formats."""
-    from .formats import BUILTIN
+    from ..formats import BUILTIN
 
     t = Table("name", "version", "end of turn", "think", "tools", "description")
     for f in BUILTIN.values():
@@ -146,9 +75,9 @@ def audit(
     ] = None,
 ) -> None:
     """Audit a tokenizer's special tokens against a chat format. Exits 1 when a check fails."""
-    from .audit import audit as run_audit
-    from .formats import get_format
-    from .tokenizers import load_tokenizer
+    from ..formats import get_format
+    from ..measure.audit import audit as run_audit
+    from ..tokenizers import load_tokenizer
 
     expectations = _parse_expect(expect or [])
     tok = load_tokenizer(tokenizer, chat_template)
@@ -264,26 +193,3 @@ def _print_audit(report: Any, skipped: dict[str, int]) -> None:
     else:
         for f in report.failures:
             err.print(f"[bold red]FAIL[/] {f}")
-
-
-def main() -> None:
-    try:
-        rv = app(standalone_mode=False)
-    except DraftdataError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        err.print("aborted")
-        sys.exit(130)
-    except click.exceptions.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
-    if isinstance(rv, int):
-        sys.exit(rv)
-
-
-# the commands of the later stages live in their own modules; importing them registers them
-from . import cli_run, cli_tokens  # noqa: E402,F401

@@ -10,8 +10,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import __version__
-from .report import (
+from .. import __version__
+from .data import (
     ReportData,
     Throughput,
     drop_rows,
@@ -25,7 +25,7 @@ from .report import (
     truncated_share,
     usd,
 )
-from .report_svg import (
+from .svg import (
     Raw,
     bin_edges,
     cell,

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from ..models import ModelError, import_torch_transformers, resolve_model
+from ...model.folders import ModelError, import_torch_transformers, resolve_model
 
 __all__ = ["EngineOutput", "FinishReason", "HFEngine"]
 

@@ -18,15 +18,15 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
+from ..errors import DraftdataError, ReconstructError
+from ..formats import BoundFormat, get_format
+from ..manifest import DatasetCfg, HFBackendCfg, Manifest, OpenAIBackendCfg
+from ..records import ApiView, Message, Prompt
+from ..sources import read_prompts
+from ..store.ledger import Key, Ledger, StoredResponse
+from ..tokenizers import load_tokenizer
+from ..tokens.reconstruct import FINISHED, provenance, reconstruct
 from .backends.base import Backend, Completion, FailedAttempt, GenRequest
-from .errors import DraftdataError, ReconstructError
-from .formats import BoundFormat, get_format
-from .ledger import Key, Ledger, StoredResponse
-from .manifest import DatasetCfg, HFBackendCfg, Manifest, OpenAIBackendCfg
-from .reconstruct import FINISHED, provenance, reconstruct
-from .records import ApiView, Message, Prompt
-from .sources import read_prompts
-from .tokenizers import load_tokenizer
 
 
 class GenerateError(DraftdataError):
@@ -188,7 +188,7 @@ class Runner:
         self.backends: dict[str, Backend] = {}
         self.text_ids: Callable[[str, list[int]], list[int]] | None = None
         if t.prefs:
-            from .prefs import SplitPrefs
+            from ..tokens.prefs import SplitPrefs
 
             prefs_path = manifest.resolve(t.prefs)
             prefs = SplitPrefs.load(prefs_path)
@@ -492,7 +492,7 @@ class Runner:
         view: ApiView,
         opts: dict[str, Any],
     ) -> Any:
-        from .records import Sample
+        from ..records import Sample
 
         if r.output_ids is None and not (view.content or view.reasoning or view.tool_calls):
             raise ReconstructError("the API returned an empty answer", "empty_response")
@@ -527,8 +527,8 @@ class Runner:
 
 def _view(r: StoredResponse, bound: BoundFormat) -> ApiView:
     """The answer as text: from the stored API response, or derived from exact engine ids."""
-    from .api import view_from_record
-    from .validate import derive_view
+    from ..measure.validate import derive_view
+    from ..records.wire import view_from_record
 
     if "choices" in r.response:
         v = view_from_record(r.response)

@@ -7,9 +7,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..ledger import Key
-from ..manifest import Sampling
-from ..records import ApiView, Message
+from ...manifest import Sampling
+from ...records import ApiView, Message
+from ...store.ledger import Key
 
 
 @dataclass(frozen=True)
