@@ -22,15 +22,12 @@ import asyncio
 import contextlib
 import json
 import math
-import random
 import socket
 import sys
 import threading
 import time
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -42,30 +39,42 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..errors import DraftdataError, InputError
+from .faults import (
+    FAULT_KINDS,
+    INJECTED_TOOL_CALL,
+    REASONING_SHAPES,
+    REASONING_TEXT,
+    choose_fault,
+    parse_faults,
+)
+from .replay_records import ReplayRecord, _dumps, load_records, message_key
 
-#: fault kinds, in the order their rates are stacked when a request's draw is walked
-FAULT_KINDS = ("429", "500", "slow", "truncated", "empty", "length", "reasoning", "tools")
-#: content of every injected reasoning field
-REASONING_TEXT = "Let me think."
-#: the provider shapes the ``reasoning`` fault rotates through
-REASONING_SHAPES = ("reasoning_content", "reasoning", "reasoning_details")
-INJECTED_TOOL_CALL: dict[str, Any] = {
-    "id": "call_0",
-    "type": "function",
-    "function": {"name": "lookup", "arguments": '{"q": "x"}'},
-}
+__all__ = [
+    "FAULT_HEADER",
+    "FAULT_KINDS",
+    "INJECTED_TOOL_CALL",
+    "REASONING_SHAPES",
+    "REASONING_TEXT",
+    "RECORD_HEADER",
+    "RETRY_AFTER_MS",
+    "RETRY_AFTER_S",
+    "SHUTDOWN_GRACE_S",
+    "ReplayRecord",
+    "choose_fault",
+    "load_records",
+    "make_app",
+    "message_key",
+    "parse_faults",
+    "serve",
+    "serve_in_thread",
+]
+
 RETRY_AFTER_S = "1"
 RETRY_AFTER_MS = "50"
 RECORD_HEADER = "x-replay-record"
 FAULT_HEADER = "x-replay-fault"
 #: how long a stopping server waits for answers in flight (a slow answer may be among them)
 SHUTDOWN_GRACE_S = 2
-_RATE_SUM_SLACK = 1e-9
-_REQUIRED = ("id", "messages", "prompt_ids", "output_ids", "api_view")
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 def _error_body(message: str, kind: str, code: int | None = None) -> bytes:
@@ -73,193 +82,6 @@ def _error_body(message: str, kind: str, code: int | None = None) -> bytes:
     if code is not None:
         err["code"] = code
     return _dumps({"error": err}).encode()
-
-
-# ---------------------------------------------------------------- fault spec
-
-
-def parse_faults(spec: str | None) -> dict[str, float]:
-    """``"429=0.2,500=0.1,empty=0.05"`` -> ``{"429": 0.2, "500": 0.1, "empty": 0.05}``.
-
-    Rates lie in [0, 1] and sum to at most 1; the result is in ``FAULT_KINDS`` order, so the
-    spec's own order does not change which fault a draw lands on. ``None`` or "" means no faults.
-    """
-    out: dict[str, float] = {}
-    if spec is None or not spec.strip():
-        return out
-    valid = ", ".join(FAULT_KINDS)
-    for raw in spec.split(","):
-        item = raw.strip()
-        if not item:
-            continue
-        kind, sep, value = item.partition("=")
-        kind = kind.strip()
-        if not sep:
-            raise InputError(f"--faults item {item!r}: write KIND=RATE, e.g. 429=0.1")
-        if kind not in FAULT_KINDS:
-            raise InputError(f"--faults item {item!r}: unknown fault kind {kind!r}; valid: {valid}")
-        if kind in out:
-            raise InputError(f"--faults item {item!r}: {kind} is given twice; give it once")
-        try:
-            rate = float(value)
-        except ValueError:
-            raise InputError(
-                f"--faults item {item!r}: {value.strip()!r} is not a number; give a rate in [0, 1]"
-            ) from None
-        if not (0.0 <= rate <= 1.0):  # also refuses NaN
-            raise InputError(f"--faults item {item!r}: rate {rate} is outside [0, 1]")
-        out[kind] = rate
-    total = math.fsum(out.values())
-    if total > 1.0 + _RATE_SUM_SLACK:
-        raise InputError(
-            f"--faults {spec!r}: rates sum to {total:g}, more than 1; lower some rates"
-        )
-    return {k: out[k] for k in FAULT_KINDS if k in out}
-
-
-def choose_fault(
-    faults: Mapping[str, float], seed: int, record_id: str, attempt: int
-) -> str | None:
-    """The fault kind for this ``(seed, record, attempt)``, or None: one uniform draw from
-    ``random.Random(f"{seed}:{record_id}:{attempt}")`` walked over the cumulative rates.
-    ``slow`` applies on attempt 1 only; a later attempt that draws it gets no fault."""
-    if not faults:
-        return None
-    u = random.Random(f"{seed}:{record_id}:{attempt}").random()
-    cum = 0.0
-    for kind in FAULT_KINDS:
-        rate = faults.get(kind, 0.0)
-        if rate <= 0.0:
-            continue
-        cum += rate
-        if u < cum:
-            return None if kind == "slow" and attempt > 1 else kind
-    return None
-
-
-# ---------------------------------------------------------------- records
-
-
-def _text_of(content: Any) -> Any:
-    """Content given as a list of parts becomes the join of their texts; anything else as is."""
-    if isinstance(content, list):
-        return "".join(
-            p["text"] for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)
-        )
-    return content
-
-
-def message_key(messages: Any) -> str:
-    """Canonical key of a conversation: role and content of each message, other keys ignored.
-
-    Raises ValueError with a client-facing message when ``messages`` is not a list of objects
-    with a role."""
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("'messages' must be a non-empty list of {role, content} objects")
-    norm = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
-            raise ValueError(f"messages[{i}] must be an object with a string 'role'")
-        norm.append({"role": m["role"], "content": _text_of(m.get("content"))})
-    return json.dumps(norm, ensure_ascii=False, sort_keys=True)
-
-
-@dataclass(frozen=True)
-class ReplayRecord:
-    """One ground-truth generation; its normal response pieces are serialised once, on first use."""
-
-    id: str
-    key: str
-    content: str
-    finish_reason: str
-    prompt_ids: tuple[int, ...]
-    output_ids: tuple[int, ...]
-
-    def usage(self) -> dict[str, int]:
-        n_in, n_out = len(self.prompt_ids), len(self.output_ids)
-        return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
-
-    def _tail(self, token_ids: bool) -> str:
-        message = _dumps({"role": "assistant", "content": self.content})
-        choice = (
-            f'{{"index":0,"message":{message},"finish_reason":{_dumps(self.finish_reason)},'
-            '"logprobs":null'
-            + (f',"token_ids":{_dumps(self.output_ids)}' if token_ids else "")
-            + "}"
-        )
-        out = f'"choices":[{choice}],"usage":{_dumps(self.usage())}'
-        return out + (f',"prompt_token_ids":{_dumps(self.prompt_ids)}' if token_ids else "")
-
-    @cached_property
-    def tail(self) -> str:
-        """``"choices":[...],"usage":{...}`` of the unfaulted answer, serialised on first use."""
-        return self._tail(token_ids=False)
-
-    @cached_property
-    def tail_ids(self) -> str:
-        """``tail`` with ``choices[0].token_ids`` and top-level ``prompt_token_ids`` (vLLM)."""
-        return self._tail(token_ids=True)
-
-    @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any]) -> ReplayRecord:
-        """Raises InputError naming the first problem; the loader counts it as a skip."""
-        missing = [k for k in _REQUIRED if k not in raw]
-        if missing:
-            raise InputError(f"record lacks {', '.join(missing)}")
-        rid, view = raw["id"], raw["api_view"]
-        if not isinstance(rid, str) or not rid:
-            raise InputError("record 'id' must be a non-empty string")
-        if not isinstance(view, Mapping) or not isinstance(view.get("content"), str):
-            raise InputError(f"{rid}: api_view.content must be a string")
-        finish = view.get("finish_reason") or raw.get("finish_reason") or "stop"
-        prompt_ids, output_ids = raw["prompt_ids"], raw["output_ids"]
-        for name, ids in (("prompt_ids", prompt_ids), ("output_ids", output_ids)):
-            if not isinstance(ids, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in ids
-            ):
-                raise InputError(f"{rid}: {name} must be a list of integers")
-        try:
-            key = message_key(raw["messages"])
-        except ValueError as e:
-            raise InputError(f"{rid}: {e}") from None
-        return cls(
-            id=rid,
-            key=key,
-            content=view["content"],
-            finish_reason=str(finish),
-            prompt_ids=tuple(prompt_ids),
-            output_ids=tuple(output_ids),
-        )
-
-
-def load_records(path: Path) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """Records of a ground-truth JSONL file and the count of skipped lines by reason
-    (``malformed_json``, ``not_an_object``, ``bad_record``). Reading is all up front."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror}); check the path") from e
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path}: not UTF-8 ({e.reason}); give a JSONL file") from e
-    records: list[dict[str, Any]] = []
-    skipped: dict[str, int] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            reason = "malformed_json"
-        else:
-            if not isinstance(rec, dict):
-                reason = "not_an_object"
-            elif any(k not in rec for k in _REQUIRED):
-                reason = "bad_record"
-            else:
-                records.append(rec)
-                continue
-        skipped[reason] = skipped.get(reason, 0) + 1
-    return records, skipped
 
 
 # ---------------------------------------------------------------- the app

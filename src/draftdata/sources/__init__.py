@@ -162,4 +162,4 @@ def read_prompts(
     return out, counter
 
 
-from . import native  # noqa: E402,F401  (registers readers)
+from . import native, tabular  # noqa: E402,F401  (register their readers)

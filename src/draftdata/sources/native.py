@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from ..errors import InputError
 from ..records import Message, Prompt, Role, ToolCall
 from ..records.wire import messages_of
 from . import iter_json_records, make_prompt, reader
+from .common import Skip, _text, _with_user, function_tool, tools_of
 
 #: HumanEval's instruction, as the ground-truth generations used it (groundtruth/README.md)
 HUMANEVAL_INSTRUCTION = "Complete the following Python function. Return only code.\n\n"
@@ -41,24 +42,7 @@ _SHAREGPT_ROLES: dict[str, Role] = {
 }
 
 
-class Skip(Exception):
-    """A record is malformed; ``reason`` is the counter key it is skipped under."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
 # --- shared pieces -----------------------------------------------------------------------------
-
-
-def _text(value: Any) -> str:
-    """A non-blank string, verbatim; anything else skips the record."""
-    if not isinstance(value, str):
-        raise Skip("bad_turn" if value is not None else "empty_turn")
-    if not value.strip():
-        raise Skip("empty_turn")
-    return value
 
 
 def _field(rec: Mapping[str, Any], key: str, reason: str) -> str:
@@ -66,32 +50,6 @@ def _field(rec: Mapping[str, Any], key: str, reason: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise Skip(reason)
     return value
-
-
-def function_tool(obj: Any) -> dict[str, Any]:
-    """OpenAI tool format from a bare function schema or an already wrapped tool."""
-    if not isinstance(obj, Mapping):
-        raise Skip("bad_tools")
-    fn = obj.get("function") if obj.get("type") == "function" else obj
-    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
-        raise Skip("bad_tools")
-    return {"type": "function", "function": dict(fn)}
-
-
-def tools_of(raw: Any) -> tuple[dict[str, Any], ...]:
-    """Tools from a list of schemas, one schema, or their JSON text (LLaMA-Factory, xLAM)."""
-    if raw is None or raw == "" or raw == []:
-        return ()
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except ValueError:
-            raise Skip("bad_tools") from None
-    if isinstance(raw, Mapping):
-        raw = [raw]
-    if not isinstance(raw, list):
-        raise Skip("bad_tools")
-    return tuple(function_tool(t) for t in raw)
 
 
 def json_schema(node: Any) -> Any:
@@ -158,12 +116,6 @@ class CallLinker:
 
     def user_turn(self) -> None:
         self.pending.clear()  # calls a user turn interrupts get no later result
-
-
-def _with_user(msgs: Sequence[Message]) -> tuple[Message, ...]:
-    if not any(m.role == "user" for m in msgs):
-        raise Skip("no_user_turn")
-    return tuple(msgs)
 
 
 def _records(
@@ -499,6 +451,3 @@ def read_ultrachat(
         return make_prompt(dataset, _with_user(msgs), **_meta(rec, "prompt_id", "id"))
 
     return _records(path, counter, build)
-
-
-from . import tabular  # noqa: E402,F401  (registers the Parquet / Arrow reader)

@@ -22,7 +22,7 @@ from ..errors import InputError
 from ..records import Message, Prompt
 from ..records.wire import messages_of
 from . import make_prompt, reader
-from .native import Skip, _text, _with_user, tools_of
+from .common import Skip, _text, _with_user, tools_of
 
 KEYS = ("messages", "prompt", "system", "tools", "id")
 BATCH_ROWS = 1024
