@@ -19,7 +19,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float = 120.0) -> None:
+def wait_http(
+    url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float = 120.0
+) -> None:
     """Wait until ``url`` answers. A server process that exits first fails at once with its
     stderr; the timeout only bounds a server that hangs (generous: these machines are busy)."""
     deadline = time.time() + timeout

@@ -8,10 +8,11 @@ import sqlite3
 import pytest
 
 from draftdata.generate.backends.retry import backoff, retry_after, retry_delay, should_retry
-from draftdata.generate.runner import turn_messages
+from draftdata.generate.conversation import turn_messages
 from draftdata.manifest import ManifestError, load_manifest
-from draftdata.records import Message, Prompt
-from draftdata.store.ledger import Key, Ledger
+from draftdata.records import ApiView, Completion, FailedAttempt, Key, Message, Prompt
+from draftdata.store.ledger import Ledger
+from draftdata.store.stats import status
 
 GOOD = """
 [run]
@@ -90,49 +91,28 @@ def test_ledger_stores_once_and_counts(tmp_path):
     p = Prompt("p1", "d", (Message("user", "hi"),))
     led.add_prompts("d", [p], samples=2, turns=lambda _: 1)
     k = Key("d", "p1", 0, 0)
-    led.record_attempt(
-        k,
-        "api",
-        ok=False,
-        reason="http_429",
-        http_status=429,
-        started_at=0,
-        latency_s=0.1,
-        request={"x": 1},
-        response_text="slow down",
+    led.record_failure(
+        k, "api", FailedAttempt("http_429", 429, {"x": 1}, "slow down", 0, 0.1, final=False)
     )
-    stored = {"response": {"choices": []}, "finish_reason": "stop", "cost_usd": 0.5}
-    led.record_attempt(
-        k,
-        "api",
-        ok=True,
-        reason=None,
-        http_status=200,
-        started_at=0,
-        latency_s=0.1,
+    answer = Completion(
         request={"x": 1},
+        response={"choices": []},
         response_text="{}",
-        stored=stored,
+        finish_reason="stop",
+        view=ApiView("hi", "stop"),
+        cost_usd=0.5,
+        http_status=200,
     )
-    st = led.status()["datasets"]["d"]
-    assert (st["total"], st["done"], st["pending"], st["failed"]) == (2, 1, 1, 0)
-    assert st["errors"] == {"http_429": 1} and st["duplicates"] == 0
-    assert led.status()["cost_usd"] == 0.5
+    led.record_answer(k, "api", answer, [1, 2, 3])
+    st = status(led).dataset("d")
+    assert (st.total, st.done, st.pending, st.failed) == (2, 1, 1, 0)
+    assert st.errors == {"http_429": 1} and st.duplicates == 0
+    assert status(led).cost_usd == 0.5
     # a second success for the same key is an attempt (counted as a duplicate), never a 2nd row
-    led.record_attempt(
-        k,
-        "api",
-        ok=True,
-        reason=None,
-        http_status=200,
-        started_at=0,
-        latency_s=0.1,
-        request={"x": 1},
-        response_text="{}",
-        stored=stored,
-    )
-    assert led.status()["datasets"]["d"]["duplicates"] == 1
+    led.record_answer(k, "api", answer, [1, 2, 3])
+    assert status(led).dataset("d").duplicates == 1
     assert len(led.responses("d")) == 1
+    assert led.responses("d")[k].our_prompt_ids == (1, 2, 3)
     led.close()
     assert (
         sqlite3.connect(tmp_path / "l.sqlite").execute("PRAGMA journal_mode").fetchone()[0] == "wal"

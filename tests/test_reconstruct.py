@@ -10,12 +10,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import GROUNDTRUTH
-from draftdata.measure.validate import derive_view, validate
+from draftdata.formats import derive_view
+from draftdata.measure.validate import validate
 from draftdata.records import ApiView, Message
-from draftdata.records.wire import messages_of, view_from_record
-from draftdata.tokens.reconstruct import ids_from_logprobs, reconstruct
+from draftdata.records.wire import ground_truth_of, messages_of, view_from_record
+from draftdata.tokens.logprobs import ids_from_logprobs
+from draftdata.tokens.reconstruct import reconstruct
 
 RECORDS = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
+
+
+def gts(records):
+    """Ground-truth JSONL records as the typed records validation takes."""
+    return [ground_truth_of(r, i) for i, r in enumerate(records)]
 
 
 def with_logprobs(rec, tok, style):
@@ -36,7 +43,7 @@ def with_logprobs(rec, tok, style):
 def test_plain_reconstruction_reaches_the_canonical_ceiling(bound):
     """README: 460/531 (86.6%) re-encode canonically. We get those and 5 more: truncated answers
     are encoded open-ended, so a trailing "\\n\\n" at the cut is split as the model split it."""
-    rep = validate(bound("smollm2"), RECORDS)
+    rep = validate(bound("smollm2"), gts(RECORDS))
     assert rep.n == 531
     assert rep.exact == 465
     assert rep.prompt_exact == 531
@@ -48,7 +55,7 @@ def test_plain_reconstruction_reaches_the_canonical_ceiling(bound):
 def test_logprobs_recover_every_split_exactly(bound, style):
     b = bound("smollm2")
     recs = [with_logprobs(r, b.tokenizer, style) for r in RECORDS]
-    rep = validate(b, recs)
+    rep = validate(b, gts(recs))
     assert rep.exact == rep.n == 531
     assert rep.token_sources == {"logprobs": 531}
 
@@ -56,7 +63,7 @@ def test_logprobs_recover_every_split_exactly(bound, style):
 def test_logprobs_without_bytes_fall_back_and_count_why(bound):
     b = bound("smollm2")
     recs = [with_logprobs(r, b.tokenizer, "openai-no-bytes") for r in RECORDS]
-    rep = validate(b, recs)
+    rep = validate(b, gts(recs))
     # tokens that are partial UTF-8 read as U+FFFD: without bytes they cannot be mapped
     assert (
         rep.warnings["logprob_fallback:logprob_token_without_bytes"]
@@ -85,8 +92,8 @@ def test_logprob_bytes_unknown_to_the_vocabulary_are_refused(bound):
 def test_records_without_api_view_are_derived_from_the_ids(bound):
     b = bound("smollm2")
     recs = [{k: v for k, v in r.items() if k != "api_view"} for r in RECORDS[:80]]
-    with_view = validate(b, RECORDS[:80])
-    derived = validate(b, recs)
+    with_view = validate(b, gts(RECORDS[:80]))
+    derived = validate(b, gts(recs))
     assert (derived.n, derived.exact) == (with_view.n, with_view.exact)
     v = derive_view(b, RECORDS[0]["output_ids"], RECORDS[0]["finish_reason"])
     assert v.content == RECORDS[0]["api_view"]["content"]
@@ -111,7 +118,7 @@ def test_mispinned_end_marker_is_near_zero_and_all_end_of_turn(tmp_path, load):
         '[markers]\nim_end = { text = "<|im_end|>", id = 3 }\n'
     )
     b = get_format(str(p)).bind(load("smollm2"), strict=False)
-    rep = validate(b, RECORDS)
+    rep = validate(b, gts(RECORDS))
     assert rep.exact_match_rate == 0.0
     assert rep.categories == {"end_of_turn": 531}
 

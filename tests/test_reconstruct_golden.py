@@ -138,7 +138,7 @@ def test_deepseek_v3_reasoning_without_think_tokens_is_refused(bound):
 def test_tool_calls_survive_a_servers_view_of_the_ids(bound, key, doc, case):
     """Golden answer ids -> what a server's reasoning and tool parsers would return -> our
     reconstruction: the same ids (the response grammar inverted, then applied)."""
-    from draftdata.measure.validate import derive_view
+    from draftdata.formats import derive_view
 
     b = bound(key)
     answer = case["input_ids"][case["prompt_len"] :]

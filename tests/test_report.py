@@ -24,7 +24,8 @@ from conftest import GROUNDTRUTH, TOKENIZERS
 from draftdata import __version__
 from draftdata.errors import InputError
 from draftdata.export import shards as export
-from draftdata.report.data import build_report, summary, usd
+from draftdata.report import build_report, summary
+from draftdata.report.figures import usd
 from draftdata.tokenizers import load_tokenizer
 from servers import replay_server
 from test_audit_cli import run

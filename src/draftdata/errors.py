@@ -38,3 +38,7 @@ class ReconstructError(DraftdataError):
     def __init__(self, message: str, reason: str = "unreconstructable") -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class GenerateError(DraftdataError):
+    """Generation cannot start or continue."""

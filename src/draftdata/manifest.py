@@ -9,11 +9,12 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import DraftdataError
+from .generate.backends.registry import BACKENDS, BackendCfg
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -54,51 +55,6 @@ class TargetCfg(_Strict):
     chat_template: str | None = None
     thinking: bool | None = None
     prefs: str | None = None  # split preferences from `draftdata learn`, applied to reconstruction
-
-
-class HFBackendCfg(_Strict):
-    kind: Literal["hf"]
-    model_path: str
-    device: str = "cpu"
-    batch_size: int = Field(8, ge=1, le=4096)
-
-
-class OpenAIBackendCfg(_Strict):
-    kind: Literal["openai"]
-    base_url: str
-    api_key_env: str | None = None
-    #: the model name sent to this endpoint (default: target.model); "" sends none
-    model: str | None = None
-    concurrency: int = Field(16, ge=1, le=4096)
-    timeout_s: float = Field(120.0, gt=0)
-    max_retries: int = Field(6, ge=0, le=100)
-    rpm: float | None = Field(None, gt=0)
-    tpm: float | None = Field(None, gt=0)
-    price_in_per_mtok: float = Field(0.0, ge=0)
-    price_out_per_mtok: float = Field(0.0, ge=0)
-    extra_body: dict[str, Any] = {}
-    token_ids: Literal["auto", "always", "never"] = "auto"
-
-    @field_validator("base_url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        if not re.match(r"^https?://", v):
-            raise ValueError("must start with http:// or https://")
-        return v.rstrip("/")
-
-
-class EngineBackendCfg(_Strict):
-    """vLLM / SGLang offline engines (imported lazily where installed)."""
-
-    kind: Literal["vllm", "sglang"]
-    model_path: str
-    batch_size: int = Field(256, ge=1)
-    engine_args: dict[str, Any] = {}
-
-
-BackendCfg = Annotated[
-    HFBackendCfg | OpenAIBackendCfg | EngineBackendCfg, Field(discriminator="kind")
-]
 
 
 class DatasetCfg(_Strict):
@@ -154,10 +110,10 @@ _FIELDS: dict[str, list[str]] = {
     "target": list(TargetCfg.model_fields),
     "datasets": list(DatasetCfg.model_fields),
     "sampling": list(Sampling.model_fields),
-    "hf": list(HFBackendCfg.model_fields),
-    "openai": list(OpenAIBackendCfg.model_fields),
-    "vllm": list(EngineBackendCfg.model_fields),
+    **{k: list(b.config.model_fields) for k, b in BACKENDS.items()},
 }
+#: the names pydantic puts into an error's location for a tagged union's members
+_UNION_TAGS = {*BACKENDS, *(b.config.__name__ for b in BACKENDS.values())}
 
 
 def load_manifest(path: Path) -> Manifest:
@@ -182,7 +138,17 @@ def load_manifest(path: Path) -> Manifest:
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise ManifestError(f"{path}: dataset names must be unique; {sorted(dup)} repeat")
+    from .sources import READERS
+
     for d in m.datasets:
+        if d.reader not in READERS:
+            line = _line_of(text, ["datasets", names.index(d.name), "reader"])
+            close = difflib.get_close_matches(d.reader, list(READERS), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ManifestError(
+                f"{path}:{line}: datasets.{d.name}.reader = {d.reader!r} is not a reader; "
+                f"{hint}choose one of {', '.join(sorted(READERS))}"
+            )
         if d.backend not in m.backends:
             line = _line_of(text, ["datasets", names.index(d.name), "backend"])
             raise ManifestError(
@@ -195,30 +161,17 @@ def load_manifest(path: Path) -> Manifest:
 def _check_backend_kinds(raw: dict[str, Any], path: Path, text: str) -> None:
     for name, b in (raw.get("backends") or {}).items():
         kind = b.get("kind") if isinstance(b, dict) else None
-        if kind not in ("hf", "openai", "vllm", "sglang"):
+        if kind not in BACKENDS:
             line = _line_of(text, ["backends", name, "kind"])
             raise ManifestError(
                 f"{path}:{line}: backends.{name}.kind = {kind!r}; set kind to "
-                "one of hf, openai, vllm, sglang"
+                f"one of {', '.join(BACKENDS)}"
             )
 
 
 def _explain(e: ValidationError, raw: dict[str, Any], path: Path, text: str) -> str:
     err = e.errors()[0]
-    loc = [
-        p
-        for p in err["loc"]
-        if p
-        not in (
-            "hf",
-            "openai",
-            "vllm",
-            "sglang",
-            "HFBackendCfg",
-            "OpenAIBackendCfg",
-            "EngineBackendCfg",
-        )
-    ]
+    loc = [p for p in err["loc"] if p not in _UNION_TAGS]
     # pydantic's union tags look like 'function-after[...]'; keep the real path
     loc = [p for p in loc if not (isinstance(p, str) and "[" in p)]
     key = ".".join(str(p) for p in loc)
@@ -237,7 +190,7 @@ def _explain(e: ValidationError, raw: dict[str, Any], path: Path, text: str) -> 
 def _section_kind(loc: list[Any], raw: dict[str, Any]) -> str:
     if loc and loc[0] == "backends" and len(loc) > 1:
         b = raw.get("backends", {}).get(loc[1], {})
-        return "vllm" if b.get("kind") == "sglang" else str(b.get("kind", ""))
+        return str(b.get("kind", ""))
     if "sampling" in loc:
         return "sampling"
     return str(loc[0]) if loc else ""
@@ -280,27 +233,16 @@ def _line_of(text: str, loc: list[Any]) -> int | None:
 
 def manifest_of_run(run_dir: Path) -> Manifest:
     """The manifest a run was made with, as stored in its ledger (paths resolved as then)."""
-    import json
-    import sqlite3
+    from .store.ledger import Ledger
 
-    ledger = run_dir / "ledger.sqlite"
-    if not ledger.exists():
-        raise ManifestError(
-            f"{ledger}: no ledger here; pass the run's output folder (the one "
-            "holding ledger.sqlite), or run `draftdata run MANIFEST` first"
-        )
-    db = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
+    led = Ledger.read(run_dir / "ledger.sqlite")
     try:
-        rows = dict(
-            db.execute(
-                "SELECT key, value FROM meta WHERE key IN ('manifest', 'manifest_base_dir')"
-            ).fetchall()
-        )
+        raw, base = led.get_meta("manifest"), led.get_meta("manifest_base_dir", ".")
     finally:
-        db.close()
-    if "manifest" not in rows:
-        raise ManifestError(f"{ledger}: holds no manifest; it was not made by `draftdata run`")
-    m = Manifest.model_validate(json.loads(rows["manifest"]))
-    m.base_dir = Path(json.loads(rows.get("manifest_base_dir", '"."')))
+        led.close()
+    if raw is None:
+        raise ManifestError(f"{led.path}: holds no manifest; it was not made by `draftdata run`")
+    m = Manifest.model_validate(raw)
+    m.base_dir = Path(base)
     m.path = run_dir / "manifest.toml"
     return m

@@ -1,62 +1,27 @@
-"""`draftdata run`: read -> generate -> tokens -> validate -> export, each stage restartable.
+"""`draftdata run`: read -> generate -> tokens -> validate (gate) -> export. Orchestration only:
+each step is a stage's function from records to records, and each is restartable.
 
-The gate: datasets whose backend returns text wait until reconstruction, measured on the
-manifest's ground-truth datasets (generated with exact ids by the same target), reaches
-``[run] min_exact``. A failed gate stops the run before the first paid request; ``--force``
-overrides it, and the override is recorded in the export manifest."""
+Ground-truth datasets (exact ids from the target itself) are generated first; reconstruction is
+measured on them and gates the datasets whose backend returns text (see ``measure.gate``)."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
-from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
-from . import __version__
-from .errors import DraftdataError
-from .export.shards import ShardWriter, now_iso, write_manifest
-from .generate.runner import Runner
-from .manifest import DatasetCfg, EngineBackendCfg, HFBackendCfg, Manifest
+from .errors import ReconstructError
+from .export.run import export_run
+from .export.shards import write_json
+from .generate.runner import Runner, Tokenized
+from .manifest import DatasetCfg, Manifest
+from .measure.gate import Gate, GateError, decide, is_ground_truth
 from .measure.validate import ValidationReport, validate
-from .records.wire import messages_of
-from .store.ledger import Key
-from .tokens.reconstruct import FINISHED
-
-
-class GateError(DraftdataError):
-    """Reconstruction is not exact enough to spend money on text-only backends."""
-
-    exit_code = 1
-
-
-def is_ground_truth(m: Manifest, d: DatasetCfg) -> bool:
-    """Generated with exact ids by the target itself (a local engine), unless the manifest says."""
-    if d.ground_truth is not None:
-        return d.ground_truth
-    return isinstance(m.backends[d.backend], (HFBackendCfg, EngineBackendCfg))
-
-
-@dataclass
-class Gate:
-    min_exact: float
-    exact_match_rate: float | None
-    passed: bool
-    forced: bool = False
-    reason: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "min_exact": self.min_exact,
-            "exact_match_rate": self.exact_match_rate,
-            "passed": self.passed,
-            "forced": self.forced,
-            "reason": self.reason,
-        }
+from .records import GroundTruth
+from .tokens.stage import check_ids
 
 
 @dataclass
@@ -65,40 +30,34 @@ class PipelineResult:
     export_dir: Path | None = None
     validation: ValidationReport | None = None
     gate: Gate | None = None
-    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    datasets: dict[str, Tokenized] = field(default_factory=dict)
     budget_stopped: bool = False
 
 
-def ground_truth_records(runner: Runner, d: DatasetCfg) -> list[dict[str, Any]]:
-    """The engine's exact answers as validation records (api_view derived from the ids)."""
-    opts = {} if runner.m.target.thinking is None else {"thinking": runner.m.target.thinking}
-    out = []
-    for key, p, msgs, r, _view in runner.conversations(d):
+def ground_truth(runner: Runner, d: DatasetCfg) -> Iterator[GroundTruth]:
+    """The engine's exact answers as ground truth, with the conversations they answered. The
+    prompt ids are the ones the server says it fed the model, where it says so."""
+    stage = runner.tokens
+    for a in runner.conversations(d):
+        key, p, msgs, r = a.key, a.prompt, a.messages, a.stored
         if r.output_ids is None:
             continue
-        ids = list(r.output_ids)
-        if r.finish_reason in FINISHED and (not ids or ids[-1] not in runner.bound.stop_ids):
-            ids.append(runner.bound.end_id)
-        out.append(
-            {
-                "id": f"{key.dataset}/{key.prompt_id}/{key.sample_idx}/{key.turn}",
-                "group": key.prompt_id,
-                "source": d.name,
-                "messages": [
-                    {
-                        "role": m.role,
-                        "content": m.content,
-                        **({"reasoning_content": m.reasoning} if m.reasoning else {}),
-                    }
-                    for m in msgs
-                ],
-                "tools": list(p.tools),
-                "prompt_ids": r.our_prompt_ids or runner.bound.prompt_ids(msgs, p.tools, **opts),
-                "output_ids": ids,
-                "finish_reason": r.finish_reason,
-            }
+        try:
+            out = check_ids(runner.bound, r.output_ids, "output_ids")
+            prompt = r.server_prompt_ids or r.our_prompt_ids or stage.render_prompt(msgs, p)
+            check_ids(runner.bound, prompt, "prompt_ids")
+        except ReconstructError:
+            continue  # the tokens stage drops and counts it
+        yield GroundTruth(
+            id=key.sample_id,
+            messages=msgs,
+            prompt_ids=tuple(prompt),
+            output_ids=tuple(runner.bound.closed(out, r.finish_reason)),
+            finish_reason=r.finish_reason,
+            tools=p.tools,
+            group=key.prompt_id,
+            source=d.name,
         )
-    return out
 
 
 def run_pipeline(
@@ -117,59 +76,27 @@ def run_pipeline(
         if gt:
             rep = asyncio.run(runner.run([d.name for d in gt]))
             res.datasets.update(rep.datasets)
-        # 3. validate reconstruction on it, and gate the text backends
-        if gt:
-            records = [r for d in gt for r in ground_truth_records(runner, d)]
-            if m.run.learn_prefs and records:
-                res.validation = learn_and_validate(runner, records)
-            else:
-                res.validation = validate(
-                    runner.bound, records, text_ids=runner.text_ids, thinking=m.target.thinking
-                )
-            res.validation.meta = {
-                **res.validation.meta,
-                "format": runner.bound.format.name,
-                "format_version": runner.bound.format.version,
-                "tokenizer_sha256": runner.bound.tokenizer.sha256,
-                "prefs": m.target.prefs,
-            }
-            (m.output_dir / "validation.json").write_text(
-                json.dumps(res.validation.to_json(), indent=2, ensure_ascii=False) + "\n",
-                encoding="utf-8",
-            )
+            # 3. validate reconstruction on it
+            res.validation = measure(runner, [r for d in gt for r in ground_truth(runner, d)])
+            write_json(m.output_dir / "validation.json", res.validation.to_json())
+        # 4. the gate, before the first paid request
         rate = res.validation.exact_match_rate if res.validation and res.validation.n else None
-        if not text:
-            res.gate = Gate(m.run.min_exact, rate, True, reason="no text-only datasets")
-        elif rate is None:
-            res.gate = Gate(
-                m.run.min_exact,
-                None,
-                False,
-                reason="no ground-truth dataset to measure reconstruction on; add "
-                'one generated by the target with a local engine (kind = "hf")',
-            )
-        else:
-            res.gate = Gate(
-                m.run.min_exact,
-                rate,
-                rate >= m.run.min_exact,
-                reason=f"exact-match {rate:.4f} vs min_exact {m.run.min_exact}",
-            )
-        runner.ledger.set_meta("gate", res.gate.to_json())
+        res.gate = decide(m.run.min_exact, rate, gated=bool(text))
         if text and not res.gate.passed:
             if not force:
+                runner.ledger.set_meta("gate", res.gate.to_json())
                 raise GateError(
                     f"gate failed before any paid request: {res.gate.reason}; fix the format or "
                     "learn split preferences (`draftdata learn`), or pass --force to override"
                 )
-            res.gate.forced = True
-            runner.ledger.set_meta("gate", res.gate.to_json())
-        # 4. the text backends
+            res.gate = res.gate.force()
+        runner.ledger.set_meta("gate", res.gate.to_json())
+        # 5. the text backends
         if text:
             rep = asyncio.run(runner.run([d.name for d in text]))
             res.datasets.update(rep.datasets)
             res.budget_stopped = rep.budget_stopped
-        # 5. export
+        # 6. export
         res.export_dir = export_run(
             runner, res.validation.to_json() if res.validation is not None else None, res.gate
         )
@@ -178,7 +105,24 @@ def run_pipeline(
     return res
 
 
-def learn_and_validate(runner: Runner, records: list[dict[str, Any]]) -> ValidationReport:
+def measure(runner: Runner, records: list[GroundTruth]) -> ValidationReport:
+    """Validation on the run's ground truth (cross-validated where preferences are learned)."""
+    m, bound = runner.m, runner.bound
+    if m.run.learn_prefs and records:
+        report = learn_and_validate(runner, records)
+    else:
+        report = validate(bound, records, text_ids=runner.text_ids, thinking=m.target.thinking)
+    report.meta = {
+        **report.meta,
+        "format": bound.format.name,
+        "format_version": bound.format.version,
+        "tokenizer_sha256": bound.tokenizer.sha256,
+        "prefs": m.target.prefs,
+    }
+    return report
+
+
+def learn_and_validate(runner: Runner, records: list[GroundTruth]) -> ValidationReport:
     """Learn split preferences from the run's own ground truth. The figure the gate sees is
     cross-validated: preferences learned on one half of the prompts are measured on the other,
     both ways. The preferences learned on all of it are saved (RUN/prefs.json) and applied to
@@ -188,8 +132,8 @@ def learn_and_validate(runner: Runner, records: list[dict[str, Any]]) -> Validat
 
     bound, thinking = runner.bound, runner.m.target.thinking
     halves = (
-        [r for r in records if _bucket(r["group"]) < 0.5],
-        [r for r in records if _bucket(r["group"]) >= 0.5],
+        [r for r in records if _bucket(r.group) < 0.5],
+        [r for r in records if _bucket(r.group) >= 0.5],
     )
     report = ValidationReport()
     for learn_on, measure_on in ((halves[0], halves[1]), (halves[1], halves[0])):
@@ -210,176 +154,4 @@ def learn_and_validate(runner: Runner, records: list[dict[str, Any]]) -> Validat
     return report
 
 
-def _template_sha(runner: Runner) -> str | None:
-    tpl = runner.bound.tokenizer.chat_template
-    return hashlib.sha256(tpl.encode()).hexdigest() if tpl else None
-
-
-def export_run(
-    runner: Runner,
-    validation: dict[str, Any] | None,
-    gate: Gate | None,
-    shard_bytes: int | None = None,
-) -> Path:
-    """Parquet shards and manifest.json from the ledger's samples (re-runnable on its own)."""
-    m, led = runner.m, runner.ledger
-    folder = m.output_dir / "export"
-    writer = ShardWriter(folder, **({"max_bytes": shard_bytes} if shard_bytes else {}))
-    status = led.status()["datasets"]
-    datasets: dict[str, Any] = {}
-    totals: Counter[str] = Counter()
-    n_samples = 0
-    for d in m.datasets:
-        meta = {p.id: p.metadata for p in led.prompts(d.name)}
-        sources: Counter[str] = Counter()
-        finishes: Counter[str] = Counter()
-        n = 0
-        for key, source, finish, ids, plen, warns in led.iter_samples(d.name):
-            writer.add(_row(key, source, finish, ids, plen, warns, meta.get(key.prompt_id, {})))
-            sources[source] += 1
-            finishes[finish] += 1
-            n += 1
-        st = status.get(d.name, {})
-        drops = dict(st.get("drops", {}))
-        failed = st.get("failed", 0)
-        if failed:
-            drops["generation_failed"] = failed
-        totals.update(drops)
-        n_samples += n
-        backend = m.backends[d.backend]
-        datasets[d.name] = {
-            "backend": d.backend,
-            "backend_kind": backend.kind,
-            "ground_truth": is_ground_truth(m, d),
-            "source": d.source,
-            "reader": d.reader,
-            "sampling": d.sampling.model_dump(),
-            "samples_per_prompt": d.samples_per_prompt,
-            "turns": d.turns,
-            "samples": n,
-            "token_sources": dict(sources),
-            "finish_reasons": dict(finishes),
-            "drops": drops,
-            "read_drops": led.get_meta(f"read_drops:{d.name}", {}),
-            "cost_usd": st.get("cost_usd", 0.0),
-        }
-    shards = writer.close()
-    tok = runner.bound.tokenizer
-    doc = {
-        "draftdata_version": __version__,
-        "run": m.run.name,
-        "created_at": now_iso(),
-        "tokenizer": {
-            "path": str(tok.path),
-            "sha256": tok.sha256,
-            "chat_template_sha256": _template_sha(runner),
-        },
-        "format": {"name": runner.bound.format.name, "version": runner.bound.format.version},
-        "datasets": datasets,
-        "counts": {"samples": n_samples, "drops": dict(totals)},
-        "validation": validation,
-        "gate": gate.to_json() if gate is not None else led.get_meta("gate"),
-        "shards": shards,
-        "cost_usd": led.status()["cost_usd"],
-        "loader": "datasets.load_dataset('parquet', data_files='export/shard-*.parquet')",
-    }
-    write_manifest(folder, doc)
-    return folder
-
-
-def _row(
-    key: Key,
-    source: str,
-    finish: str,
-    ids: list[int],
-    plen: int,
-    warns: list[str],
-    meta: dict[str, Any],
-) -> dict[str, Any]:
-    return {
-        "id": f"{key.dataset}/{key.prompt_id}/{key.sample_idx}/{key.turn}",
-        "dataset": key.dataset,
-        "prompt_id": key.prompt_id,
-        "sample_idx": key.sample_idx,
-        "turn": key.turn,
-        "input_ids": ids,
-        "loss_mask": [False] * plen + [True] * (len(ids) - plen),
-        "prompt_len": plen,
-        "token_source": source,
-        "finish_reason": finish,
-        "warnings": warns,
-        "metadata": json.dumps(meta, ensure_ascii=False, default=str),
-    }
-
-
-def export_trainer(runner: Runner, kind: str) -> Path:
-    """SpecForge conversations JSONL (reasoning as ``reasoning_content``) or speculators JSONL
-    (``input_ids`` + ``loss_mask`` as 0/1), beside the shards."""
-    m, led = runner.m, runner.ledger
-    folder = m.output_dir / "export"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{kind}.jsonl"
-    tmp = folder / f".{kind}.jsonl.tmp"
-    with tmp.open("w", encoding="utf-8") as f:
-        for d in m.datasets:
-            if kind == "speculators":
-                for key, _src, _fin, ids, plen, _w in led.iter_samples(d.name):
-                    f.write(
-                        json.dumps(
-                            {
-                                "id": f"{key.dataset}/{key.prompt_id}/{key.sample_idx}/{key.turn}",
-                                "input_ids": ids,
-                                "loss_mask": [0] * plen + [1] * (len(ids) - plen),
-                            }
-                        )
-                        + "\n"
-                    )
-                continue
-            have = {k for k, *_ in led.iter_samples(d.name)}
-            for key, p, msgs, _r, view in runner.conversations(d):
-                if key not in have:
-                    continue  # dropped at the tokens stage: not training data
-                conv = [
-                    _conv_msg(x.role, x.content, x.reasoning, x.tool_calls, x.tool_call_id)
-                    for x in msgs
-                ]
-                conv.append(
-                    _conv_msg(
-                        "assistant", view.content or "", view.reasoning, view.tool_calls, None
-                    )
-                )
-                rec: dict[str, Any] = {
-                    "id": f"{key.dataset}/{key.prompt_id}/{key.sample_idx}/{key.turn}",
-                    "conversations": conv,
-                }
-                if p.tools:
-                    rec["tools"] = list(p.tools)
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    tmp.replace(path)
-    return path
-
-
-def _conv_msg(
-    role: str, content: str | None, reasoning: str | None, calls: Any, call_id: str | None
-) -> dict[str, Any]:
-    d: dict[str, Any] = {"role": role, "content": content or ""}
-    if reasoning:
-        d["reasoning_content"] = reasoning
-    if calls:
-        d["tool_calls"] = [
-            {"id": c.id, "type": c.type, "function": {"name": c.name, "arguments": c.arguments}}
-            for c in calls
-        ]
-    if call_id:
-        d["tool_call_id"] = call_id
-    return d
-
-
-__all__ = [
-    "GateError",
-    "export_run",
-    "export_trainer",
-    "is_ground_truth",
-    "messages_of",
-    "run_pipeline",
-]
+__all__ = ["GateError", "PipelineResult", "ground_truth", "run_pipeline"]

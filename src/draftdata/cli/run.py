@@ -6,14 +6,18 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from ..errors import InputError
+from ..export.trainers import EXPORTERS
 from .app import app, err, out
-from .tokens import _print_validation
+from .show import print_validation
+
+if TYPE_CHECKING:
+    from ..store.stats import RunStatus
 
 # --- generation -------------------------------------------------------------------------------
 ManifestArg = Annotated[Path, typer.Argument(help="the run manifest (TOML)")]
@@ -34,12 +38,13 @@ def generate(
 
     from ..generate.runner import Runner
     from ..manifest import load_manifest
+    from ..store.stats import status as ledger_status
 
     m = load_manifest(manifest)
     runner = Runner(m, quiet=quiet, console=err)
     try:
         rep = asyncio.run(runner.run(dataset))
-        st = runner.ledger.status()["datasets"]
+        st = ledger_status(runner.ledger)
     except KeyboardInterrupt:
         err.print(
             "interrupted: everything answered so far is in the ledger; run the same "
@@ -49,8 +54,8 @@ def generate(
     finally:
         runner.ledger.close()
     for name, d in rep.datasets.items():
-        drops = ", ".join(f"{k}: {v}" for k, v in d["drops"].items())
-        out.print(f"{name}: samples {d['samples'] or 0}" + (f"; dropped {drops}" if drops else ""))
+        drops = ", ".join(f"{k}: {v}" for k, v in d.drops.items())
+        out.print(f"{name}: samples {d.samples or 0}" + (f"; dropped {drops}" if drops else ""))
     out.print(f"cost so far ${rep.spent_usd:.4f}; ledger {m.output_dir / 'ledger.sqlite'}")
     if rep.budget_stopped:
         err.print(
@@ -61,21 +66,22 @@ def generate(
         raise typer.Exit(1)
 
 
-def _report_failures(st: dict[str, Any], names: Any, manifest: Path) -> bool:
+def _report_failures(st: RunStatus, names: Any, manifest: Path) -> bool:
     """Print what failed for good; True when a dataset got no answer at all."""
     nothing = False
     for name in names:
-        d = st.get(name, {})
-        if not d.get("failed"):
+        d = st.dataset(name)
+        if not d.failed:
             continue
-        reasons = sorted(d.get("errors", {}).items(), key=lambda kv: -kv[1])[:3]
+        reasons = sorted(d.errors.items(), key=lambda kv: -kv[1])[:3]
         why = ", ".join(f"{k} ({v} attempts)" for k, v in reasons)
         err.print(
-            f"[bold yellow]{name}: {d['failed']} of {d['total']} failed after retries[/]"
+            f"[bold yellow]{name}: {d.failed} of {d.total} failed after retries[/]"
             f" ({why}); `draftdata status {manifest}` has the details, and rerunning "
-            "retries them"
+            "retries them",
+            markup=True,
         )
-        if d.get("done", 0) == 0:
+        if d.done == 0:
             nothing = True
             if any(k.startswith(("connection_error", "timeout")) for k, _ in reasons):
                 err.print(
@@ -93,14 +99,15 @@ def status(
     """Counts by dataset and state, cost so far, error reasons."""
     from ..manifest import load_manifest
     from ..store.ledger import Ledger
+    from ..store.stats import status as ledger_status
 
     m = load_manifest(manifest)
     path = m.output_dir / "ledger.sqlite"
     if not path.exists():
         raise InputError(f"{path}: no ledger yet; run `draftdata generate {manifest}` first")
-    ledger = Ledger(path)
+    ledger = Ledger.read(path)
     try:
-        st = ledger.status()
+        st = ledger_status(ledger).to_json()
     finally:
         ledger.close()
     if json_out:
@@ -180,7 +187,7 @@ def run_cmd(
     except GateError:
         vpath = m.output_dir / "validation.json"
         if vpath.exists():
-            _print_validation(
+            print_validation(
                 {
                     **json.loads(vpath.read_text()),
                     "format": m.target.format,
@@ -206,8 +213,8 @@ def run_cmd(
         verdict = "passed" if g.passed else ("FORCED past a failed gate" if g.forced else "failed")
         out.print(f"gate (min_exact {g.min_exact}): {verdict}; {g.reason}")
     for name, d in res.datasets.items():
-        drops = ", ".join(f"{k}: {v}" for k, v in d["drops"].items())
-        out.print(f"{name}: samples {d['samples'] or 0}" + (f"; dropped {drops}" if drops else ""))
+        drops = ", ".join(f"{k}: {v}" for k, v in d.drops.items())
+        out.print(f"{name}: samples {d.samples or 0}" + (f"; dropped {drops}" if drops else ""))
     if res.budget_stopped:
         err.print(
             "[bold yellow]budget reached:[/] scheduling stopped before the next request "
@@ -217,10 +224,11 @@ def run_cmd(
         out.print(f"shards and manifest: {res.export_dir}")
     _write_report(res.run_dir)
     from ..store.ledger import Ledger
+    from ..store.stats import status as ledger_status
 
-    led = Ledger(m.output_dir / "ledger.sqlite")
+    led = Ledger.read(m.output_dir / "ledger.sqlite")
     try:
-        st = led.status()["datasets"]
+        st = ledger_status(led)
     finally:
         led.close()
     if _report_failures(st, res.datasets, manifest):
@@ -228,7 +236,7 @@ def run_cmd(
 
 
 def _write_report(run_dir: Path, out_path: Path | None = None) -> Path:
-    from ..report.data import build_report, summary
+    from ..report import build_report, summary
 
     path = build_report(run_dir, out_path)
     out.print(summary(run_dir), markup=False, highlight=False)  # reasons may hold [ ] or <script>
@@ -255,32 +263,31 @@ def export(
         list[str] | None,
         typer.Option(
             "--as",
-            help="also write trainer JSONL: specforge (conversations with reasoning), "
-            "speculators (input_ids + loss_mask); repeatable",
+            help="also write a trainer's format, repeatable: "
+            + "; ".join(f"{e.name} ({e.summary})" for e in EXPORTERS.values()),
         ),
     ] = None,
 ) -> None:
     """Write Parquet shards + manifest.json from a run's ledger, and trainer-specific JSONL."""
+    from ..export.run import export_run
+    from ..export.trainers import export_as
     from ..generate.runner import Runner
     from ..manifest import manifest_of_run
-    from ..pipeline import export_run, export_trainer
-    from ..store.ledger import Ledger
 
     kinds = as_ or []
     for k in kinds:
-        if k not in ("specforge", "speculators"):
-            raise InputError(f"--as {k!r}: choose specforge or speculators")
+        if k not in EXPORTERS:
+            raise InputError(f"--as {k!r}: choose one of {', '.join(EXPORTERS)}")
     m = manifest_of_run(run)
     m.run.output = str(run.resolve())
     runner = Runner(m, quiet=True, console=err)
     try:
-        led: Ledger = runner.ledger
         folder = export_run(runner, _stored_validation(run), None)
         out.print(f"shards and manifest: {folder}")
         for k in kinds:
-            out.print(f"{k}: {export_trainer(runner, k)}")
+            out.print(f"{k}: {export_as(runner, k)}")
     finally:
-        led.close()
+        runner.ledger.close()
 
 
 def _stored_validation(run: Path) -> dict[str, Any] | None:

@@ -11,7 +11,9 @@ import typer
 from rich.table import Table
 
 from ..errors import InputError
+from ..records import GroundTruth
 from .app import FormatOpt, TokenizerOpt, app, err, out, read_jsonl
+from .show import print_validation
 
 # --- reconstruction ---------------------------------------------------------------------------
 PrefsOpt = Annotated[
@@ -53,10 +55,22 @@ def _applier(prefs: Path | None, bound: Any):  # type: ignore[no-untyped-def]
     return p.applier(bound.tokenizer)
 
 
-def _bucketed(records: list[dict[str, Any]], bucket: str | None) -> list[dict[str, Any]]:
+def _ground_truth(path: Path, skipped: dict[str, int]) -> list[GroundTruth]:
+    """The records of a ground-truth JSONL file; unusable ones are counted in ``skipped``."""
+    from ..records.wire import ground_truth_of
+
+    out_: list[GroundTruth] = []
+    for i, rec in enumerate(read_jsonl(path, skipped)):
+        try:
+            out_.append(ground_truth_of(rec, i))
+        except InputError as e:
+            skipped[str(e)] = skipped.get(str(e), 0) + 1
+    return out_
+
+
+def _bucketed(records: list[GroundTruth], bucket: str | None) -> list[GroundTruth]:
     if bucket is None:
         return records
-    from ..measure.validate import group_of
     from ..tokens.prefs import _bucket
 
     try:
@@ -67,9 +81,7 @@ def _bucketed(records: list[dict[str, Any]], bucket: str | None) -> list[dict[st
     if not 0 <= lo < hi <= 1:
         raise InputError(f"--bucket {bucket!r}: need 0 <= LO < HI <= 1")
     return [
-        r
-        for r in records
-        if lo <= _bucket(group_of(r)) < hi or (hi == 1 and _bucket(group_of(r)) == 1)
+        r for r in records if lo <= _bucket(r.group) < hi or (hi == 1 and _bucket(r.group) == 1)
     ]
 
 
@@ -188,7 +200,7 @@ def validate(
             )
     text_ids = _applier(prefs, bound)
     skipped: dict[str, int] = {}
-    records = _bucketed(list(read_jsonl(input, skipped)), bucket)
+    records = _bucketed(_ground_truth(input, skipped), bucket)
     rep = run(bound, records, text_ids=text_ids, thinking=thinking)
     rep.meta = {
         "input": str(input),
@@ -209,7 +221,7 @@ def validate(
         else:
             json_out.write_text(text + "\n", encoding="utf-8")
     if json_out is None or str(json_out) != "-":
-        _print_validation(doc)
+        print_validation(doc)
     _print_skipped(skipped)
     if min_exact is not None and rep.exact_match_rate < min_exact:
         err.print(
@@ -217,47 +229,6 @@ def validate(
             f"--min-exact {min_exact}"
         )
         raise typer.Exit(1)
-
-
-def _print_validation(doc: dict[str, Any]) -> None:
-    t = Table(
-        "source",
-        "n",
-        "exact",
-        "exact-match",
-        "token accuracy",
-        "mismatches",
-        title=f"reconstruction vs ground truth ({doc['format']} v{doc['format_version']}"
-        + (f", prefs {doc['prefs']}" if doc.get("prefs") else "")
-        + ")",
-    )
-    for s, v in doc["by_source"].items():
-        t.add_row(
-            s,
-            str(v["n"]),
-            str(v["exact"]),
-            f"{v['exact_match_rate']:.1%}",
-            f"{v['token_accuracy']:.4f}",
-            ", ".join(f"{k} {n}" for k, n in sorted(v["categories"].items())),
-        )
-    t.add_row(
-        "[bold]all[/]",
-        str(doc["n"]),
-        str(doc["exact"]),
-        f"[bold]{doc['exact_match_rate']:.1%}[/]",
-        f"[bold]{doc['token_accuracy']:.4f}[/]",
-        ", ".join(f"{k} {n}" for k, n in sorted(doc["categories"].items())),
-    )
-    out.print(t)
-    for cat, exs in doc["examples"].items():
-        out.print(f"[bold]{cat}[/] ({doc['categories'][cat]})")
-        for e in exs:
-            out.print(f"  {e['id']} {e['where']} position {e['position']}: {e['text']!r}")
-            out.print(f"    truth: {e['truth']}")
-            out.print(f"    ours:  {e['ours']}")
-    if doc["drops"]:
-        out.print("[yellow]dropped: " + ", ".join(f"{k}: {v}" for k, v in doc["drops"].items()))
-    out.print(f"token sources: {doc['token_sources']}")
 
 
 @app.command()
@@ -283,7 +254,7 @@ def learn(
         raise InputError("--holdout must be between 0 and 1 (exclusive)")
     bound = _bound(tokenizer, format)
     skipped: dict[str, int] = {}
-    records = _bucketed(list(read_jsonl(input, skipped)), bucket)
+    records = _bucketed(_ground_truth(input, skipped), bucket)
     pairs, drops = learning_pairs(bound, records, thinking)
     if not pairs:
         raise InputError(f"{input}: no usable ground-truth records (drops: {dict(drops)})")

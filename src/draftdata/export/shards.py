@@ -1,15 +1,13 @@
-"""Export: Parquet shards a trainer loads directly, a manifest.json that pins provenance and the
-measured figures, and trainer-specific JSONL (SpecForge conversations, speculators ids+mask).
+"""Parquet shards a trainer loads directly, and the one-file sample writer of `reconstruct -o`.
 
-Shards are split by size and written atomically (a temporary name, then a rename)."""
+Every row carries its sample's provenance (tokenizer sha256, format name and version, draftdata
+version), read back from the ledger: an export never stamps the current settings on samples made
+under others. Shards are split by size and written atomically (a temporary name, then a rename)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,9 +18,18 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from ..records import Sample
+from ..tokenizers.base import file_sha256
 
 SHARD_BYTES = 256 * 1024 * 1024  # about this much token data per shard
 
+_PROVENANCE = pa.struct(
+    [
+        ("tokenizer_sha256", pa.string()),
+        ("format_name", pa.string()),
+        ("format_version", pa.string()),
+        ("draftdata_version", pa.string()),
+    ]
+)
 # the columns every sample file has, in both shapes below
 _TOKENS = [
     ("input_ids", pa.list_(pa.int32())),
@@ -31,10 +38,11 @@ _TOKENS = [
     ("token_source", pa.string()),
     ("finish_reason", pa.string()),
     ("warnings", pa.list_(pa.string())),
+    ("provenance", _PROVENANCE),
 ]
 _ID = [("id", pa.string()), ("dataset", pa.string())]
 
-#: a run's shards: provenance lives once in manifest.json
+#: a run's shards
 SHARD_SCHEMA = pa.schema(
     [
         *_ID,
@@ -45,24 +53,8 @@ SHARD_SCHEMA = pa.schema(
         ("metadata", pa.string()),
     ]
 )
-#: `reconstruct -o X.parquet`: a standalone file, so every row carries its provenance
-SAMPLES_SCHEMA = pa.schema(
-    [
-        *_ID,
-        *_TOKENS,
-        (
-            "provenance",
-            pa.struct(
-                [
-                    ("tokenizer_sha256", pa.string()),
-                    ("format_name", pa.string()),
-                    ("format_version", pa.string()),
-                    ("draftdata_version", pa.string()),
-                ]
-            ),
-        ),
-    ]
-)
+#: `reconstruct -o X.parquet`: a standalone file of samples
+SAMPLES_SCHEMA = pa.schema([*_ID, *_TOKENS])
 
 
 def sample_row(s: Sample) -> dict[str, Any]:
@@ -79,7 +71,20 @@ def sample_row(s: Sample) -> dict[str, Any]:
     }
 
 
-def write_samples(samples: Sequence[Sample], path: Path) -> None:
+def shard_row(s: Sample, metadata: dict[str, Any]) -> dict[str, Any]:
+    """A run sample as a shard row (the key's parts, and the prompt's metadata as JSON)."""
+    if s.key is None:
+        raise ValueError(f"sample {s.id} has no key; only a run's samples go into shards")
+    return {
+        **sample_row(s),
+        "prompt_id": s.key.prompt_id,
+        "sample_idx": s.key.sample_idx,
+        "turn": s.key.turn,
+        "metadata": json.dumps(metadata, ensure_ascii=False, default=str),
+    }
+
+
+def write_samples(samples: list[Sample], path: Path) -> None:
     """One file of samples (``reconstruct -o``): .jsonl or .parquet, written atomically."""
     tmp = path.with_name(path.name + ".tmp")
     if path.suffix == ".parquet":
@@ -93,14 +98,6 @@ def write_samples(samples: Sequence[Sample], path: Path) -> None:
     else:
         raise InputError(f"{path}: write .jsonl or .parquet")
     os.replace(tmp, path)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class ShardWriter:
@@ -150,7 +147,7 @@ class ShardWriter:
                 "path": final.name,
                 "rows": self._shard_rows,
                 "bytes": final.stat().st_size,
-                "sha256": _sha256(final),
+                "sha256": file_sha256(final),
             }
         )
         self._writer, self._tmp, self._shard_rows, self._shard_bytes = None, None, 0, 0
@@ -160,9 +157,9 @@ class ShardWriter:
         return self.shards
 
 
-def write_manifest(folder: Path, doc: dict[str, Any]) -> Path:
-    path = folder / "manifest.json"
-    tmp = folder / ".manifest.json.tmp"
+def write_json(path: Path, doc: Any) -> Path:
+    """A JSON file written atomically: a temporary name in the same folder, then a rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(
         json.dumps(doc, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8"
     )
@@ -174,21 +171,9 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def iter_shard_rows(export_dir: Path) -> Iterator[dict[str, Any]]:
-    doc = read_export_manifest(export_dir)
-    for shard in doc["shards"]:
-        pf = pq.ParquetFile(export_dir / shard["path"])
-        for batch in pf.iter_batches(batch_size=1024):
-            yield from batch.to_pylist()
-
-
 def read_export_manifest(export_dir: Path) -> dict[str, Any]:
     path = export_dir / "manifest.json"
     if not path.exists():
         raise InputError(f"{path} not found; run `draftdata run MANIFEST` first")
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     return data
-
-
-def counts_by(rows: Iterable[dict[str, Any]], key: str) -> Counter[str]:
-    return Counter(str(r[key]) for r in rows)

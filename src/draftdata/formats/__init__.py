@@ -8,6 +8,7 @@ from ..errors import FormatError
 from .base import BoundFormat, ChatFormat, MarkerCheck, MarkerSpec, ThinkGrammar, describe_id
 from .declared import load_format_file
 from .families import BUILTIN, TemplateFormat
+from .inverse import derive_view
 from .segments import Segment, Special, Text, encode_segments, merge_text
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "TemplateFormat",
     "Text",
     "ThinkGrammar",
+    "derive_view",
     "describe_id",
     "encode_segments",
     "get_format",

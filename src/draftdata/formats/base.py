@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import FormatError, MarkerError
-from ..records import Message, ToolCall
+from ..records import FINISHED, Message, ToolCall
 from ..tokenizers import Tokenizer
 from .segments import Segment, Special, Text, encode_segments, merge_text, segments_text, train
 
@@ -75,7 +75,6 @@ class ChatFormat:
     #: the marker that opens the tool-call section of an answer (None: no tool grammar)
     tool_section: str | None = None
     #: extra keyword arguments the model's own chat template needs to render like this format
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     # --- helpers --------------------------------------------------------------------------
     def lit(self, text: str, trained: bool = False) -> list[Segment]:
@@ -265,6 +264,14 @@ class BoundFormat:
             for m in (self.format.end_of_turn, *self.format.stop_markers)
             if m in self.ids
         )
+
+    def closed(self, ids: Sequence[int], finish_reason: str) -> list[int]:
+        """An answer's ids ending with its stop id when the finish reason says the model ended
+        its turn (servers leave the stop token out of the ids and tokens they report)."""
+        out = list(ids)
+        if finish_reason in FINISHED and (not out or out[-1] not in self.stop_ids):
+            out.append(self.end_id)
+        return out
 
     def marker_text(self) -> dict[str, str]:
         return {n: m.text for n, m in self.format.markers.items()}

@@ -208,7 +208,6 @@ QWEN3 = Qwen3Format(
     think=ThinkGrammar(
         "think_open", "think_close", open_suffix="\n", close_prefix="\n", close_suffix="\n\n"
     ),
-    template_kwargs={},
 )
 
 

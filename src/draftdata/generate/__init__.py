@@ -1,1 +1,2 @@
-"""generate"""
+"""Generation at scale: the runner (``runner.Runner``), conversations turn by turn, the budget,
+progress, and the backends that answer (``backends``, with its registry of kinds)."""

@@ -3,7 +3,6 @@ outputs end with the end-of-turn marker? Pure functions over a tokenizer, a form
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -85,7 +84,6 @@ def audit(
         }
         for c in bound.checks
     ]
-    tpl = tokenizer.chat_template
     report = AuditReport(
         tokenizer={
             "path": str(tokenizer.path),
@@ -97,7 +95,7 @@ def audit(
             ),
             "added_tokens": sum(1 for t in tokenizer.control_tokens.values() if t.kind == "added"),
             "unrepresentable_bytes": sorted(tokenizer.unrepresentable_bytes),
-            "chat_template_sha256": hashlib.sha256(tpl.encode()).hexdigest() if tpl else None,
+            "chat_template_sha256": tokenizer.chat_template_sha256,
         },
         format={
             "name": fmt.name,

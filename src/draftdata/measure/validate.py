@@ -3,20 +3,18 @@ diverges. This is the gate that protects paid API runs."""
 
 from __future__ import annotations
 
-import re
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from difflib import SequenceMatcher
-from typing import Any
+from typing import Any, Literal
 
 from .. import __version__
 from ..errors import DraftdataError, ReconstructError
-from ..formats import BoundFormat, Segment, Special, Text
-from ..records import ApiView, ToolCall
-from ..records.wire import messages_of, view_from_record
+from ..formats import BoundFormat, derive_view
+from ..records import GroundTruth, Mismatch, ValidationResult
 from ..tokens.prefs import Pair
-from ..tokens.reconstruct import FINISHED, encode_response, reconstruct, response_segments
+from ..tokens.reconstruct import encode_response, reconstruct, response_segments
 
 CATEGORIES = (
     "end_of_turn",
@@ -31,26 +29,6 @@ CATEGORIES = (
     "text_mismatch",
 )
 EXAMPLES = 5
-_SAMPLE_SUFFIX = re.compile(r"-(greedy|sample)(-\d+)?$")
-
-
-def group_of(rec: Mapping[str, Any]) -> str:
-    """Records of one prompt share a group (so held-out splits never leak a prompt)."""
-    return str(rec.get("group") or _SAMPLE_SUFFIX.sub("", str(rec.get("id", ""))))
-
-
-@dataclass
-class RecordResult:
-    id: str
-    source: str
-    exact: bool
-    prompt_exact: bool
-    token_matches: int
-    token_total: int
-    category: str | None
-    first_divergence: int | None  # index into the response ids (or the prompt, for prompt_*)
-    token_source: str
-    example: dict[str, Any] | None = None
 
 
 @dataclass
@@ -61,7 +39,7 @@ class ValidationReport:
     token_matches: int = 0
     token_total: int = 0
     categories: Counter[str] = field(default_factory=Counter)
-    examples: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    examples: dict[str, list[Mismatch]] = field(default_factory=lambda: defaultdict(list))
     by_source: dict[str, dict[str, Any]] = field(default_factory=dict)
     token_sources: Counter[str] = field(default_factory=Counter)
     drops: Counter[str] = field(default_factory=Counter)
@@ -76,7 +54,7 @@ class ValidationReport:
     def token_accuracy(self) -> float:
         return self.token_matches / self.token_total if self.token_total else 0.0
 
-    def add(self, r: RecordResult) -> None:
+    def add(self, r: ValidationResult) -> None:
         self.n += 1
         self.exact += r.exact
         self.prompt_exact += r.prompt_exact
@@ -117,68 +95,13 @@ class ValidationReport:
                 }
                 for s, v in sorted(self.by_source.items())
             },
-            "examples": dict(self.examples),
+            "examples": {k: [asdict(e) for e in v] for k, v in self.examples.items()},
             "token_sources": dict(self.token_sources),
             "drops": dict(self.drops),
             "warnings": dict(self.warnings),
             "draftdata_version": __version__,
             **self.meta,
         }
-
-
-def derive_view(bound: BoundFormat, output_ids: Sequence[int], finish_reason: str) -> ApiView:
-    """The answer an OpenAI-compatible server would return for these ids: special tokens
-    skipped, reasoning split off at the think markers, the end-of-turn marker dropped."""
-    ids = list(output_ids)
-    if finish_reason in FINISHED and ids and ids[-1] in bound.stop_ids:
-        ids = ids[:-1]
-    fmt, tok = bound.format, bound.tokenizer
-    reasoning = None
-    th = fmt.think
-    if th is not None and th.close in bound.ids and bound.ids[th.close] in ids:
-        cut = ids.index(bound.ids[th.close])
-        head = ids[:cut]
-        if head and th.open in bound.ids and head[0] == bound.ids[th.open]:
-            head = head[1:]
-        reasoning = tok.decode(head)
-        ids = ids[cut + 1 :]
-    elif th is not None and th.prompt_opens and finish_reason == "length":
-        reasoning, ids = tok.decode(ids), []
-    calls: tuple[ToolCall, ...] = ()
-    section = bound.ids.get(fmt.tool_section) if fmt.tool_section else None
-    if section is not None and section in ids:
-        cut = ids.index(section)
-        calls = fmt.parse_tool_calls(_segments(bound, ids[cut:]))
-        if calls:  # a server's tool parser takes the section out of the content
-            ids = ids[:cut]
-    control = tok.control_ids
-    content = tok.decode([i for i in ids if i not in control])
-    if calls:
-        content = content.rstrip("\n")
-    return ApiView(
-        content=content or (None if calls else ""),
-        finish_reason=finish_reason,
-        reasoning=reasoning,
-        tool_calls=calls,
-    )
-
-
-def _segments(bound: BoundFormat, ids: Sequence[int]) -> list[Segment]:
-    """Ids as the format's segments: marker ids by name, runs of other ids decoded to text."""
-    names = {v: k for k, v in bound.ids.items()}
-    out: list[Segment] = []
-    run: list[int] = []
-    for i in ids:
-        if i in names:
-            if run:
-                out.append(Text(bound.tokenizer.decode(run)))
-                run = []
-            out.append(Special(names[i]))
-        else:
-            run.append(i)
-    if run:
-        out.append(Text(bound.tokenizer.decode(run)))
-    return out
 
 
 def _bytes(tok: Any, ids: Sequence[int]) -> bytes:
@@ -233,21 +156,21 @@ def classify(
 
 
 def _example(
-    bound: BoundFormat, rid: str, truth: Sequence[int], recon: Sequence[int], k: int, where: str
-) -> dict[str, Any]:
+    bound: BoundFormat,
+    rid: str,
+    truth: Sequence[int],
+    recon: Sequence[int],
+    k: int,
+    where: Literal["prompt", "response"],
+) -> Mismatch:
     tok = bound.tokenizer
 
     def show(ids: Sequence[int]) -> str:
         return " ".join(f"{i}:{tok.token_str(i)!r}" for i in ids[max(0, k - 3) : k + 4])
 
-    return {
-        "id": rid,
-        "where": where,
-        "position": k,
-        "truth": show(truth),
-        "ours": show(recon),
-        "text": tok.decode(truth[max(0, k - 6) : k + 6]),
-    }
+    return Mismatch(
+        rid, where, k, show(truth), show(recon), tok.decode(truth[max(0, k - 6) : k + 6])
+    )
 
 
 def compare(
@@ -260,7 +183,7 @@ def compare(
     response: Sequence[int],
     finish: str,
     token_source: str,
-) -> RecordResult:
+) -> ValidationResult:
     prompt_exact = list(truth_prompt) == list(prompt_ids)
     response_exact = list(truth_output) == list(response)
     sm = SequenceMatcher(None, list(truth_output), list(response), autojunk=False)
@@ -280,7 +203,7 @@ def compare(
     elif not response_exact:
         category, first = classify(bound, truth_output, response, finish)
         example = _example(bound, rid, truth_output, response, first, "response")
-    return RecordResult(
+    return ValidationResult(
         rid,
         source,
         prompt_exact and response_exact,
@@ -296,27 +219,24 @@ def compare(
 
 def validate(
     bound: BoundFormat,
-    records: Iterable[Mapping[str, Any]],
+    records: Iterable[GroundTruth],
     *,
     text_ids: Callable[[str, list[int]], list[int]] | None = None,
     thinking: bool | None = None,
-    on_result: Callable[[RecordResult], None] | None = None,
+    on_result: Callable[[ValidationResult], None] | None = None,
 ) -> ValidationReport:
+    """Reconstruct each record from its text (the server's view, or the view derived from its
+    ids) and compare the ids with the record's own, prompt and response."""
     rep = ValidationReport()
-    for rec in records:
-        rid = str(rec.get("id", rep.n))
-        if "output_ids" not in rec or "messages" not in rec:
-            rep.drops["missing_output_ids_or_messages"] += 1
-            continue
-        finish = str(rec.get("finish_reason") or "stop")
+    for gt in records:
         try:
-            view = view_from_record(rec) or derive_view(bound, rec["output_ids"], finish)
+            view = gt.view or derive_view(bound, gt.output_ids, gt.finish_reason)
             sample = reconstruct(
                 bound,
-                messages_of(rec["messages"]),
+                gt.messages,
                 view,
-                tools=rec.get("tools") or (),
-                record_id=rid,
+                tools=gt.tools,
+                record_id=gt.id,
                 thinking=thinking,
                 text_ids=text_ids,
             )
@@ -328,17 +248,16 @@ def validate(
             continue
         for w in sample.warnings:
             rep.warnings[w] += 1
-        truth_prompt = rec.get("prompt_ids")
         prompt_ids = sample.input_ids[: sample.prompt_len]
         result = compare(
             bound,
-            rid,
-            str(rec.get("source") or rec.get("dataset") or "all"),
-            truth_prompt if truth_prompt is not None else prompt_ids,
-            rec["output_ids"],
+            gt.id,
+            gt.source,
+            gt.prompt_ids if gt.prompt_ids is not None else prompt_ids,
+            gt.output_ids,
             prompt_ids,
             sample.response_ids,
-            finish,
+            gt.finish_reason,
             sample.token_source,
         )
         rep.add(result)
@@ -348,26 +267,18 @@ def validate(
 
 
 def learning_pairs(
-    bound: BoundFormat, records: Iterable[Mapping[str, Any]], thinking: bool | None = None
+    bound: BoundFormat, records: Iterable[GroundTruth], thinking: bool | None = None
 ) -> tuple[list[Pair], Counter[str]]:
     """(canonical response ids, model's ids) for every usable ground-truth record."""
     pairs: list[Pair] = []
     drops: Counter[str] = Counter()
-    for rec in records:
-        if "output_ids" not in rec:
-            drops["missing_output_ids"] += 1
-            continue
-        finish = str(rec.get("finish_reason") or "stop")
+    for gt in records:
         try:
-            view = view_from_record(rec) or derive_view(bound, rec["output_ids"], finish)
+            view = gt.view or derive_view(bound, gt.output_ids, gt.finish_reason)
             segs, _ = response_segments(bound, view, thinking=thinking)
-            canonical = encode_response(bound, segs, finish)
+            canonical = encode_response(bound, segs, gt.finish_reason)
         except DraftdataError as e:
             drops[getattr(e, "reason", type(e).__name__)] += 1
             continue
-        pairs.append(Pair(group_of(rec), canonical, list(rec["output_ids"])))
+        pairs.append(Pair(gt.group, canonical, list(gt.output_ids)))
     return pairs, drops
-
-
-def to_dict(r: RecordResult) -> dict[str, Any]:
-    return asdict(r)

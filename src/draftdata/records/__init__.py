@@ -1,4 +1,14 @@
-"""Typed records passed between stages. Frozen dataclasses; no untyped dicts between stages."""
+"""Typed records passed between stages: frozen dataclasses, no untyped dicts between stages.
+
+The flow, and the record each stage hands to the next::
+
+    sources -> Prompt -> generate -> Completion -> store -> StoredResponse -> tokens -> Sample
+    ground truth (files, or a run's exact answers) -> GroundTruth -> measure -> ValidationResult
+
+Two serialisers exist for these records: ``records.wire`` (the OpenAI wire format, both ways) and
+the ledger's own (``store.codec``). Raw API payloads (``Completion.response``) stay the provider's
+JSON, stored verbatim; everything derived from them is typed.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +18,9 @@ from typing import Any, Literal
 Role = Literal["system", "user", "assistant", "tool"]
 TokenSource = Literal["engine", "logprobs", "reconstructed"]
 FinishReason = Literal["stop", "length", "tool_calls"]
+
+#: finish reasons after which the model wrote its end-of-turn marker
+FINISHED = frozenset({"stop", "tool_calls", "function_call"})
 
 
 @dataclass(frozen=True)
@@ -32,11 +45,31 @@ class Message:
 
 @dataclass(frozen=True)
 class Prompt:
+    """One prompt of a dataset. ``tools`` are the JSON schemas of the functions it offers."""
+
     id: str
     dataset: str
     messages: tuple[Message, ...]
     tools: tuple[dict[str, Any], ...] = ()
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Key:
+    """One unit of work: a (dataset, prompt, sample, turn) answer."""
+
+    dataset: str
+    prompt_id: str
+    sample_idx: int
+    turn: int
+
+    def tuple(self) -> tuple[str, str, int, int]:
+        return (self.dataset, self.prompt_id, self.sample_idx, self.turn)
+
+    @property
+    def sample_id(self) -> str:
+        """The id of the sample made from this answer, in every export."""
+        return f"{self.dataset}/{self.prompt_id}/{self.sample_idx}/{self.turn}"
 
 
 @dataclass(frozen=True)
@@ -71,9 +104,63 @@ class ApiView:
 
 
 @dataclass(frozen=True)
+class Completion:
+    """One successful answer from a backend, with everything the ledger stores verbatim:
+    the request body and the response as the provider sent them (``request``/``response`` are
+    the wire payloads), and what was parsed out of them."""
+
+    request: dict[str, Any] | None
+    response: dict[str, Any]
+    response_text: str
+    finish_reason: str
+    view: ApiView
+    #: the model's exact answer ids, where the backend returns them
+    output_ids: tuple[int, ...] | None = None
+    #: the prompt ids the server itself fed the model, where it reports them
+    prompt_ids: tuple[int, ...] | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost_usd: float = 0.0
+    http_status: int | None = None
+    started_at: float = 0.0
+    latency_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class FailedAttempt:
+    """One attempt that did not give an answer (stored verbatim as well)."""
+
+    reason: str
+    http_status: int | None
+    request: dict[str, Any] | None
+    response_text: str | None
+    started_at: float
+    latency_s: float
+    final: bool
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """The one canonical answer the ledger keeps for a key."""
+
+    key: Key
+    backend: str
+    response: dict[str, Any]
+    output_ids: tuple[int, ...] | None
+    #: the prompt ids the server reported (None: it reported none)
+    server_prompt_ids: tuple[int, ...] | None
+    finish_reason: str
+    cost_usd: float
+    #: our rendering of the prompt when it was asked
+    our_prompt_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
 class Sample:
     """Token ids a trainer consumes: ``input_ids`` = prompt ids + response ids, ``loss_mask``
-    True exactly on the response ids (including the end-of-turn marker when the answer ended)."""
+    True exactly on the trained ids (the response, including the end-of-turn marker when the
+    answer ended). ``provenance`` names what made it; it travels with the sample to every
+    export."""
 
     id: str
     input_ids: list[int]
@@ -84,6 +171,8 @@ class Sample:
     provenance: Provenance
     dataset: str = ""
     warnings: tuple[str, ...] = ()
+    #: the answer it was made from, for samples made in a run
+    key: Key | None = None
 
     @property
     def response_ids(self) -> list[int]:
@@ -92,3 +181,48 @@ class Sample:
     def __post_init__(self) -> None:
         if len(self.input_ids) != len(self.loss_mask):
             raise ValueError("input_ids and loss_mask differ in length")
+
+
+@dataclass(frozen=True)
+class GroundTruth:
+    """A real generation with the exact ids the engine fed and produced, and (where known) the
+    text a server returned for it. The evidence validation measures reconstruction against."""
+
+    id: str
+    messages: tuple[Message, ...]
+    prompt_ids: tuple[int, ...] | None
+    output_ids: tuple[int, ...]
+    finish_reason: str
+    tools: tuple[dict[str, Any], ...] = ()
+    #: records of one prompt share a group, so held-out splits never leak a prompt
+    group: str = ""
+    source: str = "all"
+    view: ApiView | None = None
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """Where a reconstruction first differs from the truth, shown as tokens around it."""
+
+    id: str
+    where: Literal["prompt", "response"]
+    position: int
+    truth: str
+    ours: str
+    text: str
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """One ground-truth record measured: exact or not, how close, and why not."""
+
+    id: str
+    source: str
+    exact: bool
+    prompt_exact: bool
+    token_matches: int
+    token_total: int
+    category: str | None
+    first_divergence: int | None  # index into the response ids (or the prompt, for prompt_*)
+    token_source: str
+    example: Mismatch | None = None

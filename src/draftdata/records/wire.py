@@ -1,4 +1,6 @@
-"""Parse what OpenAI-compatible APIs return, in every provider shape, into typed records."""
+"""The OpenAI wire format, both ways: what OpenAI-compatible APIs return, in every provider
+shape, parsed into typed records; and records written back as request messages. Also the
+ground-truth JSONL schema, which holds messages in this format."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import InputError
-from . import ApiView, LogprobToken, Message, Role, ToolCall
+from . import ApiView, GroundTruth, LogprobToken, Message, Role, ToolCall
 
 #: provider fields that carry reasoning text, in the order they are trusted
 REASONING_FIELDS = ("reasoning_content", "reasoning", "reasoning_details")
@@ -137,3 +139,79 @@ def messages_of(raw: Sequence[Any]) -> tuple[Message, ...]:
             )
         )
     return tuple(out)
+
+
+def message_to_wire(m: Message, *, reasoning: bool = False) -> dict[str, Any]:
+    """One message as an OpenAI chat message. ``reasoning`` adds ``reasoning_content`` (what
+    vLLM, SGLang and trainers such as SpecForge read); requests to an API leave it out."""
+    d: dict[str, Any] = {"role": m.role, "content": m.content}
+    if reasoning and m.reasoning:
+        d["reasoning_content"] = m.reasoning
+    if m.tool_calls:
+        d["tool_calls"] = [
+            {
+                "id": c.id or f"call_{i}",
+                "type": c.type,
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for i, c in enumerate(m.tool_calls)
+        ]
+    if m.tool_call_id:
+        d["tool_call_id"] = m.tool_call_id
+    if m.name:
+        d["name"] = m.name
+    return d
+
+
+def messages_to_wire(msgs: Sequence[Message], *, reasoning: bool = False) -> list[dict[str, Any]]:
+    return [message_to_wire(m, reasoning=reasoning) for m in msgs]
+
+
+_SAMPLE_SUFFIX = re.compile(r"-(greedy|sample)(-\d+)?$")
+
+
+def _ids(raw: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(raw, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in raw
+    ):
+        raise InputError(f"{what} must be a list of integer ids")
+    return tuple(raw)
+
+
+def ground_truth_of(rec: Mapping[str, Any], index: int = 0) -> GroundTruth:
+    """A ground-truth record (see ../shared/data/groundtruth/README.md): messages, prompt_ids,
+    output_ids, finish_reason, and the server's view (``api_view``) or a raw ``response`` where
+    present. An unusable record raises InputError naming what is wrong (callers count it)."""
+    if not isinstance(rec.get("messages"), list):
+        raise InputError("record has no messages list")
+    rid = str(rec.get("id", index))
+    # a raw vLLM response (return_token_ids) carries the ids itself
+    resp = rec["response"] if isinstance(rec.get("response"), Mapping) else rec
+    choices = resp.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else {}
+    output = rec.get("output_ids")
+    if output is None and isinstance(choice, Mapping):
+        output = choice.get("token_ids")
+    if output is None:
+        raise InputError("record has no output_ids (nor choices[0].token_ids)")
+    prompt = rec.get("prompt_ids")
+    if prompt is None:
+        prompt = resp.get("prompt_token_ids")
+    tools = rec.get("tools") or ()
+    if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
+        raise InputError("tools must be a list of JSON objects")
+    return GroundTruth(
+        id=rid,
+        messages=messages_of(rec["messages"]),
+        prompt_ids=_ids(prompt, "prompt_ids") if prompt is not None else None,
+        output_ids=_ids(output, "output_ids"),
+        finish_reason=str(
+            rec.get("finish_reason")
+            or (choice.get("finish_reason") if isinstance(choice, Mapping) else None)
+            or "stop"
+        ),
+        tools=tuple(dict(t) for t in tools),
+        group=str(rec.get("group") or _SAMPLE_SUFFIX.sub("", rid)),
+        source=str(rec.get("source") or rec.get("dataset") or "all"),
+        view=view_from_record(rec),
+    )

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
 
 from .. import __version__
-from .data import (
-    ReportData,
-    Throughput,
+from .data import ReportData, Throughput
+from .figures import (
     drop_rows,
     duration,
-    gate_verdict,
     mean,
     num,
     pct,
@@ -25,12 +22,13 @@ from .data import (
     truncated_share,
     usd,
 )
+from .page import ExactnessSections
+from .style import CSS, FINISH_COLORS, SECTIONS
 from .svg import (
     Raw,
     bin_edges,
     cell,
     charts,
-    color,
     counts,
     esc,
     hbars,
@@ -44,97 +42,8 @@ from .svg import (
     table,
 )
 
-SOURCE_COLORS = {"engine": "#009E73", "logprobs": "#0072B2", "reconstructed": "#E69F00"}
-SECTIONS = {
-    "datasets": "Datasets",
-    "lengths": "Lengths",
-    "loss-mask": "Loss mask",
-    "exactness": "Exactness",
-    "truncation": "Truncation and drops",
-    "cost": "Cost and throughput",
-    "shards": "Shards",
-}
-FINISH_COLORS = {"stop": "#009E73", "length": "#D55E00", "tool_calls": "#0072B2"}
 
-CSS = """
-:root{--ink:#1f2933;--muted:#616e7c;--line:#e4e7eb;--bg:#f5f7fa;--card:#fff;--accent:#0072B2;
---ok:#1a7f37;--bad:#cf222e;--warn:#9a6700}
-*{box-sizing:border-box}
-body{margin:0;background:var(--bg);color:var(--ink);
-font:14px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif}
-main{max-width:1240px;margin:0 auto;padding:24px 20px 56px}
-h1{font-size:26px;margin:0 0 2px}
-h2{font-size:19px;margin:40px 0 12px;padding-bottom:6px;border-bottom:2px solid var(--line)}
-h3{font-size:15px;margin:22px 0 8px}
-p.lead,p.hint{color:var(--muted);margin:4px 0 12px}
-a{color:var(--accent)}
-nav{margin:16px 0 0;display:flex;flex-wrap:wrap;gap:6px}
-nav a{padding:3px 10px;border:1px solid var(--line);border-radius:999px;background:var(--card);
-text-decoration:none;font-size:13px}
-.panel,.tablewrap,.kpi,.chart{background:var(--card);border:1px solid var(--line);border-radius:8px}
-.panel{padding:14px 16px}
-.prov{display:grid;grid-template-columns:max-content 1fr;gap:4px 16px;margin:0}
-.prov dt{color:var(--muted)} .prov dd{margin:0;overflow-wrap:anywhere}
-.kpis{display:grid;grid-template-columns:repeat(4,1fr);gap:12px;margin:16px 0}
-@media (min-width:1100px){.kpis{grid-template-columns:repeat(8,1fr)}}
-@media (max-width:560px){.kpis{grid-template-columns:repeat(2,1fr)}}
-.kpi{padding:10px 14px} .kpi .v{font-size:22px;font-weight:650;font-variant-numeric:tabular-nums}
-.kpi .l{color:var(--muted);font-size:12px}
-.tablewrap{overflow-x:auto;margin:0 0 12px}
-table{border-collapse:collapse;width:100%;font-variant-numeric:tabular-nums}
-th,td{padding:6px 10px;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
-tr:last-child td{border-bottom:0}
-th{font-weight:600;color:var(--muted);font-size:12px;background:#fafbfc;white-space:nowrap}
-.n{text-align:right;white-space:nowrap}
-tr.total td{font-weight:600;background:#fafbfc}
-td:first-child{white-space:nowrap}
-.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,380px),1fr));gap:14px}
-.chart{padding:8px 10px} svg.plot{display:block;width:100%;height:auto}
-.split{display:grid;grid-template-columns:minmax(0,3fr) minmax(280px,2fr);gap:14px;align-items:start;
-margin:0 0 12px}
-.split>div>.tablewrap:last-child{margin:0}
-.split>div{min-width:0}
-@media (max-width:900px){.split{grid-template-columns:minmax(0,1fr)}}
-.ds{white-space:nowrap} .sw{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:7px}
-.badge{display:inline-block;padding:2px 12px;border-radius:999px;font-weight:700;font-size:13px;
-color:#fff;letter-spacing:.02em}
-.pass{background:var(--ok)} .fail{background:var(--bad)} .forced{background:var(--warn)}
-.none{background:#7b8794}
-.notes{background:#fff8e5;border:1px solid #f0d48a;border-radius:8px;padding:10px 16px;margin:16px 0}
-.notes ul{margin:4px 0;padding-left:20px}
-code,.mono,pre{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px}
-pre{white-space:pre-wrap;overflow-wrap:anywhere;background:var(--bg);padding:6px 8px;
-border-radius:6px;margin:2px 0}
-details{background:var(--card);border:1px solid var(--line);border-radius:8px;padding:8px 14px;
-margin:0 0 8px} summary{cursor:pointer;font-weight:600}
-.muted{color:var(--muted)}
-footer{margin-top:40px;color:var(--muted);font-size:12px}
-@media print{body{background:#fff} nav{display:none}}
-"""
-
-
-class Page:
-    def __init__(self, data: ReportData) -> None:
-        self.d = data
-        self.m = data.manifest
-        self.val = data.validation()
-        self.colors = {name: color(i) for i, name in enumerate(data.datasets)}
-        self.rows = sum(t.rows for t in data.tokens.values())
-        self.tokens = sum(t.tokens for t in data.tokens.values())
-        self.trained = sum(t.trained for t in data.tokens.values())
-
-    def ds(self, name: str) -> Raw:
-        sw = f'<span class="sw" style="background:{self.colors[name]}"></span>'
-        return Raw(f'<span class="ds">{sw}{esc(name)}</span>')
-
-    def sources(self, name: str) -> Counter[str]:
-        t = self.d.ds_tokens(name)
-        return t.token_sources or Counter(self.d.ds_manifest(name).get("token_sources") or {})
-
-    def finish(self, name: str) -> Counter[str]:
-        t = self.d.ds_tokens(name)
-        return t.finish_reasons or Counter(self.d.ds_manifest(name).get("finish_reasons") or {})
-
+class Page(ExactnessSections):
     # --- header ----------------------------------------------------------------------------
     def header(self) -> str:
         m, d, lt = self.m, self.d, self.d.ledger_total
@@ -181,12 +90,6 @@ class Page:
             )
             + f"<nav>{nav}</nav></header>"
         )
-
-    def gate(self) -> Raw:
-        verdict, why = gate_verdict(self.m)
-        kind = "forced" if "FORCED" in verdict else {"PASSED": "pass", "FAILED": "fail"}
-        cls = kind if isinstance(kind, str) else kind.get(verdict, "none")
-        return Raw(f'<span class="badge {cls}">{esc(verdict)}</span> {esc(why)}')
 
     # --- sections --------------------------------------------------------------------------
     def datasets(self) -> str:
@@ -275,130 +178,6 @@ class Page:
                 "output, which the drafter learns to predict."
             )
             + split(table(head, rows, total), chart)
-        )
-
-    def exactness(self) -> str:
-        d, val, g = self.d, self.val, self.m.get("gate") or {}
-        by_src: dict[str, Any] = (val or {}).get("by_source") or {}
-        colors = palette_for((s for n in d.datasets for s in self.sources(n)), SOURCE_COLORS)
-        rows = [
-            [
-                self.ds(n),
-                *counts(self.sources(n), list(colors)),
-                f"{v['n']:,}" if "n" in v else "–",
-                pct(v.get("exact_match_rate")),
-                pct(v.get("token_accuracy"), 2),
-            ]
-            for n, v in ((n, by_src.get(n) or {}) for n in d.datasets)
-        ]
-        out = [
-            "<h2 id=exactness>Exactness</h2>",
-            f'<div class="panel"><strong>Gate</strong> {self.gate()}<br><span class=muted>The '
-            "export refuses a run whose validated exact-match rate is below the minimum "
-            f"unless it is forced. Forced: {'yes' if g.get('forced') else 'no'}.</span></div>",
-            hint(
-                "Where the ids come from: <b>engine</b> ids are the model's own; <b>logprobs</b> "
-                "ids are looked up from the returned token bytes; <b>reconstructed</b> ids "
-                "re-tokenize the response text, and validation against ground truth measures "
-                "how exact they are (exact match: every id of prompt and response equal)."
-            ),
-            split(
-                table("|".join(["dataset", *colors, "validated|exact match|token accuracy"]), rows),
-                stacked_shares(
-                    [(n, self.sources(n)) for n in d.datasets],
-                    title="Token sources by dataset",
-                    colors=colors,
-                ),
-            ),
-        ]
-        warn = [
-            [self.ds(n), w, f"{c:,}"]
-            for n in d.datasets
-            for w, c in d.ds_tokens(n).warnings.most_common()
-        ]
-        if warn:
-            out.append("<h3>Sample warnings</h3>" + table("dataset|warning|samples", warn))
-        if val is None:
-            out.append(
-                hint(
-                    "No validation in the manifest: no dataset had ground truth, so "
-                    "exactness was not measured."
-                )
-            )
-            return "".join(out)
-        totals = [
-            [
-                f"{val.get('n', 0):,}",
-                f"{val.get('exact', 0):,}",
-                pct(val.get("exact_match_rate")),
-                pct(val.get("token_accuracy"), 2),
-                pct(val.get("prompt_exact_rate")),
-            ]
-        ]
-        srows = [
-            [
-                self.ds(s) if s in self.colors else s,
-                f"{v.get('n', 0):,}",
-                f"{v.get('exact', 0):,}",
-                pct(v.get("exact_match_rate")),
-                pct(v.get("token_accuracy"), 2),
-                ", ".join(f"{c} {k}" for c, k in sorted((v.get("categories") or {}).items()))
-                or "–",
-            ]
-            for s, v in sorted(by_src.items())
-        ]
-        bars = [
-            (s, float(v.get("exact_match_rate") or 0), self.colors.get(s, "#3e4c59"))
-            for s, v in sorted(by_src.items())
-        ]
-        out += [
-            "<h3>Validation against ground truth</h3>",
-            split(
-                table("records|exact|exact match|token accuracy|prompt exact", totals)
-                + table("source|records|exact|exact match|token accuracy|mismatches", srows),
-                hbars(
-                    bars,
-                    title="Exact match by source",
-                    xlabel="exact-match rate",
-                    xmax=1.0,
-                    fmt=share,
-                ),
-            ),
-        ]
-        for title, key in (("Validation drops", "drops"), ("Validation warnings", "warnings")):
-            if items := Counter(val.get(key) or {}):
-                out.append(
-                    f"<h3>{title}</h3>"
-                    + table("reason|records", [[k, f"{n:,}"] for k, n in items.most_common()])
-                )
-        cats: Counter[str] = Counter(val.get("categories") or {})
-        if cats:
-            chart = hbars(
-                [(c, float(n), "#D55E00") for c, n in cats.most_common()],
-                title="Mismatched records by category",
-                xlabel="records",
-                integer=True,
-                fmt=lambda v: f"{v:,.0f}",
-            )
-            examples = "".join(
-                self.examples(c, e) for c, e in sorted((val.get("examples") or {}).items())
-            )
-            out += ["<h3>Mismatches</h3>", split(examples or hint("No examples."), chart)]
-        return "".join(out)
-
-    def examples(self, cat: str, exs: Sequence[Any]) -> str:
-        cats = (self.val or {}).get("categories") or {}
-        inner = "".join(
-            f"<p><b>{esc(e.get('id'))}</b> <span class=muted>{esc(e.get('where'))} position "
-            f"{esc(e.get('position'))}</span></p><pre>{esc(e.get('text'))}</pre>"
-            f"<div class=mono>truth: {esc(e.get('truth'))}</div>"
-            f"<div class=mono>ours:&nbsp; {esc(e.get('ours'))}</div>"
-            for e in exs
-            if isinstance(e, dict)
-        )
-        return (
-            f"<details><summary>{esc(cat)} ({plural(cats.get(cat, len(exs)), 'record')})</summary>"
-            f"{inner}</details>"
         )
 
     def truncation(self) -> str:
@@ -584,10 +363,6 @@ def cost_row(
         f"{out_tok:,}" if out_tok is not None else "–",
         usd(cost / out_tok * 1e6 if cost is not None and out_tok else None),
     ]
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
 def render_html(data: ReportData) -> str:

@@ -1,9 +1,14 @@
-"""The run ledger: one SQLite file (WAL) per run.
+"""The run ledger: one SQLite file (WAL) per run, and the only code in draftdata that speaks SQL.
 
 It holds the prompts, every attempt with the raw request and raw response stored verbatim the
 moment they arrive, one canonical response per (dataset, prompt, sample, turn), the work state,
-usage and cost. A response and its work state are written in one transaction, so a SIGKILL at
-any moment loses nothing that was acknowledged and never stores a response twice."""
+usage and cost, and the samples made from the responses with their provenance. A response and its
+work state are written in one transaction, so a SIGKILL at any moment loses nothing that was
+acknowledged and never stores a response twice.
+
+Schema history: 2 kept samples without provenance or mask; 3 keeps both. A version-2 ledger is
+migrated when it is opened for writing: its samples are derived data without provenance, so they
+are set aside and made again by the tokens stage (the responses are kept as they are)."""
 
 from __future__ import annotations
 
@@ -11,14 +16,16 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import DraftdataError
-from ..records import Message, Prompt, ToolCall
+from ..records import Completion, FailedAttempt, Key, Prompt, Sample, StoredResponse
+from . import codec
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+#: versions this draftdata migrates from
+MIGRATES_FROM = (2,)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -49,7 +56,9 @@ CREATE TABLE IF NOT EXISTS responses (
 CREATE TABLE IF NOT EXISTS samples (
   dataset TEXT NOT NULL, prompt_id TEXT NOT NULL, sample_idx INTEGER NOT NULL,
   turn INTEGER NOT NULL, token_source TEXT NOT NULL, finish_reason TEXT NOT NULL,
-  input_ids_json TEXT NOT NULL, prompt_len INTEGER NOT NULL, warnings_json TEXT NOT NULL,
+  input_ids_json TEXT NOT NULL, loss_mask_json TEXT NOT NULL, prompt_len INTEGER NOT NULL,
+  warnings_json TEXT NOT NULL, tokenizer_sha256 TEXT NOT NULL, format_name TEXT NOT NULL,
+  format_version TEXT NOT NULL, draftdata_version TEXT NOT NULL,
   PRIMARY KEY (dataset, prompt_id, sample_idx, turn));
 CREATE TABLE IF NOT EXISTS drops (
   dataset TEXT NOT NULL, prompt_id TEXT NOT NULL, sample_idx INTEGER NOT NULL,
@@ -57,97 +66,92 @@ CREATE TABLE IF NOT EXISTS drops (
   PRIMARY KEY (dataset, prompt_id, sample_idx, turn, stage));
 """
 
+_KEY = "dataset=? AND prompt_id=? AND sample_idx=? AND turn=?"
+
 
 class LedgerError(DraftdataError):
     """The ledger file is unusable."""
 
 
-@dataclass(frozen=True)
-class Key:
-    dataset: str
-    prompt_id: str
-    sample_idx: int
-    turn: int
-
-    def tuple(self) -> tuple[str, str, int, int]:
-        return (self.dataset, self.prompt_id, self.sample_idx, self.turn)
-
-
-@dataclass(frozen=True)
-class StoredResponse:
-    key: Key
-    backend: str
-    response: dict[str, Any]
-    output_ids: list[int] | None
-    prompt_ids: list[int] | None
-    finish_reason: str
-    cost_usd: float
-    #: our rendering of the prompt when it was asked (saves rendering it again for the sample)
-    our_prompt_ids: list[int] | None = None
-
-
-def messages_to_json(msgs: Iterable[Message]) -> str:
-    return json.dumps(
-        [
-            {
-                "role": m.role,
-                "content": m.content,
-                "reasoning": m.reasoning,
-                "tool_calls": [
-                    {"id": c.id, "type": c.type, "name": c.name, "arguments": c.arguments}
-                    for c in m.tool_calls
-                ],
-                "tool_call_id": m.tool_call_id,
-                "name": m.name,
-            }
-            for m in msgs
-        ],
-        ensure_ascii=False,
-    )
-
-
-def messages_from_json(text: str) -> tuple[Message, ...]:
-    return tuple(
-        Message(
-            d["role"],
-            d["content"],
-            d.get("reasoning"),
-            tuple(
-                ToolCall(c["name"], c["arguments"], c.get("id"), c.get("type", "function"))
-                for c in d["tool_calls"]
-            ),
-            d.get("tool_call_id"),
-            d.get("name"),
-        )
-        for d in json.loads(text)
-    )
-
-
 class Ledger:
-    def __init__(self, path: Path) -> None:
+    """``Ledger(path)`` opens (or creates) a run's ledger for writing; ``Ledger.read(path)``
+    opens an existing one read-only, beside a writer."""
+
+    def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self.readonly = readonly
+        if readonly and not path.is_file():
+            raise LedgerError(
+                f"{path}: no ledger here; pass the run's output folder (the one holding "
+                "ledger.sqlite), or run `draftdata run MANIFEST` first"
+            )
         try:
-            self.db = sqlite3.connect(str(path), timeout=30, isolation_level=None)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.executescript(_SCHEMA)
+            if readonly:
+                self.db = sqlite3.connect(
+                    path.resolve().as_uri() + "?mode=ro", uri=True, timeout=30
+                )
+                version = self._version()
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self.db = sqlite3.connect(str(path), timeout=30, isolation_level=None)
+                self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.execute("PRAGMA synchronous=NORMAL")
+                version = self._version()
+                if version in MIGRATES_FROM:
+                    self._migrate(version)
+                    version = SCHEMA_VERSION
+                if version is None or version == SCHEMA_VERSION:
+                    self.db.executescript(_SCHEMA)
         except sqlite3.DatabaseError as e:
+            if readonly:
+                raise LedgerError(f"{path}: not a readable draftdata ledger ({e})") from e
             raise LedgerError(
                 f"{path}: not a usable SQLite ledger ({e}); move it aside to start a fresh run"
             ) from e
-        row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if row is None:
+        if version is None and not readonly:
             self.set_meta("schema_version", SCHEMA_VERSION)
-        elif int(row[0]) != SCHEMA_VERSION:
-            raise LedgerError(
-                f"{path}: ledger schema {row[0]}, this draftdata writes "
-                f"{SCHEMA_VERSION}; use the draftdata version that made it, or move "
-                f"{path.parent} aside to start the run afresh"
+        elif (
+            version is not None
+            and version != SCHEMA_VERSION
+            and not (
+                readonly and version in MIGRATES_FROM  # read as it is; the next writer migrates it
             )
+        ):
+            raise LedgerError(
+                f"{path}: ledger schema {version}, this draftdata reads {SCHEMA_VERSION} "
+                f"(and migrates {', '.join(map(str, MIGRATES_FROM))}); use the draftdata "
+                f"version that made it, or move {path.parent} aside to start the run afresh"
+            )
+
+    @classmethod
+    def read(cls, path: Path) -> Ledger:
+        return cls(path, readonly=True)
+
+    def _version(self) -> int | None:
+        has_meta = self.db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'"
+        ).fetchone()
+        if not has_meta:
+            return None
+        row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return int(json.loads(row[0])) if row else None
+
+    def _migrate(self, version: int) -> None:
+        """2 -> 3: samples gain provenance and their mask. The old rows carry neither, so they
+        are set aside and the tokens stage makes them again from the stored responses."""
+        samples = next(s for s in _SCHEMA.split(";") if "TABLE IF NOT EXISTS samples" in s)
+        with self.tx():
+            self.db.execute("DROP TABLE IF EXISTS samples")
+            self.db.execute("DELETE FROM drops WHERE stage='tokens'")
+            self.db.execute(samples)
+            self.set_meta("schema_version", SCHEMA_VERSION)
+            self.set_meta("migrated_from", version)
 
     def close(self) -> None:
         self.db.close()
+
+    def tx(self) -> _Tx:
+        return _Tx(self.db)
 
     # --- meta ----------------------------------------------------------------------------
     def set_meta(self, key: str, value: Any) -> None:
@@ -165,22 +169,13 @@ class Ledger:
             for i, p in enumerate(prompts):
                 self.db.execute(
                     "INSERT OR IGNORE INTO prompts VALUES (?,?,?,?,?,?)",
-                    (
-                        dataset,
-                        p.id,
-                        i,
-                        messages_to_json(p.messages),
-                        json.dumps(list(p.tools), ensure_ascii=False),
-                        json.dumps(p.metadata, ensure_ascii=False, default=str),
-                    ),
+                    (dataset, p.id, i, *codec.prompt_row(p)),
                 )
-                for s in range(samples):
-                    for t in range(turns(p)):
-                        self.db.execute(
-                            "INSERT OR IGNORE INTO work (dataset, prompt_id, "
-                            "sample_idx, turn) VALUES (?,?,?,?)",
-                            (dataset, p.id, s, t),
-                        )
+                self.db.executemany(
+                    "INSERT OR IGNORE INTO work (dataset, prompt_id, sample_idx, turn) "
+                    "VALUES (?,?,?,?)",
+                    [(dataset, p.id, s, t) for s in range(samples) for t in range(turns(p))],
+                )
 
     def prompts(self, dataset: str) -> list[Prompt]:
         rows = self.db.execute(
@@ -188,12 +183,7 @@ class Ledger:
             "prompts WHERE dataset=? ORDER BY idx",
             (dataset,),
         ).fetchall()
-        return [
-            Prompt(
-                r[0], dataset, messages_from_json(r[1]), tuple(json.loads(r[2])), json.loads(r[3])
-            )
-            for r in rows
-        ]
+        return [codec.prompt_of(r[0], dataset, r[1], r[2], r[3]) for r in rows]
 
     def prompt_ids(self, exclude: str | None = None) -> set[str]:
         rows = self.db.execute(
@@ -213,30 +203,88 @@ class Ledger:
         rows = self.db.execute(
             "SELECT dataset, prompt_id, sample_idx, turn, backend, response_json, "
             "output_ids_json, prompt_ids_json, finish_reason, cost_usd, our_prompt_ids_json "
-            "FROM responses "
-            "WHERE dataset=?",
+            "FROM responses WHERE dataset=?",
             (dataset,),
         ).fetchall()
-        return {
-            Key(*r[:4]): StoredResponse(
-                Key(*r[:4]),
+        out = {}
+        for r in rows:
+            key = Key(*r[:4])
+            out[key] = StoredResponse(
+                key,
                 r[4],
                 json.loads(r[5]),
-                json.loads(r[6]) if r[6] else None,
-                json.loads(r[7]) if r[7] else None,
+                codec.ids_of(r[6]),
+                codec.ids_of(r[7]),
                 r[8],
                 r[9],
-                json.loads(r[10]) if r[10] else None,
+                codec.ids_of(r[10]),
             )
-            for r in rows
-        }
+        return out
 
     # --- the write that matters ------------------------------------------------------------
-    def record_attempt(
+    def record_failure(self, key: Key, backend: str, f: FailedAttempt) -> None:
+        """A failed attempt, verbatim; the key stays pending unless the failure is final."""
+        with self.tx():
+            self._attempt(
+                key,
+                backend,
+                False,
+                f.reason,
+                f.http_status,
+                f.started_at,
+                f.latency_s,
+                f.request,
+                f.response_text,
+            )
+            self.db.execute(
+                f"UPDATE work SET errors=errors+1, last_error=?, state=? WHERE {_KEY}",
+                (f.reason, "failed" if f.final else "pending", *key.tuple()),
+            )
+
+    def record_answer(
+        self, key: Key, backend: str, c: Completion, our_prompt_ids: list[int]
+    ) -> None:
+        """One transaction: the attempt (raw request/response verbatim), the canonical
+        response and the work state."""
+        drift = None if c.prompt_ids is None else int(list(c.prompt_ids) != our_prompt_ids)
+        with self.tx():
+            attempt = self._attempt(
+                key,
+                backend,
+                True,
+                None,
+                c.http_status,
+                c.started_at,
+                c.latency_s,
+                c.request,
+                c.response_text,
+            )
+            self.db.execute(
+                "INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    *key.tuple(),
+                    attempt,
+                    backend,
+                    codec.dumps(c.response),
+                    codec.ids_to_json(c.output_ids),
+                    codec.ids_to_json(c.prompt_ids),
+                    c.finish_reason,
+                    c.prompt_tokens,
+                    c.completion_tokens,
+                    c.cost_usd,
+                    drift,
+                    time.time(),
+                    codec.ids_to_json(our_prompt_ids),
+                ),
+            )
+            self.db.execute(
+                f"UPDATE work SET state='done', last_error=NULL WHERE {_KEY}", key.tuple()
+            )
+
+    def _attempt(
         self,
         key: Key,
         backend: str,
-        *,
         ok: bool,
         reason: str | None,
         http_status: int | None,
@@ -244,164 +292,57 @@ class Ledger:
         latency_s: float,
         request: dict[str, Any] | None,
         response_text: str | None,
-        stored: dict[str, Any] | None = None,
-        final_failure: bool = False,
-    ) -> None:
-        """One transaction: the attempt (raw request/response verbatim) and, for a success,
-        the canonical response and the work state."""
-        with self.tx():
-            cur = self.db.execute(
-                "INSERT INTO attempts (dataset, prompt_id, sample_idx, turn, backend, ok, reason,"
-                " http_status, started_at, latency_s, request_json, response_text) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    *key.tuple(),
-                    backend,
-                    int(ok),
-                    reason,
-                    http_status,
-                    started_at,
-                    latency_s,
-                    json.dumps(request, ensure_ascii=False) if request is not None else None,
-                    response_text,
-                ),
-            )
-            if ok and stored is not None:
-                self.db.execute(
-                    "INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (
-                        *key.tuple(),
-                        cur.lastrowid,
-                        backend,
-                        json.dumps(stored["response"], ensure_ascii=False),
-                        json.dumps(stored.get("output_ids"))
-                        if stored.get("output_ids") is not None
-                        else None,
-                        json.dumps(stored.get("prompt_ids"))
-                        if stored.get("prompt_ids") is not None
-                        else None,
-                        stored["finish_reason"],
-                        stored.get("prompt_tokens"),
-                        stored.get("completion_tokens"),
-                        stored.get("cost_usd", 0.0),
-                        stored.get("prompt_drift"),
-                        time.time(),
-                        json.dumps(stored["our_prompt_ids"])
-                        if stored.get("our_prompt_ids") is not None
-                        else None,
-                    ),
-                )
-                self.db.execute(
-                    "UPDATE work SET state='done', last_error=NULL WHERE dataset=? AND"
-                    " prompt_id=? AND sample_idx=? AND turn=?",
-                    key.tuple(),
-                )
-            elif not ok:
-                self.db.execute(
-                    "UPDATE work SET errors=errors+1, last_error=?, state=? WHERE dataset=? AND "
-                    "prompt_id=? AND sample_idx=? AND turn=?",
-                    (reason, "failed" if final_failure else "pending", *key.tuple()),
-                )
-
-    def tx(self) -> _Tx:
-        return _Tx(self.db)
-
-    # --- samples ---------------------------------------------------------------------------
-    def put_sample(
-        self,
-        key: Key,
-        token_source: str,
-        finish_reason: str,
-        input_ids: list[int],
-        prompt_len: int,
-        warnings: Iterable[str],
-    ) -> None:
-        self.db.execute(
-            "INSERT OR REPLACE INTO samples VALUES (?,?,?,?,?,?,?,?,?)",
+    ) -> int:
+        cur = self.db.execute(
+            "INSERT INTO attempts (dataset, prompt_id, sample_idx, turn, backend, ok, reason,"
+            " http_status, started_at, latency_s, request_json, response_text) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 *key.tuple(),
-                token_source,
-                finish_reason,
-                json.dumps(input_ids),
-                prompt_len,
-                json.dumps(list(warnings)),
+                backend,
+                int(ok),
+                reason,
+                http_status,
+                started_at,
+                latency_s,
+                codec.dumps(request) if request is not None else None,
+                response_text,
             ),
         )
+        return int(cur.lastrowid or 0)
+
+    # --- samples ---------------------------------------------------------------------------
+    def put_sample(self, key: Key, sample: Sample) -> None:
         self.db.execute(
-            "DELETE FROM drops WHERE dataset=? AND prompt_id=? AND sample_idx=? AND "
-            "turn=? AND stage='tokens'",
-            key.tuple(),
+            "INSERT OR REPLACE INTO samples VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (*key.tuple(), *codec.sample_row(sample)),
         )
+        self.db.execute(f"DELETE FROM drops WHERE {_KEY} AND stage='tokens'", key.tuple())
 
     def put_drop(self, key: Key, stage: str, reason: str) -> None:
         self.db.execute(
             "INSERT OR REPLACE INTO drops VALUES (?,?,?,?,?,?)", (*key.tuple(), stage, reason)
         )
+        if stage == "tokens":
+            self.db.execute(f"DELETE FROM samples WHERE {_KEY}", key.tuple())
 
-    def iter_samples(
-        self, dataset: str
-    ) -> Iterator[tuple[Key, str, str, list[int], int, list[str]]]:
+    def tokenized(self, dataset: str) -> set[Key]:
+        """Keys the tokens stage has decided: a sample or a drop."""
+        rows = self.db.execute(
+            "SELECT dataset, prompt_id, sample_idx, turn FROM samples WHERE dataset=? UNION "
+            "SELECT dataset, prompt_id, sample_idx, turn FROM drops WHERE dataset=? AND "
+            "stage='tokens'",
+            (dataset, dataset),
+        ).fetchall()
+        return {Key(*r) for r in rows}
+
+    def samples(self, dataset: str) -> Iterator[Sample]:
         for r in self.db.execute(
-            "SELECT dataset, prompt_id, sample_idx, turn, token_source, "
-            "finish_reason, input_ids_json, prompt_len, warnings_json FROM "
+            f"SELECT dataset, prompt_id, sample_idx, turn, {codec.SAMPLE_COLUMNS} FROM "
             "samples WHERE dataset=? ORDER BY prompt_id, sample_idx, turn",
             (dataset,),
         ):
-            yield Key(*r[:4]), r[4], r[5], json.loads(r[6]), r[7], json.loads(r[8])
-
-    # --- status ---------------------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
-        ds: dict[str, dict[str, Any]] = {}
-        for dataset, state, n in self.db.execute(
-            "SELECT dataset, state, count(*) FROM work GROUP BY dataset, state"
-        ):
-            d = ds.setdefault(
-                dataset,
-                {
-                    "total": 0,
-                    "done": 0,
-                    "failed": 0,
-                    "pending": 0,
-                    "duplicates": 0,
-                    "errors": {},
-                    "cost_usd": 0.0,
-                    "attempts": 0,
-                    "samples": 0,
-                    "drops": {},
-                },
-            )
-            d["total"] += n
-            d[state if state in ("done", "failed") else "pending"] += n
-        for dataset, n in self.db.execute(
-            "SELECT dataset, count(*) FROM (SELECT dataset FROM attempts WHERE ok=1 GROUP BY "
-            "dataset, prompt_id, sample_idx, turn HAVING count(*) > 1) GROUP BY dataset"
-        ):
-            ds[dataset]["duplicates"] = n
-        for dataset, reason, n in self.db.execute(
-            "SELECT dataset, reason, count(*) FROM attempts WHERE ok=0 GROUP BY dataset, reason"
-        ):
-            ds[dataset]["errors"][reason] = n
-        for dataset, n in self.db.execute(
-            "SELECT dataset, count(*) FROM attempts GROUP BY dataset"
-        ):
-            ds[dataset]["attempts"] = n
-        for dataset, cost in self.db.execute(
-            "SELECT dataset, sum(cost_usd) FROM responses GROUP BY dataset"
-        ):
-            ds[dataset]["cost_usd"] = round(cost or 0.0, 6)
-        for dataset, n in self.db.execute("SELECT dataset, count(*) FROM samples GROUP BY dataset"):
-            ds[dataset]["samples"] = n
-        for dataset, reason, n in self.db.execute(
-            "SELECT dataset, reason, count(*) FROM drops GROUP BY dataset, reason"
-        ):
-            ds[dataset]["drops"][reason] = n
-        drift = self.db.execute(
-            "SELECT dataset, sum(prompt_drift), count(prompt_drift) FROM responses GROUP BY dataset"
-        ).fetchall()
-        for dataset, bad, checked in drift:
-            if checked:
-                ds[dataset]["template_drift"] = {"checked": checked, "differs": bad}
-        return {"datasets": ds, "cost_usd": round(sum(d["cost_usd"] for d in ds.values()), 6)}
+            yield codec.sample_of(Key(*r[:4]), r[4:])
 
 
 class _Tx:

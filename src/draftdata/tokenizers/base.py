@@ -49,6 +49,11 @@ class Tokenizer(ABC):
     #: the chat template shipped with the tokenizer, if any
     chat_template: str | None
 
+    @property
+    def chat_template_sha256(self) -> str | None:
+        tpl = self.chat_template
+        return hashlib.sha256(tpl.encode()).hexdigest() if tpl else None
+
     # --- the hot path -------------------------------------------------------------------
     @abstractmethod
     def _encode_ordinary(self, text: str) -> list[int]:
@@ -136,15 +141,6 @@ class Tokenizer(ABC):
         if info:
             return info.text
         return self.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
-
-    def check_no_control_text(self, text: str) -> None:
-        """Raise if ``text`` contains the text of a control token (tiktoken-style refusal)."""
-        for t in self.control_by_text:
-            if t in text:
-                raise SpecialTokenInTextError(
-                    f"text contains the control-token string {t!r}; draftdata keeps it as plain "
-                    "text — encode it with Tokenizer.encode (never the stock encode) or strip it"
-                )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.kind} {self.path} vocab={self.vocab_size}>"

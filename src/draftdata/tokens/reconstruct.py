@@ -13,11 +13,9 @@ from typing import Any
 
 from .. import __version__
 from ..errors import ReconstructError
-from ..formats import BoundFormat, Segment
-from ..records import ApiView, Message, Provenance, Sample, TokenSource
-
-#: finish reasons after which the model wrote its end-of-turn marker
-FINISHED = frozenset({"stop", "tool_calls", "function_call"})
+from ..formats import BoundFormat, Segment, Text, merge_text
+from ..records import FINISHED, ApiView, Message, Provenance, Sample, TokenSource
+from .logprobs import ids_from_logprobs
 
 TextIds = Callable[[str, list[int]], list[int]]
 
@@ -125,8 +123,6 @@ def encode_response(
 ) -> list[int]:
     """Response segments -> ids. A truncated answer's final text is encoded open-ended; learned
     split preferences (``text_ids``) then rewrite each text piece."""
-    from ..formats import Text, merge_text
-
     merged = merge_text(segs)
     last = len(merged) - 1 if merged and isinstance(merged[-1], Text) else -1
     truncated = finish_reason == "length" and last >= 0
@@ -141,39 +137,6 @@ def encode_response(
         return text_ids(text, ids) if text_ids is not None else ids
 
     return bound.encode(merged, hook)[0]
-
-
-def ids_from_logprobs(bound: BoundFormat, view: ApiView) -> tuple[list[int] | None, str | None]:
-    """Map logprob tokens to ids exactly (vLLM ``token_id:N``, or the token's raw bytes).
-    Returns (ids, None) or (None, reason) when a token cannot be mapped."""
-    if not view.logprobs:
-        return None, "no_logprobs"
-    tok = bound.tokenizer
-    index = tok.ordinary_ids_by_bytes
-    ids: list[int] = []
-    for lp in view.logprobs:
-        if lp.id is not None:
-            if not 0 <= lp.id < tok.vocab_size:
-                return None, "logprob_id_out_of_range"
-            ids.append(lp.id)
-            continue
-        info = tok.control_by_text.get(lp.token)
-        if info is not None and lp.bytes in (None, tuple(lp.token.encode())):
-            ids.append(info.id)
-            continue
-        raw = bytes(lp.bytes) if lp.bytes is not None else None
-        if raw is None:
-            if "\ufffd" in lp.token:
-                return None, "logprob_token_without_bytes"
-            raw = lp.token.encode()
-        tid = index.get(raw)
-        if tid is None:
-            return None, "logprob_bytes_not_in_vocabulary"
-        ids.append(tid)
-    stops = bound.stop_ids
-    if view.finish_reason in FINISHED and (not ids or ids[-1] not in stops):
-        ids.append(bound.end_id)  # servers leave the stop token out of the reported tokens
-    return ids, None
 
 
 def reconstruct(

@@ -1,56 +1,26 @@
-"""One small interface per backend, registered by name."""
+"""The interface every backend implements (the table of kinds is ``registry.py``)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ...manifest import Sampling
-from ...records import ApiView, Message
-from ...store.ledger import Key
+from ...records import Completion, FailedAttempt, Key, Message
 
 
 @dataclass(frozen=True)
 class GenRequest:
+    """One request: the conversation, its tools, our rendering of the prompt, and how to sample."""
+
     key: Key
     messages: tuple[Message, ...]
     tools: tuple[dict[str, Any], ...]
     prompt_ids: list[int]
     sampling: Sampling
     seed: int
-
-
-@dataclass
-class Completion:
-    """One successful answer, with everything the ledger stores verbatim."""
-
-    request: dict[str, Any] | None
-    response: dict[str, Any]
-    response_text: str
-    finish_reason: str
-    view: ApiView
-    output_ids: list[int] | None = None
-    prompt_ids: list[int] | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cost_usd: float = 0.0
-    http_status: int | None = None
-    started_at: float = 0.0
-    latency_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class FailedAttempt:
-    reason: str
-    http_status: int | None
-    request: dict[str, Any] | None
-    response_text: str | None
-    started_at: float
-    latency_s: float
-    final: bool
 
 
 #: called for every failed attempt the moment it ends (the ledger stores it verbatim)
@@ -61,6 +31,11 @@ class Backend(ABC):
     kind: ClassVar[str]
     #: True when the backend returns the model's exact token ids
     exact_ids: bool = False
+    #: local engines answer every conversation's turn t in batches, then turn t+1; API backends
+    #: run a pool of ``concurrency`` conversations, each turn by turn
+    batches_turns: ClassVar[bool] = False
+    batch_size: int = 1
+    concurrency: int = 1
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -78,5 +53,5 @@ class Backend(ABC):
         """The most one request can cost (local engines: nothing)."""
         return 0.0
 
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "exact_ids": self.exact_ids}
+
+__all__ = ["Backend", "Completion", "FailedAttempt", "GenRequest", "OnFailure"]

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...errors import DraftdataError
-from ...formats import BoundFormat
-from ...manifest import EngineBackendCfg, Manifest
-from ...measure.validate import derive_view
+from ...formats import BoundFormat, derive_view
+from ...manifest import Manifest
 from .base import Backend, Completion, GenRequest, OnFailure
+from .config import EngineBackendCfg
 
 
 class EngineUnavailable(DraftdataError):
@@ -33,8 +33,8 @@ def engine_completion(
         response_text="",
         finish_reason=finish,
         view=view,
-        output_ids=ids,
-        prompt_ids=req.prompt_ids,
+        output_ids=tuple(ids),
+        prompt_ids=tuple(req.prompt_ids),
         prompt_tokens=len(req.prompt_ids),
         completion_tokens=len(ids),
         started_at=t0,
@@ -45,9 +45,11 @@ def engine_completion(
 class VLLMBackend(Backend):
     kind = "vllm"
     exact_ids = True
+    batches_turns = True
 
     def __init__(self, name: str, cfg: EngineBackendCfg, m: Manifest, bound: BoundFormat) -> None:
         super().__init__(name)
+        self.batch_size = cfg.batch_size
         try:
             from vllm import LLM
         except ImportError as e:
@@ -95,9 +97,11 @@ class VLLMBackend(Backend):
 class SGLangBackend(Backend):
     kind = "sglang"
     exact_ids = True
+    batches_turns = True
 
     def __init__(self, name: str, cfg: EngineBackendCfg, m: Manifest, bound: BoundFormat) -> None:
         super().__init__(name)
+        self.batch_size = cfg.batch_size
         try:
             import sglang
         except ImportError as e:
@@ -138,9 +142,3 @@ class SGLangBackend(Backend):
             finish = "length" if reason.get("type") == "length" else "stop"
             res.append(engine_completion(self.bound, r, ids, finish, "sglang", t0))
         return res
-
-
-def make_engine_backend(
-    name: str, cfg: EngineBackendCfg, m: Manifest, bound: BoundFormat
-) -> Backend:
-    return (VLLMBackend if cfg.kind == "vllm" else SGLangBackend)(name, cfg, m, bound)

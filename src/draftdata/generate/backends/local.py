@@ -8,15 +8,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...formats import BoundFormat
-from ...manifest import HFBackendCfg, Manifest
+from ...manifest import Manifest
 from ...model.folders import ensure_hf_folder, resolve_model
 from .base import Backend, Completion, GenRequest, OnFailure
+from .config import HFBackendCfg
 from .engines import engine_completion
 
 
 class HFBackend(Backend):
     kind = "hf"
     exact_ids = True
+    batches_turns = True
 
     def __init__(self, name: str, cfg: HFBackendCfg, m: Manifest, bound: BoundFormat) -> None:
         super().__init__(name)
@@ -32,9 +34,7 @@ class HFBackend(Backend):
         self.engine: Any = HFEngine(folder, device=cfg.device)
         self.cfg = cfg
         self.bound = bound
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "model": self.engine.spec, "device": self.cfg.device}
+        self.batch_size = cfg.batch_size
 
     async def run_batch(
         self, requests: Sequence[GenRequest], on_failure: OnFailure

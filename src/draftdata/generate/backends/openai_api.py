@@ -20,11 +20,12 @@ import aiohttp
 from yarl import URL
 
 from ...errors import DraftdataError
-from ...manifest import OpenAIBackendCfg
-from ...records import Message
-from ...records.wire import view_from_message
+from ...formats import BoundFormat
+from ...manifest import Manifest
+from ...records.wire import messages_to_wire, view_from_message
 from .base import Backend, Completion, FailedAttempt, GenRequest, OnFailure
-from .retry import retry_delay, should_retry
+from .config import OpenAIBackendCfg
+from .retry import PROBE_REFUSED, retry_delay, will_retry
 
 
 class BackendConfigError(DraftdataError):
@@ -54,27 +55,6 @@ class RateLimiter:
                 await asyncio.sleep((n - self.tokens) / self.rate)
 
 
-def to_openai_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    out = []
-    for m in messages:
-        d: dict[str, Any] = {"role": m.role, "content": m.content}
-        if m.tool_calls:
-            d["tool_calls"] = [
-                {
-                    "id": c.id or f"call_{i}",
-                    "type": c.type,
-                    "function": {"name": c.name, "arguments": c.arguments},
-                }
-                for i, c in enumerate(m.tool_calls)
-            ]
-        if m.tool_call_id:
-            d["tool_call_id"] = m.tool_call_id
-        if m.name:
-            d["name"] = m.name
-        out.append(d)
-    return out
-
-
 def _is_loopback(url: str) -> bool:
     host = URL(url).host or ""
     return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
@@ -84,18 +64,12 @@ class OpenAIBackend(Backend):
     kind = "openai"
 
     def __init__(
-        self,
-        name: str,
-        cfg: OpenAIBackendCfg,
-        model: str,
-        *,
-        price_in: float | None = None,
-        price_out: float | None = None,
-        seed: int = 0,
+        self, name: str, cfg: OpenAIBackendCfg, m: Manifest, bound: BoundFormat, seed: int = 0
     ) -> None:
         super().__init__(name)
         self.cfg = cfg
-        self.model = model if cfg.model is None else cfg.model
+        self.concurrency = cfg.concurrency
+        self.model = m.target.model if cfg.model is None else cfg.model
         key = None
         if cfg.api_key_env:
             key = os.environ.get(cfg.api_key_env)
@@ -114,14 +88,6 @@ class OpenAIBackend(Backend):
         self.token_ids: bool | None = {"auto": None, "always": True, "never": False}[cfg.token_ids]
         self.exact_ids = bool(self.token_ids)
         self._probe = asyncio.Lock()
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            **super().describe(),
-            "base_url": self.cfg.base_url,
-            "model": self.model,
-            "token_ids": self.token_ids,
-        }
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -143,7 +109,7 @@ class OpenAIBackend(Backend):
         s = req.sampling
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": to_openai_messages(req.messages),
+            "messages": messages_to_wire(req.messages),
             "max_tokens": s.max_tokens,
             "temperature": s.temperature,
             "top_p": s.top_p,
@@ -197,8 +163,7 @@ class OpenAIBackend(Backend):
             except aiohttp.ClientError as e:
                 reason = f"connection_error:{type(e).__name__}"
             latency = time.time() - t0
-            if reason is None:
-                assert text is not None
+            if reason is None and text is not None:
                 done = self._parse(req, body, text, t0, latency, probing)
                 if isinstance(done, Completion):
                     return done
@@ -207,16 +172,12 @@ class OpenAIBackend(Backend):
                 self.token_ids = False  # the server refuses the extension: plain text from now
                 self.exact_ids = False
                 on_failure(
-                    req,
-                    FailedAttempt(
-                        "capability_probe_refused", status, body, text, t0, latency, False
-                    ),
+                    req, FailedAttempt(PROBE_REFUSED, status, body, text, t0, latency, False)
                 )
                 probing = False
                 continue
-            retry = should_retry(status) and attempt < self.cfg.max_retries
-            if reason in ("http_200_invalid_json", "no_choices"):
-                retry = attempt < self.cfg.max_retries
+            reason = reason or "no_body"
+            retry = will_retry(reason, status, attempt, self.cfg.max_retries)
             on_failure(req, FailedAttempt(reason, status, body, text, t0, latency, not retry))
             if not retry:
                 return None
@@ -262,8 +223,8 @@ class OpenAIBackend(Backend):
             response_text=text,
             finish_reason=finish,
             view=view,
-            output_ids=out_ids if isinstance(out_ids, list) else None,
-            prompt_ids=prompt_ids if isinstance(prompt_ids, list) else None,
+            output_ids=tuple(out_ids) if isinstance(out_ids, list) else None,
+            prompt_ids=tuple(prompt_ids) if isinstance(prompt_ids, list) else None,
             prompt_tokens=pt,
             completion_tokens=ct,
             cost_usd=cost,

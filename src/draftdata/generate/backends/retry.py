@@ -8,6 +8,10 @@ from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
 
 RETRY_STATUSES = frozenset({408, 409, 429})
+#: answers with status 200 whose body was not a usable completion: retried like a timeout
+RETRY_REASONS = frozenset({"http_200_invalid_json", "no_choices"})
+#: the capability probe's expected refusal of vLLM's return_token_ids (not a failure)
+PROBE_REFUSED = "capability_probe_refused"
 INITIAL_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 60.0
 JITTER = 0.25
@@ -17,6 +21,13 @@ MAX_RETRY_AFTER_S = 300.0
 def should_retry(status: int | None) -> bool:
     """Retry on connection errors / timeouts (status None), 408, 409, 429 and 5xx."""
     return status is None or status in RETRY_STATUSES or status >= 500
+
+
+def will_retry(reason: str, status: int | None, attempt: int, max_retries: int) -> bool:
+    """Whether a failed attempt (``attempt`` counts from 0) is tried again."""
+    if attempt >= max_retries:
+        return False
+    return reason in RETRY_REASONS or should_retry(status)
 
 
 def retry_after(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:

@@ -1,0 +1,50 @@
+"""Printing shared by command groups."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from .app import out
+
+
+def print_validation(doc: dict[str, Any]) -> None:
+    t = Table(
+        "source",
+        "n",
+        "exact",
+        "exact-match",
+        "token accuracy",
+        "mismatches",
+        title=f"reconstruction vs ground truth ({doc['format']} v{doc['format_version']}"
+        + (f", prefs {doc['prefs']}" if doc.get("prefs") else "")
+        + ")",
+    )
+    for s, v in doc["by_source"].items():
+        t.add_row(
+            s,
+            str(v["n"]),
+            str(v["exact"]),
+            f"{v['exact_match_rate']:.1%}",
+            f"{v['token_accuracy']:.4f}",
+            ", ".join(f"{k} {n}" for k, n in sorted(v["categories"].items())),
+        )
+    t.add_row(
+        "[bold]all[/]",
+        str(doc["n"]),
+        str(doc["exact"]),
+        f"[bold]{doc['exact_match_rate']:.1%}[/]",
+        f"[bold]{doc['token_accuracy']:.4f}[/]",
+        ", ".join(f"{k} {n}" for k, n in sorted(doc["categories"].items())),
+    )
+    out.print(t)
+    for cat, exs in doc["examples"].items():
+        out.print(f"[bold]{cat}[/] ({doc['categories'][cat]})")
+        for e in exs:
+            out.print(f"  {e['id']} {e['where']} position {e['position']}: {e['text']!r}")
+            out.print(f"    truth: {e['truth']}")
+            out.print(f"    ours:  {e['ours']}")
+    if doc["drops"]:
+        out.print("[yellow]dropped: " + ", ".join(f"{k}: {v}" for k, v in doc["drops"].items()))
+    out.print(f"token sources: {doc['token_sources']}")

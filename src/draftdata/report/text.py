@@ -1,0 +1,97 @@
+"""The terminal summary of a run: a few lines with the key figures."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from .data import ReportData, collect
+from .figures import drop_rows, gate_verdict, num, pct, quantile, truncated_share, usd
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    line = [head[0].ljust(widths[0])] + [
+        h.rjust(w) for h, w in zip(head[1:], widths[1:], strict=True)
+    ]
+    out = ["  ".join(line).rstrip()]
+    for r in rows:
+        cells = [r[0].ljust(widths[0])] + [
+            c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)
+        ]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+def summary_of(data: ReportData) -> str:
+    m = data.manifest
+    tok = m.get("tokenizer") or {}
+    fmt = m.get("format") or {}
+    total = sum(t.rows for t in data.tokens.values())
+    tokens = sum(t.tokens for t in data.tokens.values())
+    trained = sum(t.trained for t in data.tokens.values())
+    verdict, why = gate_verdict(m)
+    lines = [
+        f"run {m.get('run', data.run_dir.name)} · draftdata {m.get('draftdata_version', '?')} · "
+        f"exported {m.get('created_at', '?')}",
+        f"tokenizer sha256 {str(tok.get('sha256', '?'))[:16]}… · format {fmt.get('name', '?')} "
+        f"v{fmt.get('version', '?')}",
+        f"gate {verdict}" + (f": {why}" if why else ""),
+        f"{total:,} samples in {len(data.datasets)} datasets · {tokens:,} tokens · "
+        f"{pct(trained / tokens if tokens else None)} trained (loss mask)",
+        "",
+    ]
+    val = data.validation() or {}
+    by_src = val.get("by_source") or {}
+    head = [
+        "dataset",
+        "samples",
+        "resp p50",
+        "trained",
+        "truncated",
+        "exact",
+        "cost",
+        "req/s",
+        "tok/s",
+    ]
+    rows = []
+    for name in data.datasets:
+        t, d, lg = data.ds_tokens(name), data.ds_manifest(name), data.ds_ledger(name)
+        exact = (by_src.get(name) or {}).get("exact_match_rate")
+        rows.append(
+            [
+                name,
+                f"{t.rows:,}",
+                num(quantile(t.response_lens, 0.5), 0),
+                pct(t.trained / t.tokens if t.tokens else None),
+                pct(truncated_share(t.finish_reasons or d.get("finish_reasons") or {})),
+                pct(exact),
+                usd(d.get("cost_usd", lg.cost_usd if lg else None)),
+                num(lg.requests_per_s if lg else None),
+                num(lg.completion_tokens_per_s if lg else None),
+            ]
+        )
+    lines += _table(head, rows)
+    drops: Counter[str] = Counter()
+    for name in data.datasets:
+        for stage, reason, n in drop_rows(data.ds_manifest(name)):
+            drops[f"{stage}:{reason}"] += n
+    lines.append("")
+    lines.append("drops: " + (", ".join(f"{k} {n:,}" for k, n in drops.most_common()) or "none"))
+    if data.ledger_total is not None:
+        lt = data.ledger_total
+        errs = ", ".join(f"{r} {n:,}" for (r, _), n in lt.errors.most_common(5)) or "none"
+        lines.append(
+            f"requests: {lt.attempts:,} attempts, {lt.failed_attempts:,} failed ({errs}); "
+            f"{num(lt.requests_per_s)} req/s, {num(lt.completion_tokens_per_s)} completion tok/s"
+        )
+    lines.append(
+        f"cost {usd(m.get('cost_usd', data.ledger_total.cost_usd if data.ledger_total else None))}"
+    )
+    lines += [f"note: {n}" for n in data.notes]
+    return "\n".join(lines)
+
+
+def summary(run_dir: Path) -> str:
+    """Plain-text lines with the run's key figures, for the terminal."""
+    return summary_of(collect(Path(run_dir)))

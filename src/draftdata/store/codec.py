@@ -1,0 +1,112 @@
+"""The ledger's serialiser: records to the JSON text its columns hold, and back. One function
+pair per record; nothing else in draftdata writes or reads these columns."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..records import Key, Message, Prompt, Provenance, Sample, ToolCall
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, default=str)
+
+
+def messages_to_json(msgs: Iterable[Message]) -> str:
+    return dumps(
+        [
+            {
+                "role": m.role,
+                "content": m.content,
+                "reasoning": m.reasoning,
+                "tool_calls": [
+                    {"id": c.id, "type": c.type, "name": c.name, "arguments": c.arguments}
+                    for c in m.tool_calls
+                ],
+                "tool_call_id": m.tool_call_id,
+                "name": m.name,
+            }
+            for m in msgs
+        ]
+    )
+
+
+def messages_from_json(text: str) -> tuple[Message, ...]:
+    return tuple(
+        Message(
+            d["role"],
+            d["content"],
+            d.get("reasoning"),
+            tuple(
+                ToolCall(c["name"], c["arguments"], c.get("id"), c.get("type", "function"))
+                for c in d["tool_calls"]
+            ),
+            d.get("tool_call_id"),
+            d.get("name"),
+        )
+        for d in json.loads(text)
+    )
+
+
+def prompt_row(p: Prompt) -> tuple[str, str, str]:
+    """(messages, tools, metadata) columns."""
+    return messages_to_json(p.messages), dumps(list(p.tools)), dumps(p.metadata)
+
+
+def prompt_of(prompt_id: str, dataset: str, messages: str, tools: str, metadata: str) -> Prompt:
+    return Prompt(
+        prompt_id,
+        dataset,
+        messages_from_json(messages),
+        tuple(json.loads(tools)),
+        json.loads(metadata),
+    )
+
+
+def ids_to_json(ids: Sequence[int] | None) -> str | None:
+    return None if ids is None else json.dumps(list(ids))
+
+
+def ids_of(text: str | None) -> tuple[int, ...] | None:
+    return None if text is None else tuple(json.loads(text))
+
+
+def sample_row(s: Sample) -> tuple[Any, ...]:
+    """The samples table's columns after the key, in table order."""
+    p = s.provenance
+    return (
+        s.token_source,
+        s.finish_reason,
+        json.dumps(s.input_ids),
+        json.dumps([int(b) for b in s.loss_mask]),
+        s.prompt_len,
+        dumps(list(s.warnings)),
+        p.tokenizer_sha256,
+        p.format_name,
+        p.format_version,
+        p.draftdata_version,
+    )
+
+
+SAMPLE_COLUMNS = (
+    "token_source, finish_reason, input_ids_json, loss_mask_json, prompt_len, warnings_json, "
+    "tokenizer_sha256, format_name, format_version, draftdata_version"
+)
+
+
+def sample_of(key: Key, row: Sequence[Any]) -> Sample:
+    """A sample back from the columns written by ``sample_row``."""
+    return Sample(
+        id=key.sample_id,
+        key=key,
+        dataset=key.dataset,
+        token_source=row[0],
+        finish_reason=row[1],
+        input_ids=json.loads(row[2]),
+        loss_mask=[bool(b) for b in json.loads(row[3])],
+        prompt_len=row[4],
+        warnings=tuple(json.loads(row[5])),
+        provenance=Provenance(row[6], row[7], row[8], row[9]),
+    )

@@ -1,0 +1,128 @@
+"""The tokens stage: every stored answer becomes a ``Sample`` here, or a counted drop.
+
+Three sources of ids, one set of checks:
+
+- ``engine``: the backend returned the model's exact ids. The prompt ids are the ones the server
+  says it fed the model; where they differ from our rendering the sample keeps the server's
+  (those are what the model answered) and carries a ``prompt_drift`` warning.
+- ``logprobs``: ids looked up from the tokens a server reported with their bytes or ids.
+- ``reconstructed``: the answer text laid out by the format's response grammar.
+
+Every id must lie inside the vocabulary; an answer that finished ends with a stop id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ReconstructError
+from ..formats import BoundFormat
+from ..records import ApiView, Key, Message, Prompt, Sample, StoredResponse
+from .reconstruct import TextIds, provenance, reconstruct
+
+#: a warning on samples whose prompt ids (the server's) differ from our rendering
+PROMPT_DRIFT = "prompt_drift"
+
+
+def check_ids(bound: BoundFormat, ids: Sequence[Any], what: str) -> list[int]:
+    """``ids`` as a list of ints inside the vocabulary, or a ReconstructError naming the first
+    that is not (counted as ``id_out_of_vocabulary``)."""
+    n = bound.tokenizer.vocab_size
+    out: list[int] = []
+    for i, x in enumerate(ids):
+        if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < n:
+            raise ReconstructError(
+                f"{what}[{i}] = {x!r} is not an id of this tokenizer (vocabulary {n}); the "
+                "server's tokenizer is not the target's, or it sent damaged ids",
+                "id_out_of_vocabulary",
+            )
+        out.append(x)
+    return out
+
+
+@dataclass(frozen=True)
+class TokensStage:
+    bound: BoundFormat
+    thinking: bool | None = None
+    text_ids: TextIds | None = None
+
+    def prompt_opts(self) -> dict[str, Any]:
+        return {} if self.thinking is None else {"thinking": self.thinking}
+
+    def render_prompt(self, messages: Sequence[Message], prompt: Prompt) -> list[int]:
+        return self.bound.prompt_ids(messages, prompt.tools, **self.prompt_opts())
+
+    def sample(
+        self,
+        key: Key,
+        prompt: Prompt,
+        messages: Sequence[Message],
+        stored: StoredResponse,
+        view: ApiView,
+    ) -> Sample:
+        """The sample for one stored answer; a ReconstructError (with its reason) otherwise."""
+        ours = (
+            list(stored.our_prompt_ids)
+            if stored.our_prompt_ids is not None
+            else self.render_prompt(messages, prompt)
+        )
+        if stored.output_ids is not None:
+            return self._engine(key, prompt, ours, stored, stored.output_ids)
+        if not (view.content or view.reasoning or view.tool_calls):
+            raise ReconstructError("the API returned an empty answer", "empty_response")
+        s = reconstruct(
+            self.bound,
+            messages,
+            view,
+            tools=prompt.tools,
+            record_id=key.sample_id,
+            dataset=prompt.dataset,
+            thinking=self.thinking,
+            text_ids=self.text_ids,
+            prompt_ids=ours,
+        )
+        check_ids(self.bound, s.input_ids, "sample")
+        return Sample(
+            id=s.id,
+            key=key,
+            dataset=s.dataset,
+            input_ids=s.input_ids,
+            loss_mask=s.loss_mask,
+            prompt_len=s.prompt_len,
+            token_source=s.token_source,
+            finish_reason=s.finish_reason,
+            provenance=s.provenance,
+            warnings=s.warnings,
+        )
+
+    def _engine(
+        self,
+        key: Key,
+        prompt: Prompt,
+        ours: list[int],
+        stored: StoredResponse,
+        output_ids: Sequence[int],
+    ) -> Sample:
+        out = self.bound.closed(
+            check_ids(self.bound, output_ids, "output_ids"), stored.finish_reason
+        )
+        warnings: tuple[str, ...] = ()
+        prompt_ids = ours
+        if stored.server_prompt_ids is not None:
+            theirs = check_ids(self.bound, stored.server_prompt_ids, "prompt_token_ids")
+            if theirs != ours:
+                prompt_ids, warnings = theirs, (PROMPT_DRIFT,)
+        return Sample(
+            id=key.sample_id,
+            key=key,
+            dataset=prompt.dataset,
+            input_ids=prompt_ids + out,
+            loss_mask=[False] * len(prompt_ids) + [True] * len(out),
+            prompt_len=len(prompt_ids),
+            token_source="engine",
+            finish_reason=stored.finish_reason,
+            provenance=provenance(self.bound),
+            warnings=warnings,
+        )
