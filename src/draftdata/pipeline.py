@@ -61,10 +61,15 @@ def ground_truth(runner: Runner, d: DatasetCfg) -> Iterator[GroundTruth]:
 
 
 def run_pipeline(
-    m: Manifest, *, force: bool = False, quiet: bool = False, console: Console | None = None
+    m: Manifest,
+    *,
+    force: bool = False,
+    quiet: bool = False,
+    console: Console | None = None,
+    command_line: list[str] | None = None,
 ) -> PipelineResult:
     console = console or Console(stderr=True)
-    runner = Runner(m, quiet=quiet, console=console)
+    runner = Runner(m, quiet=quiet, console=console, command_line=command_line)
     res = PipelineResult(run_dir=m.output_dir)
     try:
         gt = [d for d in m.datasets if is_ground_truth(m, d)]

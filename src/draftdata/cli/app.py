@@ -81,3 +81,8 @@ def read_jsonl(path: Path, counter: dict[str, int] | None = None) -> Iterator[di
                     continue
                 raise InputError(f"{path}:{lineno}: expected a JSON object per line")
             yield rec
+
+
+def command_line() -> list[str]:
+    """The command as the user typed it (recorded in the run's ledger for the report)."""
+    return ["draftdata", *sys.argv[1:]]

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..export.trainers import EXPORTERS
-from .app import app, err, out
+from .app import app, command_line, err, out
 from .show import print_validation
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def generate(
     from ..store.stats import status as ledger_status
 
     m = load_manifest(manifest)
-    runner = Runner(m, quiet=quiet, console=err)
+    runner = Runner(m, quiet=quiet, console=err, command_line=command_line())
     try:
         rep = asyncio.run(runner.run(dataset))
         st = ledger_status(runner.ledger)
@@ -183,7 +183,7 @@ def run_cmd(
 
     m = load_manifest(manifest)
     try:
-        res = run_pipeline(m, force=force, quiet=quiet, console=err)
+        res = run_pipeline(m, force=force, quiet=quiet, console=err, command_line=command_line())
     except GateError:
         vpath = m.output_dir / "validation.json"
         if vpath.exists():

@@ -60,7 +60,12 @@ class RunReport:
 
 class Runner:
     def __init__(
-        self, manifest: Manifest, *, quiet: bool = False, console: Console | None = None
+        self,
+        manifest: Manifest,
+        *,
+        quiet: bool = False,
+        console: Console | None = None,
+        command_line: list[str] | None = None,
     ) -> None:
         self.m = manifest
         self.quiet = quiet
@@ -88,6 +93,8 @@ class Runner:
             "manifest", manifest.model_dump(mode="json", exclude={"base_dir", "path"})
         )
         self.ledger.set_meta("manifest_base_dir", str(manifest.base_dir))
+        if command_line is not None:  # what the report shows as the command that made the run
+            self.ledger.set_meta("command_line", command_line)
 
     @property
     def tokens(self) -> TokensStage:
