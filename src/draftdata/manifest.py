@@ -46,6 +46,9 @@ class RunCfg(_Strict):
     #: are reconstructed; the gate then measures them cross-validated (learned on one half of the
     #: prompts, measured on the other)
     learn_prefs: bool = False
+    #: an existing ground-truth JSONL (exact ids from the target) that serves as the gate's
+    #: evidence, alone or beside the run's own ground-truth datasets
+    ground_truth: str | None = None
 
 
 class TargetCfg(_Strict):

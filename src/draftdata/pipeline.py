@@ -7,6 +7,7 @@ measured on them and gates the datasets whose backend returns text (see ``measur
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,37 @@ def ground_truth(runner: Runner, d: DatasetCfg) -> Iterator[GroundTruth]:
         )
 
 
+def ground_truth_file(m: Manifest) -> list[GroundTruth]:
+    """``[run] ground_truth``: an existing ground-truth JSONL as the gate's evidence. Records that
+    cannot be used are skipped; a file with none is an error that names it."""
+    if not m.run.ground_truth:
+        return []
+    from .errors import InputError
+    from .records.wire import ground_truth_of
+
+    path = m.resolve(m.run.ground_truth)
+    out: list[GroundTruth] = []
+    skipped = 0
+    try:
+        with path.open(encoding="utf-8") as f:
+            for i, line in enumerate(f):
+                try:
+                    rec = json.loads(line)
+                    out.append(ground_truth_of(rec, i))
+                except (ValueError, AttributeError, InputError):
+                    skipped += line.strip() != ""
+    except OSError as e:
+        raise InputError(
+            f"[run] ground_truth = {m.run.ground_truth!r}: cannot read {path} ({e.strerror})"
+        ) from e
+    if not out:
+        raise InputError(
+            f"[run] ground_truth: {path} holds no usable ground-truth record ({skipped} skipped); "
+            "each line needs messages, prompt_ids and output_ids"
+        )
+    return out
+
+
 def run_pipeline(
     m: Manifest,
     *,
@@ -67,9 +99,12 @@ def run_pipeline(
     quiet: bool = False,
     console: Console | None = None,
     command_line: list[str] | None = None,
+    progress_every: float = 30.0,
 ) -> PipelineResult:
     console = console or Console(stderr=True)
-    runner = Runner(m, quiet=quiet, console=console, command_line=command_line)
+    runner = Runner(
+        m, quiet=quiet, console=console, command_line=command_line, progress_every=progress_every
+    )
     res = PipelineResult(run_dir=m.output_dir)
     try:
         gt = [d for d in m.datasets if is_ground_truth(m, d)]
@@ -78,11 +113,14 @@ def run_pipeline(
         for d in m.datasets:
             runner.prompts(d)
         # 2. ground truth: exact ids from the target itself
+        evidence = ground_truth_file(m)
         if gt:
             rep = asyncio.run(runner.run([d.name for d in gt]))
             res.datasets.update(rep.datasets)
-            # 3. validate reconstruction on it
-            res.validation = measure(runner, [r for d in gt for r in ground_truth(runner, d)])
+            evidence += [r for d in gt for r in ground_truth(runner, d)]
+        # 3. validate reconstruction on it
+        if evidence:
+            res.validation = measure(runner, evidence)
             write_json(m.output_dir / "validation.json", res.validation.to_json())
         # 4. the gate, before the first paid request
         rate = res.validation.exact_match_rate if res.validation and res.validation.n else None

@@ -1,36 +1,89 @@
 """The command layer: parse arguments, call the library, print, map errors to exit codes.
 
 One module per command group; ``app`` holds what they share. Importing the groups registers
-their commands."""
+their commands. Every error leaves through ``main`` as one line: a ``DraftdataError`` with its
+own exit code, a usage error (exit 2) naming the fix, Ctrl-C (exit 130) saying what was kept."""
 
 from __future__ import annotations
 
+import os
+import re
 import sys
+import types
+from typing import Any
 
 import click
 
 from ..errors import DraftdataError
-from . import audit, run, tokens  # noqa: F401  (registers the commands)
-from .app import app, err
+from . import audit, plan, run, tokens  # noqa: F401  (registers the commands)
+from .app import app, err, say
+
+
+def _exception_modules() -> tuple[types.ModuleType, ...]:
+    """click's exceptions, and those of the copy of click that typer bundles (not click's)."""
+    try:
+        from typer._click import exceptions as bundled
+    except ImportError:  # pragma: no cover - a typer that uses click itself
+        return (click.exceptions,)
+    return (click.exceptions, bundled)
+
+
+_MODULES = _exception_modules()
+INTERRUPTED = (
+    "interrupted: everything answered so far is in the ledger; run the same command again to resume"
+)
+
+
+def _classes(name: str) -> tuple[type[Exception], ...]:
+    return tuple({getattr(m, name) for m in _MODULES if hasattr(m, name)})
+
+
+def usage_line(e: Any) -> str:
+    """One line for a click usage error: what is wrong, the usage, and where help is."""
+    ctx = getattr(e, "ctx", None)
+    path = ctx.command_path if ctx is not None else "draftdata"
+    msg = re.sub(r"\s+", " ", e.format_message()).strip()
+    usage = ""
+    if ctx is not None:
+        usage = re.sub(r"\s+", " ", ctx.get_usage()).strip().replace("Usage: ", "usage: ")
+        usage = re.sub(r"\{(\w[\w.-]*)\}", r"\1", usage)  # typer writes arguments as {NAME}
+    return f"{path}: {msg}" + (f" ({usage}; see `{path} --help`)" if usage else "")
+
+
+_INTERRUPTS: tuple[type[BaseException], ...] = (*_classes("Abort"), KeyboardInterrupt)
 
 
 def main() -> None:
     try:
-        rv = app(standalone_mode=False)
+        rv = app(standalone_mode=False, prog_name="draftdata")
     except DraftdataError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        say(err, f"error: {e}", "bold red")
         sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        err.print("aborted")
+    except _INTERRUPTS:
+        say(err, INTERRUPTED, "yellow")
         sys.exit(130)
-    except click.exceptions.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
+    except _classes("Exit") as e:
+        sys.exit(getattr(e, "exit_code", 0))
+    except _classes("UsageError") as e:
+        say(err, f"error: {usage_line(e)}", "bold red")
+        sys.exit(2)
+    except _classes("ClickException") as e:
+        say(err, f"error: {e.format_message()}", "bold red")  # type: ignore[attr-defined]
+        sys.exit(getattr(e, "exit_code", 1))
+    except Exception as e:  # a bug: one line, and the traceback only on request
+        if os.environ.get("DRAFTDATA_DEBUG"):
+            raise
+        say(
+            err,
+            f"internal error: {type(e).__name__}: {e} (a bug in draftdata; rerun with "
+            "DRAFTDATA_DEBUG=1 for the traceback and report it)",
+            "bold red",
+        )
+        sys.exit(70)
+    if rv == 130:  # typer turns a KeyboardInterrupt into Exit(130), silently
+        say(err, INTERRUPTED, "yellow")
     if isinstance(rv, int):
         sys.exit(rv)
 
 
-__all__ = ["app", "main"]
+__all__ = ["INTERRUPTED", "app", "main"]

@@ -10,19 +10,35 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from .. import __version__
-from ..errors import InputError
+from ..errors import DraftdataError, InputError
 
 app = typer.Typer(
     name="draftdata",
-    help="Token-exact training data for speculative-decoding drafters.",
-    no_args_is_help=True,
+    help="Token-exact training data for speculative-decoding drafters.\n\n"
+    "Start with `draftdata init` (a commented manifest), `draftdata plan MANIFEST` (what a run "
+    "will ask for and cost, without sending a request) and `draftdata run MANIFEST`.",
+    no_args_is_help=False,
+    invoke_without_command=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=None,
 )
 out = Console(width=None if sys.stdout.isatty() else 140)
 err = Console(stderr=True, soft_wrap=True)
+
+
+def say(console: Console, message: str, style: str | None = None) -> None:
+    """Print ``message`` as it is: no markup is interpreted in text that names user input."""
+    console.print(Text(message, style=style or ""), soft_wrap=True)
+
+
+def example(*lines: str) -> str:
+    """A help epilog with example invocations."""
+    return "Examples:\n\n\b\n" + "\n".join(f"  {ln}" for ln in lines)  # \b: keep lines
+
 
 TokenizerOpt = Annotated[
     str,
@@ -46,8 +62,13 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+class UsageProblem(DraftdataError):
+    """The command line itself is wrong (exit 2)."""
+
+
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: Annotated[
         bool,
         typer.Option(
@@ -55,7 +76,12 @@ def _root(
         ),
     ] = False,
 ) -> None:
-    pass
+    if ctx.invoked_subcommand is None:
+        names = ", ".join(sorted(c for c in ctx.command.list_commands(ctx)))  # type: ignore[attr-defined]
+        raise UsageProblem(
+            f"no command given; run `draftdata COMMAND ...` with one of: {names} "
+            "(`draftdata --help` explains each)"
+        )
 
 
 def read_jsonl(path: Path, counter: dict[str, int] | None = None) -> Iterator[dict[str, Any]]:

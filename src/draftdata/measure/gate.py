@@ -33,6 +33,8 @@ class Gate:
     passed: bool
     forced: bool = False
     reason: str = ""
+    #: some dataset waited on the gate (its backend returns text); False: nothing was gated
+    gated: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -40,12 +42,32 @@ class Gate:
     def force(self) -> Gate:
         return replace(self, forced=True)
 
+    def verdict(self) -> str:
+        """One line that is true in every case: passed, failed, forced, or nothing to gate."""
+        rate = self.exact_match_rate
+        measured = (
+            f"exact-match {rate:.1%} {'≥' if rate >= self.min_exact else '<'} min_exact "
+            f"{self.min_exact:.1%}"
+            if rate is not None
+            else "nothing measured (no ground truth)"
+        )
+        if not self.gated:
+            info = f"; {measured.split(' ≥')[0].split(' <')[0]} on ground truth, for information"
+            return "gate: nothing to gate, every dataset returned exact ids" + (
+                info if rate is not None else ""
+            )
+        if self.passed:
+            return f"gate passed: {measured}"
+        if self.forced:
+            return f"gate FORCED past a failure (--force): {measured}"
+        return f"gate FAILED: {measured}"
+
 
 def decide(min_exact: float, rate: float | None, gated: bool) -> Gate:
     """The verdict for a run: ``rate`` is the measured exact-match (None: nothing measured);
     ``gated`` says whether any dataset waits on it (one whose backend returns text)."""
     if not gated:
-        return Gate(min_exact, rate, True, reason="no text-only datasets")
+        return Gate(min_exact, rate, True, reason="no text-only datasets", gated=False)
     if rate is None:
         return Gate(
             min_exact,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import threading
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -32,6 +33,10 @@ from ...model.folders import ModelError, import_torch_transformers, resolve_mode
 __all__ = ["EngineOutput", "FinishReason", "HFEngine"]
 
 FinishReason = Literal["stop", "length"]
+
+
+class GenerationCancelled(Exception):
+    """The caller asked the engine to stop (Ctrl-C): the batch in flight is abandoned."""
 
 
 @dataclass(frozen=True)
@@ -106,11 +111,13 @@ class HFEngine:
         top_p: float = 1.0,
         seeds: Sequence[int] | None = None,
         stop_ids: AbstractSet[int],
+        cancel: threading.Event | None = None,
     ) -> list[EngineOutput]:
         """Generate for one batch of prompts (token ids), one output per prompt, in order.
 
         ``temperature`` 0 is greedy; above 0 sampling needs one seed per prompt, and a row with
-        the same prompt, seed and batch shape gives the same ids every time.
+        the same prompt, seed and batch shape gives the same ids every time. ``cancel`` is
+        checked between decode steps: once set, the batch stops with ``GenerationCancelled``.
         """
         self._check_request(prompts, max_new_tokens, temperature, top_p, seeds)
         if not prompts:
@@ -140,6 +147,8 @@ class HFEngine:
                 logits_to_keep=1,
             )
             while True:
+                if cancel is not None and cancel.is_set():
+                    raise GenerationCancelled("generation cancelled between decode steps")
                 cache = _cache_of(step_out)
                 logits = step_out.logits[:, -1, :].float()
                 picked = self._pick(logits, temperature, top_p, generators, finish)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -35,11 +36,17 @@ class HFBackend(Backend):
         self.cfg = cfg
         self.bound = bound
         self.batch_size = cfg.batch_size
+        self.cancel = threading.Event()
 
     async def run_batch(
         self, requests: Sequence[GenRequest], on_failure: OnFailure
     ) -> list[Completion | None]:
-        return await asyncio.to_thread(self._run, requests)
+        try:
+            return await asyncio.to_thread(self._run, requests)
+        except asyncio.CancelledError:
+            # Ctrl-C: the decode loop stops at its next step instead of finishing the batch
+            self.cancel.set()
+            raise
 
     def _run(self, requests: Sequence[GenRequest]) -> list[Completion | None]:
         # one generate call takes one sampling setting: group, then chunk by batch_size
@@ -60,6 +67,7 @@ class HFBackend(Backend):
                     top_p=top_p,
                     seeds=[requests[i].seed for i in chunk] if temp > 0 else None,
                     stop_ids=stops,
+                    cancel=self.cancel,
                 )
                 for i, o in zip(chunk, res, strict=True):
                     out[i] = engine_completion(

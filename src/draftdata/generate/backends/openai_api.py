@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
-from yarl import URL
 
 from ...errors import DraftdataError
 from ...formats import BoundFormat
@@ -25,6 +24,7 @@ from ...manifest import Manifest
 from ...records.wire import messages_to_wire, view_from_message
 from .base import Backend, Completion, FailedAttempt, GenRequest, OnFailure
 from .config import OpenAIBackendCfg
+from .reach import reachable
 from .retry import PROBE_REFUSED, retry_delay, will_retry
 
 
@@ -55,11 +55,6 @@ class RateLimiter:
                 await asyncio.sleep((n - self.tokens) / self.rate)
 
 
-def _is_loopback(url: str) -> bool:
-    host = URL(url).host or ""
-    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
-
-
 class OpenAIBackend(Backend):
     kind = "openai"
 
@@ -73,12 +68,18 @@ class OpenAIBackend(Backend):
         key = None
         if cfg.api_key_env:
             key = os.environ.get(cfg.api_key_env)
-            if not key and not _is_loopback(cfg.base_url):
+            if not key:
                 raise BackendConfigError(
                     f"backend {name}: environment variable {cfg.api_key_env} is not set; export "
                     f"{cfg.api_key_env}=<your key> (the key itself never goes in the manifest)"
                 )
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        why = reachable(cfg.base_url)
+        if why is not None:  # name it now: not after 90 refused attempts and 40 s
+            raise BackendConfigError(
+                f"backend {name}: {cfg.base_url}: {why}; is the server running? nothing was "
+                "sent (`draftdata plan MANIFEST` checks every backend before a run)"
+            )
         self.url = cfg.base_url + "/chat/completions"
         self._session: aiohttp.ClientSession | None = None
         self.sem = asyncio.Semaphore(cfg.concurrency)

