@@ -24,6 +24,9 @@ from conftest import GROUNDTRUTH, TOKENIZERS
 from draftdata import __version__
 from draftdata.errors import InputError
 from draftdata.export import shards as export
+from draftdata.export.preview import write_preview
+from draftdata.generate.runner import Runner
+from draftdata.manifest import manifest_of_run
 from draftdata.report import build_report, summary
 from draftdata.report.figures import usd
 from draftdata.tokenizers import load_tokenizer
@@ -197,7 +200,12 @@ def write_export(run_dir: Path, validation: dict | None, *, shard_rows: int = 25
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("report")
+    return make_run(tmp_path_factory.mktemp("report"))
+
+
+def make_run(tmp: Path) -> Path:
+    """A real run in ``tmp/run``: generated through the replay server (with faults), validated,
+    exported, with the exporter's sample preview."""
     sources, truth = {}, []
     for name, (srcs, n, _) in DATASETS.items():
         recs = [r for r in GT if r["id"].endswith("-greedy") and r["source"] in srcs][:n]
@@ -224,7 +232,19 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for exs in validation["examples"].values():  # model text is user-derived too
         exs[0]["text"] += EVIL
     write_export(tmp / "run", validation)
+    write_run_preview(tmp / "run")
     return tmp / "run"
+
+
+def write_run_preview(run_dir: Path) -> Path:
+    """The exporter's sample preview (export/preview.json), written as `export_run` writes it."""
+    m = manifest_of_run(run_dir)
+    m.run.output = str(run_dir.resolve())
+    runner = Runner(m, quiet=True)
+    try:
+        return write_preview(runner, run_dir / "export")
+    finally:
+        runner.ledger.close()
 
 
 def test_report_page(run_dir: Path) -> None:

@@ -14,6 +14,7 @@ from .. import __version__
 from ..measure.gate import Gate, is_ground_truth
 from ..records import Provenance
 from ..store.stats import status
+from .preview import write_preview
 from .shards import ShardWriter, now_iso, shard_row, write_json
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ def export_run(
         "cost_usd": st.cost_usd,
         "loader": LOADER,
     }
+    write_preview(runner, folder)
     write_json(folder / "manifest.json", doc)
     return folder
 

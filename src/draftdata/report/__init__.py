@@ -1,6 +1,8 @@
 """The run report: one self-contained HTML page (inline CSS and SVG, no network) and a terminal
 summary. ``data`` reads the run (shards are streamed; lengths kept as value counts, so a report
-over millions of samples holds no rows), ``html``/``svg`` draw the page, ``text`` the summary."""
+over millions of samples holds no rows; the sample viewer's tokens come from the exporter's
+``export/preview.json``, the command line and manifest from the ledger), ``alerts`` finds what
+to warn about, ``html``/``page``/``viewer``/``svg`` draw the page, ``text`` the summary."""
 
 from __future__ import annotations
 

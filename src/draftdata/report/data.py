@@ -1,5 +1,6 @@
 """What the run report is made of, read from a run folder's ``export/manifest.json``, its
-Parquet shards and ``ledger.sqlite`` (through the ledger's read-only figures).
+Parquet shards, the sample preview ``export/preview.json`` and ``ledger.sqlite`` (through the
+ledger's read-only figures and its meta table: the run's manifest and command line).
 
 Shards are streamed batch by batch; lengths are kept as value counts (bounded by the longest
 sequence, not by the number of rows), so a report over millions of samples holds no rows."""
@@ -15,10 +16,11 @@ from typing import Any
 
 from .. import __version__
 from ..errors import InputError
+from ..export.preview import PREVIEW_FILE, Preview, read_preview
 from ..store.ledger import Ledger, LedgerError
 from ..store.stats import Throughput, throughput, work_datasets
 
-__all__ = ["DatasetTokens", "ReportData", "Throughput", "collect"]
+__all__ = ["DatasetTokens", "LedgerFigures", "Preview", "ReportData", "Throughput", "collect"]
 
 SHARD_COLUMNS = (
     "dataset",
@@ -48,6 +50,16 @@ class DatasetTokens:
     warnings: Counter[str] = field(default_factory=Counter)
 
 
+@dataclass(frozen=True)
+class LedgerFigures:
+    """What the report reads from the ledger."""
+
+    per_dataset: dict[str, Throughput]
+    total: Throughput
+    run_manifest: dict[str, Any] | None  # meta "manifest": the run's manifest as it was loaded
+    command_line: list[str] | None  # meta "command_line": the argv that last opened the run
+
+
 @dataclass
 class ReportData:
     run_dir: Path
@@ -57,6 +69,9 @@ class ReportData:
     ledger: dict[str, Throughput] | None  # None: no ledger.sqlite in the run folder
     ledger_total: Throughput | None
     notes: list[str]  # inconsistencies found while reading
+    preview: Preview | None = None  # None: the export wrote no preview.json (older exports)
+    run_manifest: dict[str, Any] | None = None
+    command_line: list[str] | None = None
 
     def ds_manifest(self, name: str) -> dict[str, Any]:
         d = self.manifest.get("datasets", {}).get(name)
@@ -189,7 +204,7 @@ def scan_shards(
     return out
 
 
-def read_ledger(run_dir: Path) -> tuple[dict[str, Throughput], Throughput] | None:
+def read_ledger(run_dir: Path) -> LedgerFigures | None:
     path = run_dir / "ledger.sqlite"
     if not path.is_file():
         return None
@@ -197,7 +212,13 @@ def read_ledger(run_dir: Path) -> tuple[dict[str, Throughput], Throughput] | Non
         led = Ledger.read(path)
         try:
             per = {name: throughput(led, name) for name in work_datasets(led)}
-            return per, throughput(led, None)
+            cfg, argv = led.get_meta("manifest"), led.get_meta("command_line")
+            return LedgerFigures(
+                per,
+                throughput(led, None),
+                cfg if isinstance(cfg, dict) else None,
+                [str(a) for a in argv] if isinstance(argv, list) else None,
+            )
         finally:
             led.close()
     except LedgerError as e:
@@ -206,8 +227,20 @@ def read_ledger(run_dir: Path) -> tuple[dict[str, Throughput], Throughput] | Non
         ) from e
 
 
+def load_preview(run_dir: Path, notes: list[str]) -> Preview | None:
+    try:
+        return read_preview(run_dir / "export")
+    except (OSError, ValueError) as e:
+        notes.append(
+            f"export/{PREVIEW_FILE} is unreadable ({e}): no sample viewer; re-run "
+            f"`draftdata export {run_dir}`"
+        )
+        return None
+
+
 def _fingerprint(run_dir: Path) -> tuple[tuple[str, int, int], ...]:
-    files = [run_dir / "export" / "manifest.json", run_dir / "ledger.sqlite"]
+    files = [run_dir / "export" / "manifest.json", run_dir / "export" / PREVIEW_FILE]
+    files += [run_dir / "ledger.sqlite"]
     files += [run_dir / "ledger.sqlite-wal", *sorted((run_dir / "export").glob("**/*.parquet"))]
     out = []
     for p in files:
@@ -252,5 +285,14 @@ def _collect(run_dir: Path) -> ReportData:
                 f"dataset {name}: the shards hold {have:,} samples, manifest says {want:,}"
             )
     return ReportData(
-        run_dir, manifest, names, tokens, led[0] if led else None, led[1] if led else None, notes
+        run_dir,
+        manifest,
+        names,
+        tokens,
+        led.per_dataset if led else None,
+        led.total if led else None,
+        notes,
+        preview=load_preview(run_dir, notes),
+        run_manifest=led.run_manifest if led else None,
+        command_line=led.command_line if led else None,
     )

@@ -29,14 +29,46 @@ def truncated_share(finish: Mapping[str, int]) -> float | None:
     return finish.get("length", 0) / total if total else None
 
 
+#: how the capability probe's expected refusal of return_token_ids is listed (not a failure)
+PROBE_LINE = "capability probe: server refused return_token_ids (expected)"
+#: the gate's reason where no dataset returns text only (``measure.gate.decide``)
+NOT_GATED_REASON = "no text-only datasets"
+
+
+def not_gated(g: Mapping[str, Any]) -> bool:
+    """The gate had no dataset to gate (``gated`` false, or its reason says so)."""
+    return g.get("gated") is False or NOT_GATED_REASON in str(g.get("reason") or "")
+
+
+def gated_nothing(manifest: Mapping[str, Any]) -> str | None:
+    """Why the export gate measured nothing (no gate, no rate, no text-only dataset), or None
+    where it compared a measured rate with its minimum."""
+    g = manifest.get("gate")
+    if not isinstance(g, dict):
+        return "the manifest records no gate"
+    if not_gated(g):
+        return (
+            "no dataset returns text only, so no ids were reconstructed and the gate had "
+            "nothing to check"
+        )
+    if g.get("exact_match_rate") is None:
+        return "no ground-truth validation measured the exact-match rate"
+    return None
+
+
 def gate_verdict(manifest: Mapping[str, Any]) -> tuple[str, str]:
-    """(verdict word, one-line explanation) of the export gate."""
+    """(verdict word, one-line explanation) of the export gate. A gate that measured nothing
+    says so (NOT GATED, NOT MEASURED): it never reads like a pass."""
     g = manifest.get("gate")
     if not isinstance(g, dict):
         return "NO GATE", "the manifest records no gate"
     rate, lo = g.get("exact_match_rate"), g.get("min_exact")
-    if rate is None:
-        head, why = "NOT MEASURED", ["no ground-truth validation; exactness was not measured"]
+    nothing = gated_nothing(manifest)
+    if nothing is not None:
+        head = "NOT GATED" if not_gated(g) else "NOT MEASURED"
+        why = [f"nothing was gated: {nothing}"]
+        if rate is not None:
+            why.append(f"validation measured {rate:.1%} exact match, for information only")
     else:
         head = "PASSED" if g.get("passed") else "FAILED"
         cmp = "≥" if g.get("passed") else "<"
@@ -90,3 +122,12 @@ def num(x: float | None, digits: int = 1) -> str:
     if x is None:
         return "–"
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:,.{digits}f}"
+
+
+def rate(x: float | None) -> str:
+    """A rate to three significant figures (never "0.0" for a small positive rate)."""
+    if x is None:
+        return "–"
+    if x >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.3g}" if x >= 0.001 else f"{x:.1e}"

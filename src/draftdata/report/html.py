@@ -10,14 +10,18 @@ from collections import Counter
 from collections.abc import Callable
 
 from .. import __version__
+from ..store.stats import MIN_RATE_ATTEMPTS, MIN_RATE_WALL_S
+from .alerts import alerts
 from .data import ReportData, Throughput
 from .figures import (
+    PROBE_LINE,
     drop_rows,
     duration,
     mean,
     num,
     pct,
     quantile,
+    rate,
     size,
     truncated_share,
     usd,
@@ -41,9 +45,10 @@ from .svg import (
     stacked_shares,
     table,
 )
+from .viewer import ViewerSections, command
 
 
-class Page(ExactnessSections):
+class Page(ExactnessSections, ViewerSections):
     # --- header ----------------------------------------------------------------------------
     def header(self) -> str:
         m, d, lt = self.m, self.d, self.d.ledger_total
@@ -61,17 +66,22 @@ class Page(ExactnessSections):
             ),
             ("gate", self.gate()),
         ]
+        if d.command_line:
+            prov.append(("command", Raw(f"<code>{esc(command(d.command_line))}</code>")))
+        why = lt.rate_note if lt else None
+        no_rate = f'<div class="k">no rate: {esc(why)}</div>' if why else ""
         kpis = [
-            (f"{self.rows:,}", "samples"),
-            (f"{len(d.datasets)}", "datasets"),
-            (f"{self.tokens:,}", "tokens"),
-            (pct(self.trained / self.tokens if self.tokens else None), "trained (loss mask)"),
-            (pct((self.val or {}).get("exact_match_rate")), "validated exact match"),
-            (usd(m.get("cost_usd", lt.cost_usd if lt else None)), "cost"),
-            (num(lt.requests_per_s if lt else None), "requests / s"),
-            (num(lt.completion_tokens_per_s if lt else None), "completion tokens / s"),
+            (f"{self.rows:,}", "samples", ""),
+            (f"{len(d.datasets)}", "datasets", ""),
+            (f"{self.tokens:,}", "tokens", ""),
+            (pct(self.trained / self.tokens if self.tokens else None), "trained (loss mask)", ""),
+            (pct((self.val or {}).get("exact_match_rate")), "validated exact match", ""),
+            (usd(m.get("cost_usd", lt.cost_usd if lt else None)), "cost", ""),
+            (rate(lt.requests_per_s if lt else None), "requests / s", no_rate),
+            (rate(lt.completion_tokens_per_s if lt else None), "completion tokens / s", no_rate),
         ]
         notes = "".join(f"<li>{esc(n)}</li>" for n in d.notes)
+        warns = "".join(f"<li>{esc(a.text)}</li>" for a in alerts(d))
         nav = "".join(f'<a href="#{k}">{v}</a>' for k, v in SECTIONS.items())
         return (
             f"<header><h1>Run report: {esc(m.get('run', d.run_dir.name))}</h1>"
@@ -80,10 +90,11 @@ class Page(ExactnessSections):
             + '</dl></div><div class="kpis">'
             + "".join(
                 f'<div class="kpi"><div class="v">{esc(v)}</div><div class="l">{esc(lab)}'
-                "</div></div>"
-                for v, lab in kpis
+                f"</div>{note}</div>"
+                for v, lab, note in kpis
             )
             + "</div>"
+            + (f'<div class="alerts"><strong>Warnings</strong><ul>{warns}</ul></div>' * bool(warns))
             + (
                 f'<div class="notes"><strong>Check these</strong><ul>{notes}</ul></div>'
                 * bool(notes)
@@ -259,22 +270,19 @@ class Page(ExactnessSections):
                 label,
                 *(f"{v:,}" for v in (lg.attempts, lg.ok, lg.failed_attempts)),
                 *counts(lg.work, ["failed", "pending"]),
-                duration(lg.active_s),
-                num(lg.requests_per_s),
-                num(lg.completion_tokens_per_s),
+                duration(lg.wall_s),
+                rate(lg.requests_per_s),
+                rate(lg.completion_tokens_per_s),
                 duration(lg.latency_p50),
                 duration(lg.latency_p95),
             ]
             for label, lg in [*((self.ds(n), lg) for n, lg in per), ("all datasets", lt)]
         ]
 
-        def rate(f: Callable[[Throughput], float | None], title: str, unit: str) -> str:
-            return hbars(
-                [(n, f(lg) or 0.0, self.colors[n]) for n, lg in per],
-                title=title,
-                xlabel=unit,
-                fmt=short_num,
-            )
+        def rates(f: Callable[[Throughput], float | None], title: str, unit: str) -> list[str]:
+            """A bar per dataset with a rate; none where no dataset has one (not a row of 0s)."""
+            bars = [(n, v, self.colors[n]) for n, lg in per if (v := f(lg)) is not None]
+            return [hbars(bars, title=title, xlabel=unit, fmt=short_num)] if bars else []
 
         erows = [
             [self.ds(n), why, "–" if st is None else st, f"{k:,}"]
@@ -284,12 +292,14 @@ class Page(ExactnessSections):
         out += [
             "<h3>Requests</h3>",
             hint(
-                "Rates are over active time: the union of the attempts' [start, start + "
-                "latency] intervals, so pauses between resumed runs do not count. Failed keys "
-                "gave up after their retries; pending keys have no answer yet."
+                "Rates are over wall time: from the first attempt's start to the last attempt's "
+                "end (pauses between resumed runs count). A rate over fewer than "
+                f"{MIN_RATE_ATTEMPTS} attempts or under {MIN_RATE_WALL_S:g} s of wall time is "
+                "not given (–): it would say more about start-up than about the server. Failed "
+                "keys gave up after their retries; pending keys have no answer yet."
             ),
             table(
-                "dataset|attempts|ok|failed attempts|failed keys|pending keys|active time|"
+                "dataset|attempts|ok|failed attempts|failed keys|pending keys|wall time|"
                 "requests/s|completion tok/s|latency p50|latency p95",
                 lrows[:-1],
                 lrows[-1],
@@ -297,8 +307,8 @@ class Page(ExactnessSections):
             charts(
                 [
                     cost_chart,
-                    rate(lambda lg: lg.requests_per_s, "Requests per second", "requests / s"),
-                    rate(
+                    *rates(lambda lg: lg.requests_per_s, "Requests per second", "requests / s"),
+                    *rates(
                         lambda lg: lg.completion_tokens_per_s,
                         "Completion tokens per second",
                         "tokens / s",
@@ -310,6 +320,14 @@ class Page(ExactnessSections):
             if erows
             else hint("No request failed."),
         ]
+        if lt.probe_refused:
+            where = ", ".join(f"{n} {lg.probe_refused:,}" for n, lg in per if lg.probe_refused)
+            out.append(
+                f"<p><b>{esc(PROBE_LINE)}</b>: {lt.probe_refused:,} attempts ({esc(where)}). "
+                '<span class="muted">The backend asked whether the server returns token ids, '
+                "was told no, and went on without them; these attempts are not failures and are "
+                "not counted above.</span></p>"
+            )
         return "".join(out)
 
     def shards(self) -> str:
@@ -330,12 +348,14 @@ class Page(ExactnessSections):
         parts = (
             self.header,
             self.datasets,
+            self.samples,
             self.lengths,
             self.loss_mask,
             self.exactness,
             self.truncation,
             self.cost,
             self.shards,
+            self.run_section,
         )
         title = f"draftdata report: {self.m.get('run', self.d.run_dir.name)}"
         return (

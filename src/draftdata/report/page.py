@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from .alerts import finish_reasons
 from .data import ReportData
 from .figures import gate_verdict, pct
 from .style import SOURCE_COLORS
@@ -48,8 +49,7 @@ class PageBase:
         return t.token_sources or Counter(self.d.ds_manifest(name).get("token_sources") or {})
 
     def finish(self, name: str) -> Counter[str]:
-        t = self.d.ds_tokens(name)
-        return t.finish_reasons or Counter(self.d.ds_manifest(name).get("finish_reasons") or {})
+        return finish_reasons(self.d, name)
 
     def gate(self) -> Raw:
         verdict, why = gate_verdict(self.m)

@@ -1,18 +1,23 @@
 """The report page's stylesheet and colours (colour-blind-safe Okabe-Ito hues)."""
 
+#: the background of trained tokens (loss_mask true) in the sample viewer; used nowhere else
+TRAINED_BG = "#c6ecd2"
 SOURCE_COLORS = {"engine": "#009E73", "logprobs": "#0072B2", "reconstructed": "#E69F00"}
 SECTIONS = {
     "datasets": "Datasets",
+    "samples": "Samples",
     "lengths": "Lengths",
     "loss-mask": "Loss mask",
     "exactness": "Exactness",
     "truncation": "Truncation and drops",
     "cost": "Cost and throughput",
     "shards": "Shards",
+    "run": "Command and manifest",
 }
 FINISH_COLORS = {"stop": "#009E73", "length": "#D55E00", "tool_calls": "#0072B2"}
 
-CSS = """
+CSS = (
+    """
 :root{--ink:#1f2933;--muted:#616e7c;--line:#e4e7eb;--bg:#f5f7fa;--card:#fff;--accent:#0072B2;
 --ok:#1a7f37;--bad:#cf222e;--warn:#9a6700}
 *{box-sizing:border-box}
@@ -65,5 +70,33 @@ details{background:var(--card);border:1px solid var(--line);border-radius:8px;pa
 margin:0 0 8px} summary{cursor:pointer;font-weight:600}
 .muted{color:var(--muted)}
 footer{margin-top:40px;color:var(--muted);font-size:12px}
+.alerts{background:#fdecea;border:1px solid #f1aeb5;border-radius:8px;padding:10px 16px;margin:16px 0}
+.alerts ul{margin:4px 0;padding-left:20px} .alerts strong{color:var(--bad)}
+.kpi .k{color:var(--warn);font-size:11px}
+.legend{display:flex;flex-wrap:wrap;gap:8px;align-items:center;margin:4px 0 12px}
+details.sample{padding:10px 14px;margin:0 0 10px}
+details.sample summary{font-weight:400;overflow-wrap:anywhere}
+details.sample[open] summary{margin:0 0 6px}
+.toks{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px;
+line-height:1.9;white-space:pre-wrap;overflow-wrap:anywhere}
+.t{border-radius:2px}
+.t:hover{outline:1px solid var(--accent);background:#dbeafe}
+.t.tr{background:"""
+    + TRAINED_BG
+    + """}
+.t.c{display:inline-block;background:#3e4c59;color:#fff;padding:0 5px;margin:0 1px;
+border-radius:4px;font-size:11.5px;line-height:1.5;white-space:nowrap}
+.t.c.tr{box-shadow:0 0 0 2px """
+    + TRAINED_BG
+    + """}
+.cid{display:inline-block;margin-left:4px;padding:0 3px;border-radius:3px;background:#fff;
+color:#3e4c59;font-size:10.5px}
+.nl{color:#9aa5b1}
+.cut{display:inline-block;color:var(--muted);font-style:italic;background:var(--bg);
+border:1px dashed #cbd2d9;border-radius:4px;padding:0 6px}
+.wtag{display:inline-block;background:#fff8e5;border:1px solid #f0d48a;border-radius:4px;
+padding:0 6px;font-size:12px}
+pre.cfg,pre.cmd{background:#f0f2f5;padding:10px 12px;white-space:pre;overflow-x:auto}
 @media print{body{background:#fff} nav{display:none}}
 """
+)

@@ -5,8 +5,20 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from .alerts import alerts
 from .data import ReportData, collect
-from .figures import drop_rows, gate_verdict, num, pct, quantile, truncated_share, usd
+from .figures import (
+    PROBE_LINE,
+    drop_rows,
+    duration,
+    gate_verdict,
+    num,
+    pct,
+    quantile,
+    rate,
+    truncated_share,
+    usd,
+)
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -39,8 +51,9 @@ def summary_of(data: ReportData) -> str:
         f"gate {verdict}" + (f": {why}" if why else ""),
         f"{total:,} samples in {len(data.datasets)} datasets · {tokens:,} tokens · "
         f"{pct(trained / tokens if tokens else None)} trained (loss mask)",
-        "",
     ]
+    lines += [f"warning: {a.text}" for a in alerts(data)]
+    lines.append("")
     val = data.validation() or {}
     by_src = val.get("by_source") or {}
     head = [
@@ -67,8 +80,8 @@ def summary_of(data: ReportData) -> str:
                 pct(truncated_share(t.finish_reasons or d.get("finish_reasons") or {})),
                 pct(exact),
                 usd(d.get("cost_usd", lg.cost_usd if lg else None)),
-                num(lg.requests_per_s if lg else None),
-                num(lg.completion_tokens_per_s if lg else None),
+                rate(lg.requests_per_s if lg else None),
+                rate(lg.completion_tokens_per_s if lg else None),
             ]
         )
     lines += _table(head, rows)
@@ -81,10 +94,17 @@ def summary_of(data: ReportData) -> str:
     if data.ledger_total is not None:
         lt = data.ledger_total
         errs = ", ".join(f"{r} {n:,}" for (r, _), n in lt.errors.most_common(5)) or "none"
-        lines.append(
-            f"requests: {lt.attempts:,} attempts, {lt.failed_attempts:,} failed ({errs}); "
-            f"{num(lt.requests_per_s)} req/s, {num(lt.completion_tokens_per_s)} completion tok/s"
+        rates = (
+            f"no rates ({lt.rate_note}: too few to rate)"
+            if lt.rate_note
+            else f"{rate(lt.requests_per_s)} req/s, {rate(lt.completion_tokens_per_s)} "
+            f"completion tok/s over {duration(lt.wall_s)} of wall time"
         )
+        lines.append(
+            f"requests: {lt.attempts:,} attempts, {lt.failed_attempts:,} failed ({errs}); {rates}"
+        )
+        if lt.probe_refused:
+            lines.append(f"{PROBE_LINE}: {lt.probe_refused:,} attempts, not counted as failed")
     lines.append(
         f"cost {usd(m.get('cost_usd', data.ledger_total.cost_usd if data.ledger_total else None))}"
     )

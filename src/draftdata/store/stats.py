@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sqlite3
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,14 +128,25 @@ def status(led: Ledger) -> RunStatus:
 
 
 # --- throughput ---------------------------------------------------------------------------------
+#: the capability probe's expected refusal of vLLM's ``return_token_ids`` (the value of
+#: ``generate.backends.retry.PROBE_REFUSED``; a test keeps the two equal): not a failure
+PROBE_REFUSED = "capability_probe_refused"
+#: below this many attempts or this much wall time a rate is noise, and is not given
+MIN_RATE_ATTEMPTS = 10
+MIN_RATE_WALL_S = 5.0
+
+
 @dataclass
 class Throughput:
-    """What the ledger says about one dataset's requests."""
+    """What the ledger says about one dataset's requests. ``attempts``, ``ok`` and ``errors``
+    leave out the capability probe's expected refusals, counted in ``probe_refused``."""
 
     work: Counter[str] = field(default_factory=Counter)  # state -> keys
     attempts: int = 0
     ok: int = 0
-    active_s: float = 0.0  # union of the attempts' [start, start + latency] intervals
+    probe_refused: int = 0
+    first_start: float | None = None  # earliest attempt start (epoch seconds)
+    last_end: float | None = None  # latest attempt end: start + latency
     responses: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -150,31 +160,38 @@ class Throughput:
         return self.attempts - self.ok
 
     @property
+    def wall_s(self) -> float | None:
+        """From the first attempt's start to the last attempt's end (pauses included)."""
+        if self.first_start is None or self.last_end is None:
+            return None
+        return max(self.last_end - self.first_start, 0.0)
+
+    @property
+    def rate_note(self) -> str | None:
+        """Why no rate is given (too few attempts, too short), or None where rates are given."""
+        wall = self.wall_s
+        if not self.attempts or wall is None:
+            return "no attempts"
+        if self.attempts < MIN_RATE_ATTEMPTS:
+            return f"only {self.attempts} attempts"
+        if wall < MIN_RATE_WALL_S:
+            return f"only {wall:.1f} s of wall time"
+        return None
+
+    @property
     def requests_per_s(self) -> float | None:
-        return self.attempts / self.active_s if self.active_s > 0 else None
+        """Attempts per second of wall time; None where too few or too short to say."""
+        wall = self.wall_s
+        return None if self.rate_note or not wall else self.attempts / wall
 
     @property
     def completion_tokens_per_s(self) -> float | None:
-        return self.completion_tokens / self.active_s if self.active_s > 0 else None
-
-
-def active_seconds(intervals: Iterator[tuple[float, float]]) -> float:
-    """Length of the union of [start, start + duration] intervals sorted by start: time spent
-    with at least one request in flight (a resumed run's pauses are not counted)."""
-    total = 0.0
-    cur_start: float | None = None
-    cur_end = 0.0
-    for start, dur in intervals:
-        end = start + max(dur, 0.0)
-        if cur_start is None or start > cur_end:
-            if cur_start is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    if cur_start is not None:
-        total += cur_end - cur_start
-    return total
+        """Completion tokens per second of wall time; None as for ``requests_per_s``, and where
+        the server reported no token counts."""
+        wall = self.wall_s
+        if self.rate_note or not wall or not self.completion_tokens:
+            return None
+        return self.completion_tokens / wall
 
 
 def _latency(db: sqlite3.Connection, where: str, args: tuple[Any, ...], n: int, q: float) -> float:
@@ -194,15 +211,15 @@ def throughput(led: Ledger, dataset: str | None) -> Throughput:
         f"SELECT state, count(*) FROM work WHERE 1=1 {where} GROUP BY state", args
     ):
         t.work[state] += n
+    probe = f"AND NOT (ok=0 AND coalesce(reason, '') = '{PROBE_REFUSED}')"
     t.attempts, t.ok = db.execute(
-        f"SELECT count(*), coalesce(sum(ok), 0) FROM attempts WHERE 1=1 {where}", args
+        f"SELECT count(*), coalesce(sum(ok), 0) FROM attempts WHERE 1=1 {probe} {where}", args
     ).fetchone()
-    t.active_s = active_seconds(
-        db.execute(
-            f"SELECT started_at, latency_s FROM attempts WHERE 1=1 {where} ORDER BY started_at",
-            args,
-        )
-    )
+    t.probe_refused, t.first_start, t.last_end = db.execute(
+        f"SELECT coalesce(sum(ok=0 AND reason='{PROBE_REFUSED}'), 0), min(started_at), "
+        f"max(started_at + max(latency_s, 0)) FROM attempts WHERE 1=1 {where}",
+        args,
+    ).fetchone()
     if t.ok:
         t.latency_p50 = _latency(db, where, args, t.ok, 0.5)
         t.latency_p95 = _latency(db, where, args, t.ok, 0.95)
@@ -213,7 +230,7 @@ def throughput(led: Ledger, dataset: str | None) -> Throughput:
     ).fetchone()
     for reason, status_, n in db.execute(
         f"SELECT coalesce(reason, 'unknown'), http_status, count(*) FROM attempts WHERE ok=0 "
-        f"{where} GROUP BY 1, 2",
+        f"{probe} {where} GROUP BY 1, 2",
         args,
     ):
         t.errors[(reason, status_)] += n

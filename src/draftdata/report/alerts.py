@@ -1,0 +1,68 @@
+"""Warnings the page shows at its top and the summary prints: things a user must look at before
+training on the run (heavy truncation, a gate that measured nothing)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from .data import ReportData
+from .figures import gated_nothing
+
+#: a dataset is heavily truncated where more than this share of its samples hit max_tokens
+TRUNCATED_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Alert:
+    kind: str  # "truncation" | "gate"
+    text: str
+    dataset: str | None = None
+
+
+def finish_reasons(data: ReportData, name: str) -> Counter[str]:
+    """A dataset's finish reasons: from the shards, else from the manifest."""
+    t = data.ds_tokens(name)
+    return t.finish_reasons or Counter(data.ds_manifest(name).get("finish_reasons") or {})
+
+
+def truncation_alerts(data: ReportData) -> list[Alert]:
+    out = []
+    for name in data.datasets:
+        finish = finish_reasons(data, name)
+        total, cut = sum(finish.values()), finish.get("length", 0)
+        if not total or cut <= TRUNCATED_SHARE * total:
+            continue
+        mt = (data.ds_manifest(name).get("sampling") or {}).get("max_tokens")
+        limit = f"max_tokens = {mt:,}" if isinstance(mt, int) else "max_tokens"
+        out.append(
+            Alert(
+                "truncation",
+                f"{name}: {cut:,} of {total:,} samples ({cut / total:.0%}) were cut off at "
+                f'max_tokens (finish_reason "length"), so they never show the model ending its '
+                f"turn; {limit} may be too low for this dataset: raise it in the manifest's "
+                "sampling",
+                name,
+            )
+        )
+    return out
+
+
+def gate_alerts(data: ReportData) -> list[Alert]:
+    why = gated_nothing(data.manifest)
+    if why is None:
+        return []
+    g = data.manifest.get("gate")
+    reason = str(g.get("reason") or "") if isinstance(g, dict) else ""
+    extra = f" (the gate says: {reason})" if reason and reason not in why else ""
+    return [
+        Alert(
+            "gate",
+            f"Nothing was gated: {why}{extra}; no verdict is given.",
+        )
+    ]
+
+
+def alerts(data: ReportData) -> list[Alert]:
+    """Every warning for the run, the gate's first."""
+    return gate_alerts(data) + truncation_alerts(data)
