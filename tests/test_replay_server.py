@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import random
 import socket
 import subprocess
@@ -14,6 +16,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 
@@ -187,9 +190,20 @@ def test_parse_faults_normalises_order() -> None:
     parsed = parse_faults(" tools=0.1, 429=0.25 ,slow=0")
     assert parsed == {"429": 0.25, "slow": 0.0, "tools": 0.1}
     assert list(parsed) == ["429", "slow", "tools"]
-    assert parse_faults(",".join(f"{k}=0.125" for k in FAULT_KINDS)) == dict.fromkeys(
-        FAULT_KINDS, 0.125
+    assert parse_faults(",".join(f"{k}=0.05" for k in FAULT_KINDS)) == dict.fromkeys(
+        FAULT_KINDS, 0.05
     )
+
+
+def test_new_kinds_keep_old_seeds() -> None:
+    old = ("429", "500", "slow", "truncated", "empty", "length", "reasoning", "tools")
+    assert FAULT_KINDS[: len(old)] == old  # new kinds are appended: old draws walk the same
+    spec = parse_faults("429=0.2,500=0.1,slow=0.1,empty=0.1,tools=0.1")
+    with_new = parse_faults("429=0.2,500=0.1,slow=0.1,empty=0.1,tools=0.1,cut=0,401=0,huge=0")
+    for i in range(200):
+        for attempt in (1, 2, 3):
+            rid = f"r{i}"
+            assert choose_fault(spec, 4, rid, attempt) == choose_fault(with_new, 4, rid, attempt)
 
 
 @pytest.mark.parametrize(
@@ -420,3 +434,245 @@ def test_serve_runs_as_a_process(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=10)
     assert "10 records" in err and "skipped 1 (malformed_json 1)" in err
     assert "faults 500=0.5" in err
+
+
+# ---------------------------------------------------------------- hostile network, broken server
+
+
+class _Aio:
+    """What an aiohttp client (the project's own HTTP client) got for one request."""
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes, error: Exception | None):
+        self.status, self.headers, self.body, self.error = status, headers, body, error
+
+    def json(self) -> Any:
+        assert self.error is None, self.error
+        return json.loads(self.body)
+
+
+def aio_chats(c: httpx.Client, plan: list[Any], timeout: float = 10.0, **extra: Any) -> list[_Aio]:
+    """POST each messages list of ``plan`` in turn with aiohttp, reading the body in chunks;
+    a body that breaks or times out keeps what arrived and the exception."""
+
+    async def go() -> list[_Aio]:
+        out = []
+        url = str(c.base_url).rstrip("/") + "/v1/chat/completions"
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
+            for messages in plan:
+                got = bytearray()
+                error: Exception | None = None
+                async with s.post(url, json={"model": "m", "messages": messages, **extra}) as r:
+                    try:
+                        while chunk := await r.content.read(1 << 16):
+                            got += chunk
+                    except (aiohttp.ClientPayloadError, asyncio.TimeoutError) as e:
+                        error = e
+                    out.append(_Aio(r.status, dict(r.headers), bytes(got), error))
+        return out
+
+    return asyncio.run(go())
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_cut_breaks_the_body_mid_way(server: Server, by_id: dict[str, dict[str, Any]]) -> None:
+    rec = by_id["mtbench-0-greedy"]
+    with server() as c:
+        whole = chat(c, rec["messages"]).content
+    log = _Records()
+    logging.getLogger("uvicorn.error").addHandler(log)
+    try:
+        with server(faults="cut=1") as c:
+            got = aio_chats(c, [rec["messages"]] * 2)
+            with pytest.raises(httpx.RemoteProtocolError):  # httpx sees it too
+                chat(c, rec["messages"])
+            stats = c.get("/stats").json()  # the server itself is fine
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(log)
+    for r in got:
+        assert r.status == 200 and r.headers["x-replay-fault"] == "cut"
+        assert r.headers["Content-Length"] == str(len(whole))
+        assert isinstance(r.error, aiohttp.ClientPayloadError)
+        assert "Not enough data" in str(r.error)
+        half = len(whole) // 2  # the same answer, but for its id and created time
+        assert len(r.body) == half and r.body[-40:] == whole[half - 40 : half]
+    assert stats["faults"]["cut"] == 3 and stats["by_status"] == {"200": 3}
+    assert not log.records  # an injected cut is not logged as an application error
+
+
+def test_slowbody_times_out_mid_body(server: Server, by_id: dict[str, dict[str, Any]]) -> None:
+    rec, other = by_id["humaneval-0-greedy"], by_id["humaneval-1-greedy"]
+    with server(faults="slowbody=1", slow_seconds=0.8) as c:
+        t0 = time.perf_counter()
+        (r,) = aio_chats(c, [rec["messages"]], timeout=0.25)
+        assert time.perf_counter() - t0 < 0.8
+        assert r.status == 200 and r.headers["x-replay-fault"] == "slowbody"  # headers at once
+        assert isinstance(r.error, asyncio.TimeoutError)  # ... the timeout hit mid-body
+        assert 0 < len(r.body) < int(r.headers["Content-Length"])
+        t0 = time.perf_counter()
+        (r,) = aio_chats(c, [rec["messages"]])  # the retry is attempt 2: no fault
+        assert time.perf_counter() - t0 < 0.4
+        assert "x-replay-fault" not in r.headers
+        assert r.json()["choices"][0]["message"]["content"] == rec["api_view"]["content"]
+        t0 = time.perf_counter()
+        (r,) = aio_chats(c, [other["messages"]])  # a patient client gets it all, slowly
+        assert time.perf_counter() - t0 >= 0.8
+        assert r.headers["x-replay-fault"] == "slowbody"
+        assert r.json()["choices"][0]["message"]["content"] == other["api_view"]["content"]
+        stats = c.get("/stats").json()
+    assert stats["faults"]["slowbody"] == 2 and stats["attempts"] == 3
+
+
+def test_auth_errors_repeat_on_every_attempt(server: Server, records: Records) -> None:
+    spec = "401=0.25,403=0.25,500=0.25"
+    greedy = [r for r in records if r["id"].endswith("-greedy")][:40]
+    with server(faults=spec, seed=5) as c:
+        seen = {}
+        for rec in greedy:
+            rs = [chat(c, rec["messages"]) for _ in range(3)]
+            seen[rec["id"]] = [(r.status_code, r.headers.get("x-replay-fault")) for r in rs]
+            if rs[0].status_code in (401, 403):
+                for r in rs:
+                    assert r.content == rs[0].content
+                    err = r.json()["error"]
+                    assert set(err) == {"message", "type", "code"}
+                    assert "injected fault" in err["message"]
+                    if r.status_code == 401:
+                        assert err["type"] == "invalid_request_error"
+                        assert err["code"] == "invalid_api_key"
+                    else:
+                        assert (err["type"], err["code"]) == ("authentication_error", 403)
+        stats = c.get("/stats").json()
+    firsts = Counter(s[0][0] for s in seen.values())
+    assert firsts[401] and firsts[403] and firsts[500] and firsts[200]
+    rates = parse_faults(spec)
+    for rid, answers in seen.items():
+        if answers[0][0] in (401, 403):
+            assert answers == [answers[0]] * 3  # a wrong key stays wrong
+        else:  # a record not refused on attempt 1 never is
+            assert all(status not in (401, 403) for status, _ in answers)
+        for attempt, (_, fault) in enumerate(answers, 1):
+            assert fault == choose_fault(rates, 5, rid, attempt)
+    served = Counter(f for answers in seen.values() for _, f in answers if f)
+    assert {k: v for k, v in stats["faults"].items() if v} == dict(served)
+    assert stats["faults"]["401"] == 3 * firsts[401]
+
+
+def test_malformed_answers(server: Server, by_id: dict[str, dict[str, Any]]) -> None:
+    rec = by_id["bfcl-0-greedy"]
+    content = rec["api_view"]["content"]
+    kw: dict[str, Any] = {"token_ids": True}
+    with server(faults="badtools=1", **kw) as c:
+        shapes = set()
+        for _ in range(4):
+            body = chat(c, rec["messages"], return_token_ids=True).json()
+            (choice,) = body["choices"]
+            assert choice["finish_reason"] == "tool_calls"
+            calls = choice["message"]["tool_calls"]
+            assert not isinstance(calls, list)
+            if isinstance(calls, str):
+                assert json.loads(calls)[0]["function"]["name"] == "lookup"
+            else:
+                assert calls["function"]["name"] == "lookup"
+            shapes.add(type(calls))
+            assert "token_ids" not in choice and body["prompt_token_ids"] == rec["prompt_ids"]
+        assert shapes == {str, dict}
+    with server(faults="strmessage=1", **kw) as c:
+        (choice,) = chat(c, rec["messages"], return_token_ids=True).json()["choices"]
+        assert choice["message"] == content
+        assert choice["finish_reason"] == rec["api_view"]["finish_reason"]
+        assert "token_ids" not in choice
+    with server(faults="nousage=1", **kw) as c:
+        r = chat(c, rec["messages"], return_token_ids=True)
+        assert r.headers["x-replay-fault"] == "nousage"
+        body = r.json()
+        assert "usage" not in body
+        (choice,) = body["choices"]
+        assert choice["message"] == {"role": "assistant", "content": content}
+        assert choice["token_ids"] == rec["output_ids"]  # the message is intact: ids stay
+        assert body["prompt_token_ids"] == rec["prompt_ids"]
+
+
+def test_overlong_ignores_max_tokens(server: Server, by_id: dict[str, dict[str, Any]]) -> None:
+    rec = by_id["mtbench-0-greedy"]
+    content, n_in, n_out = (
+        rec["api_view"]["content"],
+        len(rec["prompt_ids"]),
+        len(rec["output_ids"]),
+    )
+    with server(faults="overlong=1") as c:
+        for extra, repeats in (
+            ({}, 4),
+            ({"max_tokens": 8}, 4),
+            ({"max_tokens": 10 * n_out}, 21),
+            ({"max_completion_tokens": 10 * n_out}, 21),
+        ):
+            body = chat(c, rec["messages"], **extra).json()
+            (choice,) = body["choices"]
+            assert choice["message"]["content"] == content * repeats
+            assert choice["finish_reason"] == "stop"
+            assert body["usage"] == {
+                "prompt_tokens": n_in,
+                "completion_tokens": repeats * n_out,
+                "total_tokens": n_in + repeats * n_out,
+            }
+            limit = next(iter(extra.values()), None)
+            if limit is not None:
+                assert body["usage"]["completion_tokens"] > 2 * limit
+
+
+def test_huge_answer(server: Server, by_id: dict[str, dict[str, Any]]) -> None:
+    rec = by_id["mtbench-0-greedy"]
+    with server(faults="huge=1", token_ids=True) as c:
+        r = chat(c, rec["messages"], return_token_ids=True)
+        stats = c.get("/stats").json()
+    assert r.status_code == 200 and r.headers["x-replay-fault"] == "huge"
+    assert int(r.headers["content-length"]) == len(r.content) > 16 * 2**20
+    body = r.json()
+    (choice,) = body["choices"]
+    text = choice["message"]["content"]
+    assert 16 * 2**20 <= len(text.encode()) < 16 * 2**20 + 200
+    sentence = "The replay server repeats this sentence to make a huge answer. "
+    assert text == sentence * (len(text) // len(sentence))
+    assert choice["finish_reason"] == "stop" and "token_ids" not in choice
+    assert body["usage"]["completion_tokens"] == 12 * (len(text) // len(sentence))
+    assert body["usage"]["prompt_tokens"] == len(rec["prompt_ids"])
+    assert body["prompt_token_ids"] == rec["prompt_ids"]
+    assert stats["faults"]["huge"] == 1
+
+
+def test_new_fault_counts_match_what_clients_saw(server: Server, records: Records) -> None:
+    new = ("cut", "slowbody", "401", "403", "badtools", "strmessage", "nousage", "overlong")
+    spec = ",".join(f"{k}=0.09" for k in new) + ",huge=0.02"
+    plan = [records[i % 60]["messages"] for i in range(120)]  # 60 records, two attempts each
+    with server(faults=spec, seed=11, slow_seconds=0.04) as c:
+        got = aio_chats(c, plan)
+        stats = c.get("/stats").json()
+    seen = Counter(r.headers.get("x-replay-fault") for r in got)
+    assert set(seen) - {None} == {*new, "huge"}
+    assert stats["requests"] == stats["attempts"] == len(plan)
+    assert {k: v for k, v in stats["faults"].items() if v} == {
+        k: v for k, v in seen.items() if k is not None
+    }
+    assert stats["by_status"] == {
+        "200": len(plan) - seen["401"] - seen["403"],
+        "401": seen["401"],
+        "403": seen["403"],
+    }
+    for r in got:
+        fault = r.headers.get("x-replay-fault")
+        assert r.status == {"401": 401, "403": 403}.get(fault or "", 200)
+        if fault == "cut":
+            assert isinstance(r.error, aiohttp.ClientPayloadError)
+        elif r.status == 200:
+            body = r.json()
+            assert ("usage" in body) == (fault != "nousage")
+        else:
+            assert "error" in r.json()

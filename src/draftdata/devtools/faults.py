@@ -2,7 +2,21 @@
 seeded per-request choice (``choose_fault``), the fault kinds and what the content faults inject.
 
 The fault for a request is a pure function of ``(seed, record id, attempt)``, so two servers with
-the same seed and spec serve the same fault sequence for each record."""
+the same seed and spec serve the same fault sequence for each record.
+
+The kinds, by what a client sees:
+
+- status errors with an OpenAI-style error body: ``429`` (with ``Retry-After``), ``500``, and
+  ``401`` / ``403`` (a wrong or unauthorised key: drawn once per record, then on every attempt);
+- broken transport: ``slow`` (the whole answer waits ``--slow-seconds``), ``truncated`` (a
+  complete body of half the JSON), ``cut`` (Content-Length of the whole body, half of it sent,
+  then the connection is closed), ``slowbody`` (status and headers at once, then the body
+  trickles for longer than ``--slow-seconds``); ``slow`` and ``slowbody`` on attempt 1 only;
+- odd 200 answers: ``empty`` content, ``length`` (half the content, finish_reason length),
+  ``reasoning`` and ``tools`` fields, ``badtools`` (``tool_calls`` not a list), ``strmessage``
+  (``message`` is a string), ``nousage`` (no ``usage``), ``overlong`` (content far past
+  ``max_tokens``) and ``huge`` (about 16 MiB of content).
+"""
 
 from __future__ import annotations
 
@@ -13,8 +27,31 @@ from typing import Any
 
 from ..errors import InputError
 
-#: fault kinds, in the order their rates are stacked when a request's draw is walked
-FAULT_KINDS = ("429", "500", "slow", "truncated", "empty", "length", "reasoning", "tools")
+#: fault kinds, in the order their rates are stacked when a request's draw is walked; new kinds
+#: go at the end, so that a spec without them keeps its seeds' fault sequences
+FAULT_KINDS = (
+    "429",
+    "500",
+    "slow",
+    "truncated",
+    "empty",
+    "length",
+    "reasoning",
+    "tools",
+    "cut",
+    "slowbody",
+    "401",
+    "403",
+    "badtools",
+    "strmessage",
+    "nousage",
+    "overlong",
+    "huge",
+)
+#: served on attempt 1 only; a later attempt that draws one gets no fault
+FIRST_ATTEMPT_ONLY = frozenset({"slow", "slowbody"})
+#: drawn once per record (by the attempt-1 draw) and then served on every attempt
+PER_RECORD = frozenset({"401", "403"})
 #: content of every injected reasoning field
 REASONING_TEXT = "Let me think."
 #: the provider shapes the ``reasoning`` fault rotates through
@@ -71,9 +108,23 @@ def choose_fault(
 ) -> str | None:
     """The fault kind for this ``(seed, record, attempt)``, or None: one uniform draw from
     ``random.Random(f"{seed}:{record_id}:{attempt}")`` walked over the cumulative rates.
-    ``slow`` applies on attempt 1 only; a later attempt that draws it gets no fault."""
+
+    ``slow`` and ``slowbody`` apply on attempt 1 only; a later attempt that draws one gets no
+    fault. ``401`` and ``403`` are decided by the attempt-1 draw alone: a record whose first
+    draw lands on one gets it on every attempt (a wrong key stays wrong), and a later attempt
+    whose own draw lands on one gets no fault, so each is served to ``rate`` of the records."""
     if not faults:
         return None
+    first = _walk(faults, seed, record_id, 1)
+    if first in PER_RECORD:
+        return first
+    kind = first if attempt == 1 else _walk(faults, seed, record_id, attempt)
+    if kind in PER_RECORD or (kind in FIRST_ATTEMPT_ONLY and attempt > 1):
+        return None
+    return kind
+
+
+def _walk(faults: Mapping[str, float], seed: int, record_id: str, attempt: int) -> str | None:
     u = random.Random(f"{seed}:{record_id}:{attempt}").random()
     cum = 0.0
     for kind in FAULT_KINDS:
@@ -82,5 +133,5 @@ def choose_fault(
             continue
         cum += rate
         if u < cum:
-            return None if kind == "slow" and attempt > 1 else kind
+            return kind
     return None

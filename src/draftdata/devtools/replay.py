@@ -2,8 +2,11 @@
 
 Backends, retry policy and reconstruction are tested against real HTTP on loopback instead of
 mocks: this server answers ``POST /v1/chat/completions`` with the ground-truth generation whose
-messages equal the request's, and injects faults (429, 500, slow answers, truncated bodies,
-empty or cut content, reasoning fields, tool calls) at seeded, reproducible rates.
+messages equal the request's, and injects faults at seeded, reproducible rates: error statuses
+(429, 500, 401, 403), broken transport (slow answers, truncated bodies, connections cut
+mid-body, bodies that trickle), and odd answers (empty or cut content, reasoning fields, tool
+calls, malformed tool calls or messages, no usage, content past max_tokens, a 16 MiB answer).
+``faults`` lists the kinds; ``answers`` and ``transport`` build the faulty answers.
 
 The fault for a request is a pure function of ``(seed, record id, attempt)``, where ``attempt``
 counts the requests this server has seen for that record (1 for the first): two servers with the
@@ -12,13 +15,12 @@ records in between.
 
 With ``token_ids`` on, a request carrying ``"return_token_ids": true`` (the vLLM extension) also
 gets ``prompt_token_ids`` and ``choices[0].token_ids``, exactly as in the record. The choice ids
-are left out whenever a fault changed the message (empty, length, reasoning, tools), so altered
-text never arrives paired with ids that do not describe it.
+are left out whenever a fault changed the message (every message fault but ``nousage``), so
+altered text never arrives paired with ids that do not describe it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import math
@@ -26,7 +28,6 @@ import socket
 import sys
 import threading
 import time
-import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..errors import DraftdataError, InputError
+from .answers import MESSAGE_FAULTS, fault_tail
 from .faults import (
     FAULT_KINDS,
     INJECTED_TOOL_CALL,
@@ -48,8 +50,10 @@ from .faults import (
     parse_faults,
 )
 from .replay_records import ReplayRecord, _dumps, load_records, message_key
+from .transport import TRICKLE_GAP, CutResponse, TrickleResponse, client_gone, hide_injected_cuts
 
 __all__ = [
+    "ERROR_FAULTS",
     "FAULT_HEADER",
     "FAULT_KINDS",
     "INJECTED_TOOL_CALL",
@@ -75,9 +79,36 @@ RECORD_HEADER = "x-replay-record"
 FAULT_HEADER = "x-replay-fault"
 #: how long a stopping server waits for answers in flight (a slow answer may be among them)
 SHUTDOWN_GRACE_S = 2
+#: the status faults: kind -> (status, error message, error type, error code); 401 has
+#: OpenAI's string code, the others the integer status as OpenRouter sends it
+ERROR_FAULTS: dict[str, tuple[int, str, str, int | str]] = {
+    "429": (429, "rate limit reached (injected fault)", "rate_limit_error", 429),
+    "500": (500, "internal server error (injected fault)", "server_error", 500),
+    "401": (
+        401,
+        "Incorrect API key provided (injected fault); check the key",
+        "invalid_request_error",
+        "invalid_api_key",
+    ),
+    "403": (
+        403,
+        "this key is not allowed to use this model (injected fault)",
+        "authentication_error",
+        403,
+    ),
+}
 
 
-def _error_body(message: str, kind: str, code: int | None = None) -> bytes:
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    """The request's completion budget (``max_tokens``, else ``max_completion_tokens``)."""
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _error_body(message: str, kind: str, code: int | str | None = None) -> bytes:
     err: dict[str, Any] = {"message": message, "type": kind}
     if code is not None:
         err["code"] = code
@@ -134,10 +165,22 @@ class _Replay:
 
     # -- helpers
 
-    def _answer(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> Response:
+    def _answer(
+        self,
+        status: int,
+        body: bytes,
+        headers: dict[str, str] | None = None,
+        fault: str | None = None,
+    ) -> Response:
         key = str(status)
         self.by_status[key] = self.by_status.get(key, 0) + 1
-        return Response(body, status_code=status, headers=headers, media_type="application/json")
+        kw: dict[str, Any] = {"status_code": status, "headers": headers}
+        if fault == "cut":
+            return CutResponse(body, media_type="application/json", **kw)
+        if fault == "slowbody":
+            gap = TRICKLE_GAP * self.slow_seconds
+            return TrickleResponse(body, gap, media_type="application/json", **kw)
+        return Response(body, media_type="application/json", **kw)
 
     @staticmethod
     def _pick(candidates: list[ReplayRecord], temperature: float) -> ReplayRecord:
@@ -194,62 +237,28 @@ class _Replay:
         if fault is not None:
             self.fault_counts[fault] += 1
             headers[FAULT_HEADER] = fault
-        if fault == "429":
-            headers["Retry-After"] = RETRY_AFTER_S
-            headers["retry-after-ms"] = RETRY_AFTER_MS
-            return self._answer(
-                429,
-                _error_body("rate limit reached (injected fault)", "rate_limit_error", 429),
-                headers,
-            )
-        if fault == "500":
-            return self._answer(
-                500,
-                _error_body("internal server error (injected fault)", "server_error", 500),
-                headers,
-            )
+        if fault in ERROR_FAULTS:
+            status, message, kind, code = ERROR_FAULTS[fault]
+            if fault == "429":
+                headers["Retry-After"] = RETRY_AFTER_S
+                headers["retry-after-ms"] = RETRY_AFTER_MS
+            return self._answer(status, _error_body(message, kind, code), headers)
         if fault == "slow":
-            await _sleep_unless_disconnected(request, self.slow_seconds)
+            await client_gone(request.receive, self.slow_seconds)
         model = body.get("model")
         head = (
             f'{{"id":"chatcmpl-{n}","object":"chat.completion","created":{int(time.time())},'
             f'"model":{_dumps(model if isinstance(model, str) else "replay")},'
         )
         want_ids = self.token_ids and body.get("return_token_ids") is True
-        if fault in ("empty", "length", "reasoning", "tools"):
-            out = head + self._altered_tail(rec, fault, attempt, want_ids) + "}"
+        if fault in MESSAGE_FAULTS:
+            tail = fault_tail(rec, fault, attempt, want_ids, _max_tokens(body))
         else:
-            out = head + (rec.tail_ids if want_ids else rec.tail) + "}"
-        raw = out.encode()
+            tail = rec.tail_ids if want_ids else rec.tail
+        raw = (head + tail + "}").encode()
         if fault == "truncated":
             raw = raw[: len(raw) // 2]
-        return self._answer(200, raw, headers)
-
-    def _altered_tail(self, rec: ReplayRecord, fault: str, attempt: int, want_ids: bool) -> str:
-        message: dict[str, Any] = {"role": "assistant", "content": rec.content}
-        finish = rec.finish_reason
-        if fault == "empty":
-            message["content"], finish = "", "stop"
-        elif fault == "length":
-            message["content"], finish = rec.content[: len(rec.content) // 2], "length"
-        elif fault == "tools":
-            message["content"], finish = None, "tool_calls"
-            message["tool_calls"] = [INJECTED_TOOL_CALL]
-        else:  # reasoning
-            shape = REASONING_SHAPES[(zlib.crc32(rec.id.encode()) + attempt) % 3]
-            if shape == "reasoning_details":
-                message[shape] = [{"type": "reasoning.text", "text": REASONING_TEXT}]
-            else:
-                message[shape] = REASONING_TEXT
-        out: dict[str, Any] = {
-            "choices": [
-                {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
-            ],
-            "usage": rec.usage(),
-        }
-        if want_ids:  # the message no longer matches output_ids: send the prompt ids only
-            out["prompt_token_ids"] = list(rec.prompt_ids)
-        return _dumps(out)[1:-1]
+        return self._answer(200, raw, headers, fault)
 
     async def models(self, request: Request) -> Response:
         return Response(
@@ -272,18 +281,6 @@ class _Replay:
             "records": self.loaded,
             "skipped": dict(self.skipped),
         }
-
-
-async def _sleep_unless_disconnected(request: Request, seconds: float) -> None:
-    """Sleep ``seconds``, or less if the client hangs up first (a client that timed out):
-    a slow answer nobody waits for must not hold the server's shutdown."""
-
-    async def gone() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(gone(), timeout=seconds)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -363,13 +360,15 @@ def serve(
 
 
 def _uvicorn_config(app: Starlette) -> uvicorn.Config:
-    return uvicorn.Config(
+    config = uvicorn.Config(
         app,
         log_level="warning",
         access_log=False,
         lifespan="off",
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )
+    hide_injected_cuts()  # after Config, which configures uvicorn's logging
+    return config
 
 
 def _bind(host: str, port: int) -> socket.socket:
