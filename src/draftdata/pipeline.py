@@ -100,10 +100,16 @@ def run_pipeline(
     console: Console | None = None,
     command_line: list[str] | None = None,
     progress_every: float = 30.0,
+    extend: bool = False,
 ) -> PipelineResult:
     console = console or Console(stderr=True)
     runner = Runner(
-        m, quiet=quiet, console=console, command_line=command_line, progress_every=progress_every
+        m,
+        quiet=quiet,
+        console=console,
+        command_line=command_line,
+        progress_every=progress_every,
+        extend=extend,
     )
     res = PipelineResult(run_dir=m.output_dir)
     try:
@@ -144,7 +150,7 @@ def run_pipeline(
             runner, res.validation.to_json() if res.validation is not None else None, res.gate
         )
     finally:
-        runner.ledger.close()
+        runner.close()
     return res
 
 

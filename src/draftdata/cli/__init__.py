@@ -6,6 +6,7 @@ own exit code, a usage error (exit 2) naming the fix, Ctrl-C (exit 130) saying w
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sys
@@ -70,6 +71,17 @@ def main() -> None:
     except _classes("ClickException") as e:
         say(err, f"error: {e.format_message()}", "bold red")  # type: ignore[attr-defined]
         sys.exit(getattr(e, "exit_code", 1))
+    except OSError as e:  # the disk, the network, a file: one line, and what to do
+        if e.errno == errno.ENOSPC:
+            say(
+                err,
+                f"error: the disk is full ({e.filename or 'writing'}); free space and run the "
+                "same command again: everything stored so far is kept",
+                "bold red",
+            )
+        else:
+            say(err, f"error: {e}", "bold red")
+        sys.exit(1)
     except Exception as e:  # a bug: one line, and the traceback only on request
         if os.environ.get("DRAFTDATA_DEBUG"):
             raise

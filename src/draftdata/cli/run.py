@@ -37,6 +37,12 @@ EveryOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the outcome as JSON on stdout")]
+ExtendOpt = Annotated[
+    bool,
+    typer.Option(
+        "--extend", help="a dataset's limit grew: keep its answers and ask only for new prompts"
+    ),
+]
 
 
 def _json(doc: Any) -> None:
@@ -58,6 +64,7 @@ def generate(
     quiet: QuietOpt = False,
     progress_every: EveryOpt = 30.0,
     json_out: JsonOpt = False,
+    extend: ExtendOpt = False,
 ) -> None:
     """Generate answers into the run's ledger and make samples. Resume: run it again."""
     import asyncio
@@ -68,13 +75,18 @@ def generate(
 
     m = load_manifest(manifest)
     runner = Runner(
-        m, quiet=quiet, console=err, command_line=command_line(), progress_every=progress_every
+        m,
+        quiet=quiet,
+        console=err,
+        command_line=command_line(),
+        progress_every=progress_every,
+        extend=extend,
     )
     try:
         rep = asyncio.run(runner.run(dataset))
         st = ledger_status(runner.ledger)
     finally:
-        runner.ledger.close()
+        runner.close()
     if json_out:
         _json(
             {
@@ -96,7 +108,9 @@ def generate(
             f"budget_usd = {m.run.budget_usd}; raise it and rerun to continue",
             "bold yellow",
         )
-    if _report_failures(st, rep.datasets, manifest):
+    for name, why in rep.stopped.items():
+        say(err, f"{name} stopped: {why}", "bold red")
+    if _report_failures(st, rep.datasets, manifest) or rep.stopped:
         raise typer.Exit(1)
 
 
@@ -134,12 +148,20 @@ def _report_failures(st: RunStatus, names: Any, manifest: Path) -> bool:
 
 @app.command(
     epilog=example(
-        "draftdata status examples/demo/manifest.toml", "draftdata status manifest.toml --json"
+        "draftdata status examples/demo/manifest.toml",
+        "draftdata status manifest.toml --json",
+        "draftdata status manifest.toml --failed",
     )
 )
 def status(
     manifest: ManifestArg,
     json_out: JsonOpt = False,
+    failed: Annotated[
+        bool,
+        typer.Option(
+            "--failed", help="list every key that failed, was quarantined or dropped, with why"
+        ),
+    ] = False,
 ) -> None:
     """Counts by dataset and state, cost so far, error reasons."""
     from ..manifest import load_manifest
@@ -153,8 +175,18 @@ def status(
     ledger = Ledger.read(path)
     try:
         st = ledger_status(ledger).to_json()
+        bad = ledger.failed() if failed else []
     finally:
         ledger.close()
+    if failed:
+        rows = [{"key": k.sample_id, "state": state, "reason": why} for k, state, why in bad]
+        if json_out:
+            _json(rows)
+        else:
+            for r in rows:
+                say(out, f"{r['key']}  {r['state']}  {r['reason']}")
+            say(out, f"{len(rows)} keys failed, quarantined or dropped")
+        return
     if json_out:
         _json(st)
         return
@@ -202,8 +234,10 @@ def replay_server(
     faults: Annotated[
         str | None,
         typer.Option(
-            help="KIND=RATE,... with kinds 429, 500, slow, truncated, empty, length, reasoning, "
-            "tools; e.g. '429=0.15,500=0.1,slow=0.05'"
+            help="KIND=RATE,... with kinds 429, 500, 401, 403 (statuses; 401 and 403 hit a "
+            "record on every attempt), slow, slowbody (only on attempt 1), truncated, cut "
+            "(connection closed mid-body), empty, length, reasoning, tools, badtools, strmessage, "
+            "nousage, overlong, huge (a 16 MiB answer); e.g. '429=0.15,500=0.1,slow=0.05'"
         ),
     ] = None,
     seed: Annotated[int, typer.Option(help="makes the fault choices reproducible")] = 0,
@@ -236,6 +270,7 @@ def run_cmd(
     quiet: QuietOpt = False,
     progress_every: EveryOpt = 30.0,
     json_out: JsonOpt = False,
+    extend: ExtendOpt = False,
 ) -> None:
     """Read -> generate -> tokens -> validate (gate) -> export -> report. Rerun to resume."""
     from ..manifest import load_manifest
@@ -250,6 +285,7 @@ def run_cmd(
             console=err,
             command_line=command_line(),
             progress_every=progress_every,
+            extend=extend,
         )
     except GateError:
         vpath = m.output_dir / "validation.json"
@@ -382,12 +418,12 @@ def export(
             raise InputError(f"--as {k!r}: choose one of {', '.join(EXPORTERS)}")
     m = manifest_of_run(run)
     m.run.output = str(run.resolve())
-    runner = Runner(m, quiet=True, console=err)
+    runner = Runner(m, quiet=True, console=err, check_settings=False, command_line=command_line())
     try:
         folder = export_run(runner, _stored_validation(run), None)
         files = {k: str(export_as(runner, k)) for k in kinds}
     finally:
-        runner.ledger.close()
+        runner.close()
     if json_out:
         doc = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
         _json({"export": str(folder), "samples": doc["counts"]["samples"], "files": files})

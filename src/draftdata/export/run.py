@@ -1,4 +1,5 @@
-"""A run's export: Parquet shards and manifest.json from the ledger's samples.
+"""A run's export: Parquet shards and manifest.json from the ledger's samples, written into a
+new folder and swapped in whole (``RUN/export`` is a symlink to it; see ``shards.publish``).
 
 Samples are read back with the provenance they were made under. Answers the tokens stage has not
 decided yet (a ledger migrated from an older schema, or a run stopped between generation and
@@ -15,7 +16,7 @@ from ..measure.gate import Gate, is_ground_truth
 from ..records import Provenance
 from ..store.stats import status
 from .preview import write_preview
-from .shards import ShardWriter, now_iso, shard_row, write_json
+from .shards import ShardWriter, now_iso, publish, shard_row, staging_folder, write_json
 
 if TYPE_CHECKING:
     from ..generate.runner import Runner
@@ -33,7 +34,7 @@ def export_run(
     m, led = runner.m, runner.ledger
     for d in m.datasets:
         runner.make_samples(d, only_missing=True)
-    folder = m.output_dir / "export"
+    folder = staging_folder(m.output_dir)  # the old export stays whole until the swap
     writer = ShardWriter(folder, **({"max_bytes": shard_bytes} if shard_bytes else {}))
     st = status(led)
     datasets: dict[str, Any] = {}
@@ -93,7 +94,7 @@ def export_run(
     }
     write_preview(runner, folder)
     write_json(folder / "manifest.json", doc)
-    return folder
+    return publish(m.output_dir, folder)
 
 
 def provenance_fields(runner: Runner, made_by: Counter[Provenance]) -> dict[str, Any]:

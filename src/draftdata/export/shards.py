@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -106,8 +107,6 @@ class ShardWriter:
     def __init__(self, folder: Path, max_bytes: int = SHARD_BYTES, batch_rows: int = 2048) -> None:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
-        for old in folder.glob("shard-*.parquet"):
-            old.unlink()  # a re-export replaces the shards; the manifest lists exactly these
         self.max_bytes = max_bytes
         self.batch_rows = batch_rows
         self.shards: list[dict[str, Any]] = []
@@ -165,6 +164,31 @@ def write_json(path: Path, doc: Any) -> Path:
     )
     os.replace(tmp, path)
     return path
+
+
+def staging_folder(run_dir: Path) -> Path:
+    """A new, empty folder for the next export, beside the current one."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+    folder = run_dir / f".export-{stamp}-{os.getpid()}"
+    folder.mkdir(parents=True)
+    return folder
+
+
+def publish(run_dir: Path, staged: Path) -> Path:
+    """Make ``staged`` the run's export in one step: ``RUN/export`` is a symlink, swapped with
+    an atomic rename, so a reader (or a kill -9) sees the old export or the new one, whole.
+    Older exports are removed after the swap."""
+    link = run_dir / "export"
+    if link.exists() and not link.is_symlink():  # an export written before exports were swapped
+        os.rename(link, run_dir / f".export-legacy-{os.getpid()}")
+    tmp = run_dir / f".export-link-{os.getpid()}.tmp"
+    tmp.unlink(missing_ok=True)
+    os.symlink(staged.name, tmp)
+    os.replace(tmp, link)
+    for old in run_dir.glob(".export-*"):
+        if old.is_dir() and old.resolve() != staged.resolve():
+            shutil.rmtree(old, ignore_errors=True)
+    return link
 
 
 def now_iso() -> str:

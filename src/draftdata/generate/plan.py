@@ -23,7 +23,7 @@ from ..store.ledger import Ledger
 from ..tokenizers import load_tokenizer
 from ..tokens.stage import TokensStage
 from .backends import BACKENDS
-from .backends.config import OpenAIBackendCfg
+from .backends.config import OpenAIBackendCfg, redact_url
 from .backends.reach import reachable
 from .conversation import n_turns, tools_as_system, turn_messages
 
@@ -197,7 +197,9 @@ def _backend_problems(m: Manifest) -> list[str]:
                 )
             why = reachable(cfg.base_url)
             if why is not None:
-                out.append(f"backend {name}: {cfg.base_url}: {why}; is the server running?")
+                out.append(
+                    f"backend {name}: {redact_url(cfg.base_url)}: {why}; is the server running?"
+                )
         elif BACKENDS[cfg.kind].exact_ids and hasattr(cfg, "model_path"):
             spec = cfg.model_path
             if not spec.startswith("pkg:") and not m.resolve(spec).exists():

@@ -60,6 +60,7 @@ class Bars:
         #: plain lines instead of bars: no terminal, or --quiet; 0 turns them off
         self.every_s = every_s if (quiet or not self.console.is_terminal) else 0.0
         self._last_line: dict[str, float] = {}
+        self._notes: dict[str, float] = {}
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -114,6 +115,13 @@ class Bars:
         ):
             self._last_line[name] = now if m.done < m.total else float("inf")
             self._say(line(name, m, now))
+
+    def note(self, text: str) -> None:
+        """A line about the run (a long wait, a stop), once per distinct text a minute."""
+        now = time.time()
+        if now - self._notes.get(text, 0.0) >= 60:
+            self._notes[text] = now
+            self._say(text)
 
     def _say(self, text: str) -> None:
         self.console.print(Text(text), soft_wrap=True)

@@ -11,6 +11,7 @@ import asyncio
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.console import Console
 
@@ -21,15 +22,30 @@ from ..records import ApiView, Completion, FailedAttempt, Key, Message, Prompt, 
 from ..records.wire import view_from_record
 from ..sources import read_prompts
 from ..store.ledger import Ledger
+from ..store.lock import RunLock
 from ..store.stats import status
 from ..tokenizers import load_tokenizer
 from ..tokens.reconstruct import TextIds
 from ..tokens.stage import TokensStage
 from .backends import make_backend
 from .backends.base import Backend, GenRequest
+from .backends.config import redact_url
 from .budget import Budget
 from .conversation import answer_message, n_turns, sample_seed, tools_as_system, turn_messages
 from .progress import Bars
+from .settings import check, settings_of
+
+#: a Retry-After this long is said in the progress output
+LONG_WAIT_S = 10.0
+
+
+def stored_manifest(m: Manifest) -> dict[str, Any]:
+    """The manifest as the ledger keeps it: credentials in a base_url are redacted."""
+    doc = m.model_dump(mode="json", exclude={"base_dir", "path"})
+    for b in doc.get("backends", {}).values():
+        if isinstance(b.get("base_url"), str):
+            b["base_url"] = redact_url(b["base_url"])
+    return doc
 
 
 @dataclass(frozen=True)
@@ -56,6 +72,8 @@ class RunReport:
     datasets: dict[str, Tokenized] = field(default_factory=dict)
     budget_stopped: bool = False
     spent_usd: float = 0.0
+    #: datasets stopped because no retry could help (a refused key), with the reason
+    stopped: dict[str, str] = field(default_factory=dict)
 
 
 class Runner:
@@ -67,6 +85,8 @@ class Runner:
         console: Console | None = None,
         command_line: list[str] | None = None,
         progress_every: float = 30.0,
+        check_settings: bool = True,
+        extend: bool = False,
     ) -> None:
         self.m = manifest
         self.quiet = quiet
@@ -74,6 +94,8 @@ class Runner:
         self.console = console or Console(stderr=True)
         out = manifest.output_dir
         out.mkdir(parents=True, exist_ok=True)
+        # one writer per run folder: a second one is refused before it can pay for anything
+        self.lock = RunLock(out).acquire(" ".join(command_line or ["draftdata"]))
         self.ledger = Ledger(out / "ledger.sqlite")
         t = manifest.target
         tok = load_tokenizer(
@@ -91,12 +113,29 @@ class Runner:
             prefs.check_tokenizer(tok, prefs_path)
             self.text_ids = prefs.applier(tok)
         self.budget = Budget(manifest.run.budget_usd, spent=status(self.ledger).cost_usd)
-        self.ledger.set_meta(
-            "manifest", manifest.model_dump(mode="json", exclude={"base_dir", "path"})
-        )
+        self.extend = extend
+        if check_settings:  # a writer that would add answers; export only reads them back
+            for d in manifest.datasets:
+                now = settings_of(manifest, d, self.bound)
+                check(
+                    manifest,
+                    d,
+                    now,
+                    self.ledger.get_meta(f"settings:{d.name}"),
+                    self.ledger.get_meta(f"limit:{d.name}", d.limit),
+                    extend,
+                )
+                self.ledger.set_meta(f"settings:{d.name}", now)
+                self.ledger.set_meta(f"limit:{d.name}", d.limit)
+        self.ledger.set_meta("manifest", stored_manifest(manifest))
         self.ledger.set_meta("manifest_base_dir", str(manifest.base_dir))
         if command_line is not None:  # what the report shows as the command that made the run
             self.ledger.set_meta("command_line", command_line)
+
+    def close(self) -> None:
+        """Close the ledger and free the run folder for the next writer."""
+        self.ledger.close()
+        self.lock.release()
 
     @property
     def tokens(self) -> TokensStage:
@@ -111,7 +150,7 @@ class Runner:
 
     def prompts(self, d: DatasetCfg) -> list[Prompt]:
         stored = self.ledger.prompts(d.name)
-        if stored:
+        if stored and not (self.extend and (d.limit is None or d.limit > len(stored))):
             return stored
         prompts, drops = read_prompts(
             self.m.resolve(d.source), d.reader, d.name, d.columns, d.limit
@@ -124,6 +163,9 @@ class Runner:
         if len(kept) < len(prompts):
             drops["duplicate_across_datasets"] += len(prompts) - len(kept)
         prompts = kept
+        if stored:  # --extend: the prompts already there keep their place; new ones follow
+            have = {p.id for p in stored}
+            prompts = stored + [p for p in prompts if p.id not in have]
         if not prompts:
             raise GenerateError(
                 f"dataset {d.name}: {d.source} gave no prompts (skipped: {dict(drops)})"
@@ -146,14 +188,39 @@ class Runner:
             sample_seed(d.sampling.seed, p.id, s, turn),
         )
 
+    def safe_request(
+        self, d: DatasetCfg, p: Prompt, s: int, turn: int, own: list[Message]
+    ) -> GenRequest | None:
+        """The request, or None when its prompt cannot be rendered: the key is quarantined with
+        the reason, so this run and every rerun go on past it."""
+        try:
+            return self.request(d, p, s, turn, turn_messages(p, d.turns, turn, own))
+        except (DraftdataError, TypeError, ValueError, AttributeError) as e:
+            why = f"unrenderable_prompt: {type(e).__name__}: {e}"
+            self.ledger.quarantine(Key(d.name, p.id, s, turn), why[:500])
+            return None
+
     # --- recording -----------------------------------------------------------------------------
     def on_failure(self, bars: Bars, req: GenRequest, f: FailedAttempt, backend: str) -> None:
         self.ledger.record_failure(req.key, backend, f)
         bars.update(req.key.dataset, errors=1, done=int(f.final))
+        if f.asked_s is not None and f.asked_s >= LONG_WAIT_S:
+            capped = "" if f.asked_s <= f.wait_s else f" (capped from the {f.asked_s:,.0f} s asked)"
+            bars.note(
+                f"{req.key.dataset}: the server asked to wait before retrying (Retry-After); "
+                f"waiting {f.wait_s:.0f} s{capped}"
+            )
 
-    def store(self, bars: Bars, req: GenRequest, c: Completion, backend: Backend) -> None:
+    def store(
+        self,
+        bars: Bars,
+        req: GenRequest,
+        c: Completion,
+        backend: Backend,
+        estimate: float | None = None,
+    ) -> None:
         self.ledger.record_answer(req.key, backend.name, c, req.prompt_ids)
-        self.budget.charge(c.cost_usd)
+        self.budget.charge(c.cost_usd, estimate)
         bars.update(req.key.dataset, done=1, tokens=c.completion_tokens or 0, cost=c.cost_usd)
 
     # --- running -------------------------------------------------------------------------------
@@ -164,6 +231,9 @@ class Runner:
             try:
                 for d in chosen:
                     await self.run_dataset(d, bars)
+                    fatal = self.backends[d.backend].fatal if d.backend in self.backends else None
+                    if fatal:
+                        rep.stopped[d.name] = fatal
             finally:
                 for b in self.backends.values():
                     await b.aclose()
@@ -197,7 +267,7 @@ class Runner:
         queue = deque(chains)
 
         async def worker() -> None:
-            while queue and not self.budget.hit:
+            while queue and not self.budget.hit and not backend.fatal:
                 p, s = queue.popleft()
                 await self.chain(d, p, s, backend, answers, bars)
 
@@ -219,20 +289,34 @@ class Runner:
             if key in answers:
                 own.append(answer_message(self.view(answers[key])))
                 continue
-            req = self.request(d, p, s, t, turn_messages(p, d.turns, t, own))
-            est = self.budget.reserve(backend.max_cost(req))
-            if est is None:
-                return  # scheduling stops before the budget could be passed
-            try:
-                [c] = await backend.run_batch(
-                    [req], lambda r, f: self.on_failure(bars, r, f, backend.name)
-                )
-            finally:
-                self.budget.release(est)
+            req = self.safe_request(d, p, s, t, own)
+            if req is None:
+                return  # quarantined: later turns cannot be asked without this one
+            serial = self.budget.serial_lock(backend.max_cost(req), backend.concurrency)
+            if serial is not None:
+                async with serial:  # first answers, and the last before the cap, go one by one
+                    c = await self.ask(bars, req, backend)
+            else:
+                c = await self.ask(bars, req, backend)
             if c is None:
-                return  # recorded as failed; a later turn cannot be asked without this one
-            self.store(bars, req, c, backend)
+                return  # failed (recorded) or over budget: later turns wait for this one
             own.append(answer_message(c.view))
+
+    async def ask(self, bars: Bars, req: GenRequest, backend: Backend) -> Completion | None:
+        """One request within the budget: reserved before, charged after (or released)."""
+        estimate = backend.max_cost(req)
+        held = self.budget.reserve(estimate)
+        if held is None:
+            return None  # scheduling stops before the budget could be passed
+        try:
+            [c] = await backend.run_batch(
+                [req], lambda r, f: self.on_failure(bars, r, f, backend.name)
+            )
+        finally:
+            self.budget.release(held)
+        if c is not None:
+            self.store(bars, req, c, backend, estimate)
+        return c
 
     async def rounds(
         self,
@@ -255,9 +339,9 @@ class Runner:
                 if key in answers:
                     own[(p.id, s)].append(answer_message(self.view(answers[key])))
                 else:
-                    todo.append(
-                        self.request(d, p, s, turn, turn_messages(p, d.turns, turn, own[(p.id, s)]))
-                    )
+                    req = self.safe_request(d, p, s, turn, own[(p.id, s)])
+                    if req is not None:
+                        todo.append(req)
             todo.sort(key=lambda r: len(r.prompt_ids))  # similar lengths pad less
             for i in range(0, len(todo), backend.batch_size):
                 batch = todo[i : i + backend.batch_size]
@@ -278,6 +362,8 @@ class Runner:
     # --- tokens stage --------------------------------------------------------------------------
     def view(self, r: StoredResponse) -> ApiView:
         """The answer as text: from the stored API response, or derived from exact engine ids."""
+        if r.problem is not None:  # quarantined: its body is not parsed again
+            return ApiView(None, r.finish_reason)
         if "choices" in r.response:
             v = view_from_record(r.response)
             if v is not None:
@@ -302,7 +388,7 @@ class Runner:
                 msgs = turn_messages(p, d.turns, t, own)
                 try:
                     view = self.view(r)
-                except DraftdataError:
+                except (DraftdataError, AttributeError, TypeError, ValueError):
                     view = ApiView(content=None, finish_reason=r.finish_reason)
                 own.append(answer_message(view))
                 yield Answered(Key(d.name, pid, s, t), p, msgs, r, view)

@@ -124,6 +124,8 @@ class Completion:
     http_status: int | None = None
     started_at: float = 0.0
     latency_s: float = 0.0
+    #: why a paid-for answer cannot be used (stored, then quarantined by the tokens stage)
+    problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,9 @@ class FailedAttempt:
     started_at: float
     latency_s: float
     final: bool
+    #: how long the client waits before the next attempt, and what the server asked for
+    wait_s: float = 0.0
+    asked_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,8 @@ class StoredResponse:
     cost_usd: float
     #: our rendering of the prompt when it was asked
     our_prompt_ids: tuple[int, ...] | None = None
+    #: why the answer cannot be used (quarantined), None when it can
+    problem: str | None = None
 
 
 @dataclass(frozen=True)

@@ -126,7 +126,12 @@ def messages_of(raw: Sequence[Any]) -> tuple[Message, ...]:
         role: Role = _ROLE_MAP[m["role"]]
         content = m.get("content")
         if isinstance(content, list):
-            content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+            content = "".join(p.get("text") or "" for p in content if isinstance(p, Mapping))
+        if content is not None and not isinstance(content, str):
+            raise InputError(
+                f"message {i} content is a {type(content).__name__}; it must be text, a list "
+                "of text parts, or null"
+            )
         reasoning, _ = reasoning_of(m)
         out.append(
             Message(

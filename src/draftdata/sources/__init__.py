@@ -47,46 +47,79 @@ def make_prompt(
     return Prompt(prompt_id(messages, tools), dataset, messages, tools, metadata)
 
 
-def open_text(path: Path) -> Any:
+def open_bytes(path: Path) -> Any:
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open(encoding="utf-8")
+        return gzip.open(path, "rb")
+    return path.open("rb")
+
+
+def open_text(path: Path) -> Any:
+    """A text file (gzip or not) decoded as UTF-8 with a leading BOM dropped."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8-sig")
+    return path.open(encoding="utf-8-sig")
+
+
+def _clean(rec: Any, counter: Counter[str]) -> dict[str, Any] | None:
+    """A record that is an object and holds only encodable text, or None (counted)."""
+    if not isinstance(rec, dict):
+        counter["not_an_object"] += 1
+        return None
+    try:  # a lone surrogate (a "\ud800" escape, or a bad byte let through) cannot be encoded
+        json.dumps(rec, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        counter["invalid_text_lone_surrogate"] += 1
+        return None
+    return rec
 
 
 def iter_json_records(path: Path, counter: Counter[str]) -> Iterator[dict[str, Any]]:
-    """Records of a JSONL file, or of a JSON array file; bad lines are counted."""
+    """Records of a JSONL file, or of a JSON array file, read record by record: a bad line, a
+    bad byte or a lone surrogate skips that record only (counted). A UTF-8 BOM is accepted."""
     try:
-        f = open_text(path)
+        f = open_bytes(path)
     except OSError as e:
         raise InputError(f"{path}: cannot open ({e.strerror}); check the dataset source") from e
     with f:
-        head = f.read(1)
-        while head and head.isspace():
-            head = f.read(1)
-        if head == "[":
+        head = f.read(4)
+        if head.startswith(b"\xef\xbb\xbf"):
+            head = head[3:]
+        rest = head.lstrip()
+        while not rest:
+            chunk = f.read(4096)
+            if not chunk:
+                return
+            rest = chunk.lstrip()
+        if rest[:1] == b"[":
+            text = (rest + f.read()).decode("utf-8", errors="surrogateescape")
             try:
-                data = json.loads(head + f.read())
+                data = json.loads(text)
             except ValueError as e:
                 raise InputError(f"{path}: invalid JSON array ({e})") from e
+            if not isinstance(data, list):
+                raise InputError(f"{path}: a JSON file must hold an array of records")
             for rec in data:
-                if isinstance(rec, dict):
-                    yield rec
-                else:
-                    counter["not_an_object"] += 1
+                ok = _clean(rec, counter)
+                if ok is not None:
+                    yield ok
             return
-        first = head + f.readline()
-        for line in [first, *f]:
-            if not line.strip():
+        first = rest + f.readline()
+        for raw in (first, *f):
+            if not raw.strip():
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                counter["invalid_utf8"] += 1
                 continue
             try:
                 rec = json.loads(line)
             except ValueError:
                 counter["malformed_json"] += 1
                 continue
-            if isinstance(rec, dict):
-                yield rec
-            else:
-                counter["not_an_object"] += 1
+            ok = _clean(rec, counter)
+            if ok is not None:
+                yield ok
 
 
 @reader("mtbench")

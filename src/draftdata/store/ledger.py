@@ -12,6 +12,7 @@ are set aside and made again by the tokens stage (the responses are kept as they
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import time
@@ -51,7 +52,7 @@ CREATE TABLE IF NOT EXISTS responses (
   response_json TEXT NOT NULL, output_ids_json TEXT, prompt_ids_json TEXT,
   finish_reason TEXT NOT NULL, prompt_tokens INTEGER, completion_tokens INTEGER,
   cost_usd REAL NOT NULL DEFAULT 0, prompt_drift INTEGER, created_at REAL NOT NULL,
-  our_prompt_ids_json TEXT,
+  our_prompt_ids_json TEXT, problem TEXT,
   PRIMARY KEY (dataset, prompt_id, sample_idx, turn));
 CREATE TABLE IF NOT EXISTS samples (
   dataset TEXT NOT NULL, prompt_id TEXT NOT NULL, sample_idx INTEGER NOT NULL,
@@ -85,6 +86,13 @@ class Ledger:
                 f"{path}: no ledger here; pass the run's output folder (the one holding "
                 "ledger.sqlite), or run `draftdata run MANIFEST` first"
             )
+        if path.is_file() and path.stat().st_size == 0:
+            # an empty file is a ledger that was truncated or never written, not a new run:
+            # taking it as one would overwrite a good export with an empty one
+            raise LedgerError(
+                f"{path}: the ledger file is empty (truncated, or a copy that failed); restore "
+                f"it from a backup, or move {path.parent} aside to start the run afresh"
+            )
         try:
             if readonly:
                 self.db = sqlite3.connect(
@@ -97,6 +105,10 @@ class Ledger:
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=NORMAL")
                 version = self._version()
+                if version is not None:
+                    bad = self.db.execute("PRAGMA quick_check(1)").fetchone()[0]
+                    if bad != "ok":
+                        raise sqlite3.DatabaseError(f"damaged: {bad}")
                 if version in MIGRATES_FROM:
                     self._migrate(version)
                     version = SCHEMA_VERSION
@@ -141,6 +153,7 @@ class Ledger:
         are set aside and the tokens stage makes them again from the stored responses."""
         samples = next(s for s in _SCHEMA.split(";") if "TABLE IF NOT EXISTS samples" in s)
         with self.tx():
+            self.db.execute("ALTER TABLE responses ADD COLUMN problem TEXT")
             self.db.execute("DROP TABLE IF EXISTS samples")
             self.db.execute("DELETE FROM drops WHERE stage='tokens'")
             self.db.execute(samples)
@@ -151,7 +164,7 @@ class Ledger:
         self.db.close()
 
     def tx(self) -> _Tx:
-        return _Tx(self.db)
+        return _Tx(self.db, self.path)
 
     # --- meta ----------------------------------------------------------------------------
     def set_meta(self, key: str, value: Any) -> None:
@@ -194,7 +207,7 @@ class Ledger:
     def pending(self, dataset: str) -> set[Key]:
         rows = self.db.execute(
             "SELECT dataset, prompt_id, sample_idx, turn FROM work WHERE "
-            "dataset=? AND state != 'done'",
+            "dataset=? AND state NOT IN ('done', 'quarantined')",
             (dataset,),
         ).fetchall()
         return {Key(*r) for r in rows}
@@ -202,8 +215,8 @@ class Ledger:
     def responses(self, dataset: str) -> dict[Key, StoredResponse]:
         rows = self.db.execute(
             "SELECT dataset, prompt_id, sample_idx, turn, backend, response_json, "
-            "output_ids_json, prompt_ids_json, finish_reason, cost_usd, our_prompt_ids_json "
-            "FROM responses WHERE dataset=?",
+            "output_ids_json, prompt_ids_json, finish_reason, cost_usd, our_prompt_ids_json, "
+            "problem FROM responses WHERE dataset=?",
             (dataset,),
         ).fetchall()
         out = {}
@@ -218,6 +231,7 @@ class Ledger:
                 r[8],
                 r[9],
                 codec.ids_of(r[10]),
+                r[11],
             )
         return out
 
@@ -260,7 +274,7 @@ class Ledger:
                 c.response_text,
             )
             self.db.execute(
-                "INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     *key.tuple(),
                     attempt,
@@ -275,6 +289,7 @@ class Ledger:
                     drift,
                     time.time(),
                     codec.ids_to_json(our_prompt_ids),
+                    c.problem,
                 ),
             )
             self.db.execute(
@@ -311,6 +326,36 @@ class Ledger:
         )
         return int(cur.lastrowid or 0)
 
+    def quarantine(self, key: Key, reason: str) -> None:
+        """A key that cannot be asked (its prompt does not render): kept out of the work with
+        its reason, so a rerun does not crash on it again."""
+        with self.tx():
+            self.db.execute(
+                f"UPDATE work SET state='quarantined', last_error=? WHERE {_KEY}",
+                (reason, *key.tuple()),
+            )
+            self.db.execute(
+                "INSERT OR REPLACE INTO drops VALUES (?,?,?,?,?,?)",
+                (*key.tuple(), "generate", reason),
+            )
+
+    def failed(self, dataset: str | None = None) -> list[tuple[Key, str, str]]:
+        """(key, state, reason) of every key that failed, was quarantined, or whose answer the
+        tokens stage dropped: what `draftdata status --failed` lists."""
+        where, args = ("WHERE w.dataset=?", (dataset,)) if dataset else ("", ())
+        rows = self.db.execute(
+            "SELECT w.dataset, w.prompt_id, w.sample_idx, w.turn, w.state, "
+            "coalesce(d.reason, w.last_error, '') FROM work w LEFT JOIN drops d ON "
+            "d.dataset=w.dataset AND d.prompt_id=w.prompt_id AND d.sample_idx=w.sample_idx AND "
+            f"d.turn=w.turn {where} ORDER BY 1, 2, 3, 4",
+            args,
+        ).fetchall()
+        return [
+            (Key(*r[:4]), "dropped" if r[4] == "done" else r[4], r[5])
+            for r in rows
+            if r[4] in ("failed", "quarantined") or (r[4] == "done" and r[5])
+        ]
+
     # --- samples ---------------------------------------------------------------------------
     def put_sample(self, key: Key, sample: Sample) -> None:
         self.db.execute(
@@ -345,13 +390,65 @@ class Ledger:
             yield codec.sample_of(Key(*r[:4]), r[4:])
 
 
+def _explain(path: Path, e: sqlite3.Error) -> str:
+    text = str(e)
+    if "full" in text:
+        return (
+            f"{path}: the disk is full ({text}); free space and run the same command again: "
+            "every answer stored so far is kept"
+        )
+    if "malformed" in text or "not a database" in text or "damaged" in text:
+        return (
+            f"{path}: the ledger is damaged ({text}); restore it from a backup, or move "
+            f"{path.parent} aside to start the run afresh"
+        )
+    return f"{path}: the ledger cannot be written ({text}); check the disk and rerun"
+
+
+def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def inner(self: Ledger, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except sqlite3.Error as e:
+            raise LedgerError(_explain(self.path, e)) from e
+
+    return inner
+
+
+# every method that touches the file: a full disk or a damaged page is one line that names
+# the fix, never a raw sqlite3 traceback
+for _name in (
+    "set_meta",
+    "get_meta",
+    "add_prompts",
+    "prompts",
+    "prompt_ids",
+    "pending",
+    "responses",
+    "record_failure",
+    "record_answer",
+    "quarantine",
+    "failed",
+    "put_sample",
+    "put_drop",
+    "tokenized",
+):
+    setattr(Ledger, _name, _guarded(getattr(Ledger, _name)))
+
+
 class _Tx:
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: sqlite3.Connection, path: Path) -> None:
         self.db = db
+        self.db_path = path
 
     def __enter__(self) -> sqlite3.Connection:
         self.db.execute("BEGIN IMMEDIATE")
         return self.db
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        try:
+            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        except sqlite3.Error as e:
+            if exc_type is None:  # a COMMIT that failed (a full disk): nothing of it is kept
+                raise LedgerError(_explain(Path(self.db_path), e)) from e

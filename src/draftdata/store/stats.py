@@ -18,6 +18,8 @@ class DatasetStatus:
     done: int = 0
     failed: int = 0
     pending: int = 0
+    #: keys that cannot be asked (a prompt that does not render), kept out with their reason
+    quarantined: int = 0
     #: keys answered more than once (must stay 0: nothing is paid twice)
     duplicates: int = 0
     attempts: int = 0
@@ -35,6 +37,7 @@ class DatasetStatus:
             "done": self.done,
             "failed": self.failed,
             "pending": self.pending,
+            "quarantined": self.quarantined,
             "duplicates": self.duplicates,
             "errors": dict(self.errors),
             "cost_usd": self.cost_usd,
@@ -84,6 +87,7 @@ def status(led: Ledger) -> RunStatus:
                 "done": 0,
                 "failed": 0,
                 "pending": 0,
+                "quarantined": 0,
             },
         )
 
@@ -92,7 +96,7 @@ def status(led: Ledger) -> RunStatus:
     ):
         x = d(dataset)
         x["total"] += n
-        x[state if state in ("done", "failed") else "pending"] += n
+        x[state if state in ("done", "failed", "quarantined") else "pending"] += n
     for dataset, n in db.execute(
         "SELECT dataset, count(*) FROM (SELECT dataset FROM attempts WHERE ok=1 GROUP BY "
         "dataset, prompt_id, sample_idx, turn HAVING count(*) > 1) GROUP BY dataset"

@@ -63,6 +63,9 @@ class TokensStage:
         view: ApiView,
     ) -> Sample:
         """The sample for one stored answer; a ReconstructError (with its reason) otherwise."""
+        if stored.problem is not None:
+            kind = stored.problem.split(":", 1)[0]
+            raise ReconstructError(f"quarantined: {stored.problem}", f"quarantined:{kind}")
         ours = (
             list(stored.our_prompt_ids)
             if stored.our_prompt_ids is not None

@@ -36,6 +36,8 @@ class Backend(ABC):
     batches_turns: ClassVar[bool] = False
     batch_size: int = 1
     concurrency: int = 1
+    #: set when no retry can help (a refused key): the runner stops the dataset and says this
+    fatal: str | None = None
 
     def __init__(self, name: str) -> None:
         self.name = name

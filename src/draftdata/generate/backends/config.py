@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -35,6 +36,10 @@ class OpenAIBackendCfg(_Strict):
     price_out_per_mtok: float = Field(0.0, ge=0)
     extra_body: dict[str, Any] = {}
     token_ids: Literal["auto", "always", "never"] = "auto"
+    #: an empty answer is asked again this many times, then kept (and dropped as empty)
+    empty_retries: int = Field(2, ge=0, le=100)
+    #: an answer body larger than this is stored, quarantined as oversized and not tokenized
+    max_answer_bytes: int = Field(4 * 1024 * 1024, ge=1024)
 
     @field_validator("base_url")
     @classmethod
@@ -51,3 +56,13 @@ class EngineBackendCfg(_Strict):
     model_path: str
     batch_size: int = Field(256, ge=1)
     engine_args: dict[str, Any] = {}
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any user:password replaced by ``***``: for everything stored or printed."""
+    u = urlsplit(url)
+    if not (u.username or u.password):
+        return url
+    host = u.hostname or ""
+    netloc = f"***@{host}" + (f":{u.port}" if u.port else "")
+    return urlunsplit((u.scheme, netloc, u.path, u.query, u.fragment))

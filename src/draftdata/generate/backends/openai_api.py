@@ -18,14 +18,15 @@ from typing import Any
 
 import aiohttp
 
-from ...errors import DraftdataError
+from ...errors import DraftdataError, InputError
 from ...formats import BoundFormat
 from ...manifest import Manifest
+from ...records import ApiView
 from ...records.wire import messages_to_wire, view_from_message
 from .base import Backend, Completion, FailedAttempt, GenRequest, OnFailure
-from .config import OpenAIBackendCfg
+from .config import OpenAIBackendCfg, redact_url
 from .reach import reachable
-from .retry import PROBE_REFUSED, retry_delay, will_retry
+from .retry import AUTH_STATUSES, PROBE_REFUSED, retry_after, retry_delay, will_retry
 
 
 class BackendConfigError(DraftdataError):
@@ -55,6 +56,22 @@ class RateLimiter:
                 await asyncio.sleep((n - self.tokens) / self.rate)
 
 
+def _int_ids(raw: Any) -> tuple[int, ...] | None:
+    """Ids a server sent, where they are a list of ints (the tokens stage checks the range)."""
+    if isinstance(raw, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in raw):
+        return tuple(raw)
+    return None
+
+
+def _is_empty(c: Completion) -> bool:
+    v = c.view
+    return (
+        c.output_ids is None
+        and c.problem is None
+        and not (v.content or v.reasoning or v.tool_calls)
+    )
+
+
 class OpenAIBackend(Backend):
     kind = "openai"
 
@@ -63,6 +80,7 @@ class OpenAIBackend(Backend):
     ) -> None:
         super().__init__(name)
         self.cfg = cfg
+        self.bound = bound
         self.concurrency = cfg.concurrency
         self.model = m.target.model if cfg.model is None else cfg.model
         key = None
@@ -73,11 +91,17 @@ class OpenAIBackend(Backend):
                     f"backend {name}: environment variable {cfg.api_key_env} is not set; export "
                     f"{cfg.api_key_env}=<your key> (the key itself never goes in the manifest)"
                 )
+        shown = redact_url(cfg.base_url)
+        if key and shown != cfg.base_url:
+            raise BackendConfigError(
+                f"backend {name}: base_url {shown} carries credentials and api_key_env is set; "
+                "use one of them (the key in the variable is the usual way)"
+            )
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
         why = reachable(cfg.base_url)
         if why is not None:  # name it now: not after 90 refused attempts and 40 s
             raise BackendConfigError(
-                f"backend {name}: {cfg.base_url}: {why}; is the server running? nothing was "
+                f"backend {name}: {shown}: {why}; is the server running? nothing was "
                 "sent (`draftdata plan MANIFEST` checks every backend before a run)"
             )
         self.url = cfg.base_url + "/chat/completions"
@@ -132,6 +156,8 @@ class OpenAIBackend(Backend):
 
     async def one(self, req: GenRequest, on_failure: OnFailure) -> Completion | None:
         async with self.sem:
+            if self.fatal:
+                return None
             if self.token_ids is None:
                 async with self._probe:  # the first request doubles as the capability probe
                     if self.token_ids is None:
@@ -166,9 +192,12 @@ class OpenAIBackend(Backend):
             latency = time.time() - t0
             if reason is None and text is not None:
                 done = self._parse(req, body, text, t0, latency, probing)
-                if isinstance(done, Completion):
-                    return done
-                reason = done
+                if not isinstance(done, Completion):
+                    reason = done
+                elif not _is_empty(done) or attempt >= self.cfg.empty_retries:
+                    return done  # an answer still empty after its retries is kept as such
+                else:
+                    reason = "empty_response"
             if probing and status in (400, 422) and text and "return_token_ids" in text:
                 self.token_ids = False  # the server refuses the extension: plain text from now
                 self.exact_ids = False
@@ -178,11 +207,28 @@ class OpenAIBackend(Backend):
                 probing = False
                 continue
             reason = reason or "no_body"
+            if status in AUTH_STATUSES:
+                self.fatal = (
+                    f"backend {self.name}: the server refused the API key (HTTP {status}); "
+                    + (
+                        f"check the key in {self.cfg.api_key_env}"
+                        if self.cfg.api_key_env
+                        else "set api_key_env to the variable that holds your key"
+                    )
+                    + "; nothing more is sent to it"
+                )
             retry = will_retry(reason, status, attempt, self.cfg.max_retries)
-            on_failure(req, FailedAttempt(reason, status, body, text, t0, latency, not retry))
+            wait = retry_delay(attempt, headers, self.rng) if retry else 0.0
+            asked = retry_after(headers, cap=float("inf"))
+            on_failure(
+                req,
+                FailedAttempt(
+                    reason, status, body, text, t0, latency, not retry, wait_s=wait, asked_s=asked
+                ),
+            )
             if not retry:
                 return None
-            await asyncio.sleep(retry_delay(attempt, headers, self.rng))
+            await asyncio.sleep(wait)
             attempt += 1
 
     def _parse(
@@ -194,6 +240,23 @@ class OpenAIBackend(Backend):
         latency: float,
         probing: bool,
     ) -> Completion | str:
+        """A 200 body as a Completion, or the reason to retry it (not JSON, no choices). An
+        answer that arrived but cannot be used (a string for a message, tool calls that are not
+        a list, ids that are not ints, an answer past ``max_answer_bytes``) is still a
+        Completion: it is paid for, so it is stored verbatim and quarantined with its reason."""
+        if len(text) > self.cfg.max_answer_bytes:
+            return self._completion(
+                req,
+                body,
+                text,
+                t0,
+                latency,
+                {"oversized_bytes": len(text)},
+                "stop",
+                ApiView(None, "stop"),
+                problem=f"oversized: {len(text):,} bytes, more than "
+                f"max_answer_bytes = {self.cfg.max_answer_bytes:,}",
+            )
         try:
             data = json.loads(text)
         except ValueError:
@@ -202,36 +265,95 @@ class OpenAIBackend(Backend):
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             return "no_choices"
         ch = choices[0]
-        finish = ch.get("finish_reason") or "stop"
-        view = view_from_message(ch.get("message") or {}, finish, ch.get("logprobs"))
+        finish = str(ch.get("finish_reason") or "stop")
+        problem = None
+        try:
+            msg = ch.get("message") or {}
+            if not isinstance(msg, dict):
+                raise InputError(f"choices[0].message is a {type(msg).__name__}, not an object")
+            view = view_from_message(msg, finish, ch.get("logprobs"))
+        except (InputError, AttributeError, TypeError, ValueError) as e:
+            view, problem = ApiView(None, finish), f"unusable_message: {e}"
         out_ids = ch.get("token_ids")
         prompt_ids = data.get("prompt_token_ids")
         if probing:
             self.token_ids = isinstance(out_ids, list)
             self.exact_ids = self.token_ids
-        usage = data.get("usage") or {}
-        pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if isinstance(usage.get("cost"), (int, float)):
+        return self._completion(
+            req,
+            body,
+            text,
+            t0,
+            latency,
+            data,
+            finish,
+            view,
+            problem=problem,
+            output_ids=_int_ids(out_ids),
+            prompt_ids=_int_ids(prompt_ids),
+        )
+
+    def _completion(
+        self,
+        req: GenRequest,
+        body: dict[str, Any],
+        text: str,
+        t0: float,
+        latency: float,
+        data: dict[str, Any],
+        finish: str,
+        view: ApiView,
+        *,
+        problem: str | None = None,
+        output_ids: tuple[int, ...] | None = None,
+        prompt_ids: tuple[int, ...] | None = None,
+    ) -> Completion:
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
+        pt = usage.get("prompt_tokens") if usage else None
+        ct = usage.get("completion_tokens") if usage else None
+        if usage and isinstance(usage.get("cost"), (int, float)):
             cost = float(usage["cost"])
-        else:
+        elif isinstance(ct, int):
             cost = (
-                (pt if pt is not None else len(req.prompt_ids)) * self.cfg.price_in_per_mtok
-                + (ct or 0) * self.cfg.price_out_per_mtok
+                (pt if isinstance(pt, int) else len(req.prompt_ids)) * self.cfg.price_in_per_mtok
+                + ct * self.cfg.price_out_per_mtok
             ) / 1e6
+        else:
+            # no usage: charge what was reserved, or what the answer's own length costs where a
+            # server ignored max_tokens and wrote more
+            ct = len(output_ids) if output_ids is not None else self._count(view, text)
+            cost = max(
+                self.max_cost(req),
+                (
+                    len(req.prompt_ids) * self.cfg.price_in_per_mtok
+                    + ct * self.cfg.price_out_per_mtok
+                )
+                / 1e6,
+            )
         return Completion(
             request=body,
             response=data,
             response_text=text,
             finish_reason=finish,
             view=view,
-            output_ids=tuple(out_ids) if isinstance(out_ids, list) else None,
-            prompt_ids=tuple(prompt_ids) if isinstance(prompt_ids, list) else None,
-            prompt_tokens=pt,
-            completion_tokens=ct,
+            output_ids=output_ids,
+            prompt_ids=prompt_ids,
+            prompt_tokens=pt if isinstance(pt, int) else None,
+            completion_tokens=ct if isinstance(ct, int) else None,
             cost_usd=cost,
             http_status=200,
             started_at=t0,
             latency_s=latency,
+            problem=problem,
+        )
+
+    def _count(self, view: ApiView, text: str) -> int:
+        """Completion tokens of an answer whose server reported none (our own count)."""
+        answer = (view.reasoning or "") + (view.content or "")
+        if not answer and view.content is None:
+            return len(text.encode()) // 3  # unparsable: about three bytes a token
+        return len(self.bound.tokenizer.encode(answer)) + sum(
+            len(self.bound.tokenizer.encode(c.arguments)) for c in view.tool_calls
         )
 
     def max_cost(self, req: GenRequest) -> float:

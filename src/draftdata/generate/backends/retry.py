@@ -15,7 +15,7 @@ PROBE_REFUSED = "capability_probe_refused"
 INITIAL_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 60.0
 JITTER = 0.25
-MAX_RETRY_AFTER_S = 300.0
+MAX_RETRY_AFTER_S = 120.0
 
 
 def should_retry(status: int | None) -> bool:
@@ -23,36 +23,45 @@ def should_retry(status: int | None) -> bool:
     return status is None or status in RETRY_STATUSES or status >= 500
 
 
+#: statuses that no retry fixes: the key is wrong or lacks access; the dataset stops at once
+AUTH_STATUSES = frozenset({401, 403})
+
+
 def will_retry(reason: str, status: int | None, attempt: int, max_retries: int) -> bool:
-    """Whether a failed attempt (``attempt`` counts from 0) is tried again."""
-    if attempt >= max_retries:
+    """Whether a failed attempt (``attempt`` counts from 0) is tried again. Decided by what
+    happened, not only by the status line: a body cut mid-stream or slower than the timeout
+    arrives after a 200 and is retried like any timeout or broken connection."""
+    if attempt >= max_retries or status in AUTH_STATUSES:
         return False
+    if reason == "timeout" or reason.startswith("connection_error"):
+        return True
     return reason in RETRY_REASONS or should_retry(status)
 
 
-def retry_after(headers: Mapping[str, str] | None, now: float | None = None) -> float | None:
+def retry_after(
+    headers: Mapping[str, str] | None, now: float | None = None, cap: float = MAX_RETRY_AFTER_S
+) -> float | None:
+    """The wait a server asks for (Retry-After, retry-after-ms), at most ``cap`` seconds."""
     if not headers:
         return None
     lower = {k.lower(): v for k, v in headers.items()}
     ms = lower.get("retry-after-ms")
     if ms is not None:
         try:
-            return max(0.0, min(float(ms) / 1000.0, MAX_RETRY_AFTER_S))
+            return max(0.0, min(float(ms) / 1000.0, cap))
         except ValueError:
             pass
     ra = lower.get("retry-after")
     if ra is None:
         return None
     try:
-        return max(0.0, min(float(ra), MAX_RETRY_AFTER_S))
+        return max(0.0, min(float(ra), cap))
     except ValueError:
         try:
             import time
 
             when = parsedate_to_datetime(ra).timestamp()
-            return max(
-                0.0, min(when - (now if now is not None else time.time()), MAX_RETRY_AFTER_S)
-            )
+            return max(0.0, min(when - (now if now is not None else time.time()), cap))
         except (TypeError, ValueError):
             return None
 

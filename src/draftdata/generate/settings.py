@@ -1,0 +1,98 @@
+"""A run folder belongs to one configuration. What would change the meaning of a dataset's
+samples (the target's tokenizer and format, the backend's model, sampling, turns, the reader and
+its source file) is stored per dataset; a rerun that changes any of it is refused with a
+one-line diff. ``limit`` may grow with ``--extend`` (only the new prompts are asked for);
+concurrency, timeouts, prices and the budget may change freely."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import DraftdataError
+from ..formats import BoundFormat
+from ..manifest import DatasetCfg, Manifest
+
+
+class SettingsChangedError(DraftdataError):
+    """The manifest asks for something other than what the run folder holds."""
+
+
+def source_sha256(path: Path) -> str:
+    """The source's content: a file's bytes, or a folder's file names, sizes and bytes."""
+    h = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        h.update(str(f.relative_to(path) if path.is_dir() else f.name).encode())
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def settings_of(m: Manifest, d: DatasetCfg, bound: BoundFormat) -> dict[str, Any]:
+    cfg = m.backends[d.backend]
+    src = m.resolve(d.source)
+    return {
+        "tokenizer_sha256": bound.tokenizer.sha256,
+        "format": f"{bound.format.name} v{bound.format.version}",
+        "thinking": m.target.thinking,
+        "backend_kind": cfg.kind,
+        "backend_model": getattr(cfg, "model", None)
+        or getattr(cfg, "model_path", None)
+        or m.target.model,
+        "sampling": d.sampling.model_dump(),
+        "samples_per_prompt": d.samples_per_prompt,
+        "turns": d.turns,
+        "reader": d.reader,
+        "columns": dict(d.columns),
+        "tools_prompt": d.tools_prompt,
+        "source_sha256": source_sha256(src) if src.exists() else None,
+    }
+
+
+def _flat(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in doc.items():
+        if isinstance(v, dict) and k != "columns":
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check(
+    m: Manifest,
+    d: DatasetCfg,
+    now: dict[str, Any],
+    stored: dict[str, Any] | None,
+    stored_limit: Any,
+    extend: bool,
+) -> None:
+    """Raise SettingsChangedError naming what changed and the two ways forward."""
+    if stored is None:
+        return
+    a, b = _flat(stored), _flat(now)
+    changed = [
+        f"{k} {json.dumps(a.get(k))} -> {json.dumps(b.get(k))}"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    ]
+    if stored_limit != d.limit:
+        grew = d.limit is None or (stored_limit is not None and d.limit > stored_limit)
+        if not (grew and extend):
+            changed.append(f"limit {json.dumps(stored_limit)} -> {json.dumps(d.limit)}")
+    if not changed:
+        return
+    only_limit = all(c.startswith("limit ") for c in changed)
+    way = (
+        "pass --extend to ask only for the new prompts"
+        if only_limit and (d.limit is None or (stored_limit or 0) < d.limit)
+        else f"write to a new [run] output folder (not {m.output_dir}), or put the settings back"
+    )
+    raise SettingsChangedError(
+        f"dataset {d.name}: the run folder was made with other settings ({'; '.join(changed)}); "
+        f"its answers would be stamped with settings that did not make them: {way}"
+    )
