@@ -358,3 +358,26 @@ def test_a_16_mib_answer_is_stored_quarantined_and_memory_stays_flat(tmp_path):
     db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
     (longest,) = db.execute("SELECT max(length(response_text)) FROM attempts").fetchone()
     assert longest > 16 * 1024 * 1024  # the paid-for answer is kept verbatim
+
+
+def test_fixing_the_input_file_helps_answered_prompts_stay(tmp_path):
+    """Prompts were frozen in the ledger: fixing a bad record in the source did not help. A
+    changed source is read again; answered prompts keep their answers."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    recs = UNIQUE[:12]
+    src = write_prompts(tmp_path / "p.jsonl", recs, {5: {"tools": tools}})
+    with replay_server(GROUNDTRUTH) as url:
+        m = manifest(tmp_path, url, src, limit=100, turns="first")
+        assert run("generate", str(m), "--quiet").returncode == 0
+        before = stats(url)["requests"]
+        st = json.loads(run("status", str(m), "--json").stdout)["datasets"]["gt"]
+        assert (st["done"], st["quarantined"]) == (11, 1)
+        write_prompts(src, recs)  # the bad record fixed
+        r = run("generate", str(m), "--quiet")
+        assert r.returncode == 0, r.stderr
+        assert "1 new prompts, 1 unanswered prompts no longer in it, 11 answered prompts kept" in (
+            r.stderr
+        )
+        assert stats(url)["requests"] - before == 1  # only the fixed prompt is asked for
+    st = json.loads(run("status", str(m), "--json").stdout)["datasets"]["gt"]
+    assert (st["total"], st["done"], st["quarantined"], st["samples"]) == (12, 12, 0, 12)

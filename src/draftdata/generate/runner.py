@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
+from rich.text import Text
 
 from ..errors import DraftdataError, GenerateError, ReconstructError
 from ..formats import BoundFormat, derive_view, get_format
@@ -114,17 +115,20 @@ class Runner:
             self.text_ids = prefs.applier(tok)
         self.budget = Budget(manifest.run.budget_usd, spent=status(self.ledger).cost_usd)
         self.extend = extend
+        #: datasets whose source file changed since the run began: read again
+        self.reread: set[str] = set()
         if check_settings:  # a writer that would add answers; export only reads them back
             for d in manifest.datasets:
                 now = settings_of(manifest, d, self.bound)
-                check(
+                if check(
                     manifest,
                     d,
                     now,
                     self.ledger.get_meta(f"settings:{d.name}"),
                     self.ledger.get_meta(f"limit:{d.name}", d.limit),
                     extend,
-                )
+                ):
+                    self.reread.add(d.name)
                 self.ledger.set_meta(f"settings:{d.name}", now)
                 self.ledger.set_meta(f"limit:{d.name}", d.limit)
         self.ledger.set_meta("manifest", stored_manifest(manifest))
@@ -150,7 +154,12 @@ class Runner:
 
     def prompts(self, d: DatasetCfg) -> list[Prompt]:
         stored = self.ledger.prompts(d.name)
-        if stored and not (self.extend and (d.limit is None or d.limit > len(stored))):
+        fresh = d.name in self.reread
+        if (
+            stored
+            and not fresh
+            and not (self.extend and (d.limit is None or d.limit > len(stored)))
+        ):
             return stored
         prompts, drops = read_prompts(
             self.m.resolve(d.source), d.reader, d.name, d.columns, d.limit
@@ -163,6 +172,20 @@ class Runner:
         if len(kept) < len(prompts):
             drops["duplicate_across_datasets"] += len(prompts) - len(kept)
         prompts = kept
+        if fresh:  # the source changed: answered prompts stay, unanswered ones follow the file
+            n_kept, gone, added = self.ledger.replace_unanswered(
+                d.name, prompts, d.samples_per_prompt, lambda p: n_turns(p, d.turns)
+            )
+            self.reread.discard(d.name)
+            self.console.print(
+                Text(
+                    f"{d.name}: {d.source} changed since the run began; read again: {added} "
+                    f"new prompts, {gone} unanswered prompts no longer in it, {n_kept} answered "
+                    "prompts kept"
+                )
+            )
+            self.ledger.set_meta(f"read_drops:{d.name}", dict(drops))
+            return self.ledger.prompts(d.name)
         if stored:  # --extend: the prompts already there keep their place; new ones follow
             have = {p.id for p in stored}
             prompts = stored + [p for p in prompts if p.id not in have]

@@ -1,8 +1,9 @@
 """A run folder belongs to one configuration. What would change the meaning of a dataset's
-samples (the target's tokenizer and format, the backend's model, sampling, turns, the reader and
-its source file) is stored per dataset; a rerun that changes any of it is refused with a
-one-line diff. ``limit`` may grow with ``--extend`` (only the new prompts are asked for);
-concurrency, timeouts, prices and the budget may change freely."""
+samples (the target's tokenizer and format, the backend's model, sampling, turns, the reader) is
+stored per dataset; a rerun that changes any of it is refused with a one-line diff. ``limit``
+may grow with ``--extend`` (only the new prompts are asked for). A changed source file is read
+again: prompts that already have answers keep them, unanswered ones follow the file (so fixing a
+bad record in the input helps). Concurrency, timeouts, prices and the budget may change freely."""
 
 from __future__ import annotations
 
@@ -70,22 +71,24 @@ def check(
     stored: dict[str, Any] | None,
     stored_limit: Any,
     extend: bool,
-) -> None:
-    """Raise SettingsChangedError naming what changed and the two ways forward."""
+) -> bool:
+    """Raise SettingsChangedError naming what changed and the two ways forward; True when only
+    the source's content changed (its prompts are to be read again)."""
     if stored is None:
-        return
+        return False
     a, b = _flat(stored), _flat(now)
     changed = [
         f"{k} {json.dumps(a.get(k))} -> {json.dumps(b.get(k))}"
         for k in sorted(set(a) | set(b))
-        if a.get(k) != b.get(k)
+        if a.get(k) != b.get(k) and k != "source_sha256"
     ]
+    source_changed = a.get("source_sha256") != b.get("source_sha256")
     if stored_limit != d.limit:
         grew = d.limit is None or (stored_limit is not None and d.limit > stored_limit)
         if not (grew and extend):
             changed.append(f"limit {json.dumps(stored_limit)} -> {json.dumps(d.limit)}")
     if not changed:
-        return
+        return source_changed
     only_limit = all(c.startswith("limit ") for c in changed)
     way = (
         "pass --extend to ask only for the new prompts"

@@ -190,6 +190,46 @@ class Ledger:
                     [(dataset, p.id, s, t) for s in range(samples) for t in range(turns(p))],
                 )
 
+    def replace_unanswered(
+        self, dataset: str, prompts: list[Prompt], samples: int, turns: Callable[[Prompt], int]
+    ) -> tuple[int, int, int]:
+        """A dataset read again from a changed source: prompts with an answer stay as they are;
+        those without one that the source no longer has are removed with their work; new ones
+        are added after the others. Returns (answered kept, removed, added)."""
+        answered = {
+            r[0]
+            for r in self.db.execute(
+                "SELECT DISTINCT prompt_id FROM responses WHERE dataset=?", (dataset,)
+            )
+        }
+        existing = {
+            r[0]
+            for r in self.db.execute("SELECT prompt_id FROM prompts WHERE dataset=?", (dataset,))
+        }
+        new_ids = {p.id for p in prompts}
+        gone = sorted(existing - answered - new_ids)
+        fresh = [p for p in prompts if p.id not in existing]
+        (top,) = self.db.execute(
+            "SELECT coalesce(max(idx), -1) FROM prompts WHERE dataset=?", (dataset,)
+        ).fetchone()
+        with self.tx():
+            for pid in gone:
+                for table in ("prompts", "work", "drops"):
+                    self.db.execute(
+                        f"DELETE FROM {table} WHERE dataset=? AND prompt_id=?", (dataset, pid)
+                    )
+            for i, p in enumerate(fresh, start=top + 1):
+                self.db.execute(
+                    "INSERT OR IGNORE INTO prompts VALUES (?,?,?,?,?,?)",
+                    (dataset, p.id, i, *codec.prompt_row(p)),
+                )
+                self.db.executemany(
+                    "INSERT OR IGNORE INTO work (dataset, prompt_id, sample_idx, turn) "
+                    "VALUES (?,?,?,?)",
+                    [(dataset, p.id, s, t) for s in range(samples) for t in range(turns(p))],
+                )
+        return len(existing & answered), len(gone), len(fresh)
+
     def prompts(self, dataset: str) -> list[Prompt]:
         rows = self.db.execute(
             "SELECT prompt_id, messages_json, tools_json, metadata_json FROM "
@@ -422,6 +462,7 @@ for _name in (
     "set_meta",
     "get_meta",
     "add_prompts",
+    "replace_unanswered",
     "prompts",
     "prompt_ids",
     "pending",
