@@ -52,6 +52,15 @@ def main() -> int:
             text=True,
         )
         d = json.loads(st.stdout)["datasets"]["gt"]
+        fl = subprocess.run(
+            [sys.executable, "-m", "draftdata", "status", str(m), "--failed", "--json"],
+            capture_output=True,
+            text=True,
+        )
+        why: dict[str, int] = {}
+        for row in json.loads(fl.stdout):
+            k = f"{row['state']}:{row['reason'].split(':')[0]}"
+            why[k] = why.get(k, 0) + 1
     print(f"faults {FAULTS}; {args.prompts} prompts; generate exit {r.returncode}")
     print(f"server: {served['requests']} requests, faults served {served['faults']}")
     print(
@@ -61,6 +70,7 @@ def main() -> int:
     )
     print(f"ledger attempt errors: {d['errors']}")
     print(f"ledger drops: {d['drops']}")
+    print(f"keys not made into samples, by state and reason: {why}")
     return 0
 
 

@@ -9,7 +9,7 @@ from email.utils import parsedate_to_datetime
 
 RETRY_STATUSES = frozenset({408, 409, 429})
 #: answers with status 200 whose body was not a usable completion: retried like a timeout
-RETRY_REASONS = frozenset({"http_200_invalid_json", "no_choices"})
+RETRY_REASONS = frozenset({"http_200_invalid_json", "no_choices", "empty_response"})
 #: the capability probe's expected refusal of vLLM's return_token_ids (not a failure)
 PROBE_REFUSED = "capability_probe_refused"
 INITIAL_BACKOFF_S = 0.5
