@@ -101,25 +101,41 @@ backend = "replya"
     assert "define [backends.replya] or use one of ['replay']" in line
 
 
-def test_the_gate_verdict_line_is_true_in_every_case():
+GATE_CASES = {
+    "passed": (0.8, 0.9, True, False, "gate passed: exact-match 90.0% ≥ min_exact 80.0%"),
+    "failed": (0.9, 0.883, True, False, "gate FAILED: exact-match 88.3% < min_exact 90.0%"),
+    "forced": (
+        0.9,
+        0.883,
+        True,
+        True,
+        "gate FORCED past a failure (--force): exact-match 88.3% < min_exact 90.0%",
+    ),
+    # every dataset returned exact ids: nothing was gated, and the line says so, not "PASSED"
+    "nothing to gate": (
+        0.9,
+        0.883,
+        False,
+        False,
+        "gate: nothing to gate, every dataset returned exact ids; exact-match 88.3% on ground "
+        "truth, for information",
+    ),
+    "nothing measured": (0.9, None, True, False, "gate FAILED: nothing measured (no ground truth)"),
+}
+
+
+@pytest.mark.parametrize("case", list(GATE_CASES))
+def test_the_gate_verdict_line_is_true(case):
     from draftdata.measure.gate import decide
 
-    passed = decide(0.8, 0.9, gated=True)
-    assert passed.passed and passed.verdict() == "gate passed: exact-match 90.0% ≥ min_exact 80.0%"
-    failed = decide(0.9, 0.883, gated=True)
-    assert not failed.passed
-    assert failed.verdict() == "gate FAILED: exact-match 88.3% < min_exact 90.0%"
-    forced = failed.force()
-    assert forced.verdict().startswith("gate FORCED past a failure (--force): exact-match 88.3% <")
-    # every dataset returned exact ids: nothing was gated, and the line says so, not "PASSED"
-    nothing = decide(0.9, 0.883, gated=False)
-    assert nothing.verdict() == (
-        "gate: nothing to gate, every dataset returned exact ids; exact-match 88.3% on ground "
-        "truth, for information"
-    )
-    assert "passed" not in nothing.verdict().lower() and "≥" not in nothing.verdict()
-    unmeasured = decide(0.9, None, gated=True)
-    assert unmeasured.verdict() == "gate FAILED: nothing measured (no ground truth)"
+    min_exact, rate, gated, force, line = GATE_CASES[case]
+    g = decide(min_exact, rate, gated=gated)
+    if force:
+        g = g.force()
+    assert g.verdict() == line
+    if case == "nothing to gate":
+        assert "passed" not in g.verdict().lower() and "≥" not in g.verdict()
+    assert g.passed == (case in ("passed", "nothing to gate"))
 
 
 def _port_free(port: int) -> bool:

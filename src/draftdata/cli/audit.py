@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape as esc
 from rich.table import Table
 
 from ..errors import InputError
@@ -132,7 +133,7 @@ def _print_audit(report: Any, skipped: dict[str, int]) -> None:
         f"{tk['special_tokens']} special, {tk['added_tokens']} added, sha256 "
         f"{tk['sha256'][:12]}…)"
     )
-    out.print(f"[bold]format[/] {fm['name']} v{fm['version']}: {fm['description']}")
+    out.print(f"[bold]format[/] {esc(fm['name'])} v{esc(fm['version'])}: {esc(fm['description'])}")
     t = Table(
         "marker",
         "text",
@@ -215,9 +216,9 @@ def _print_audit(report: Any, skipped: dict[str, int]) -> None:
                 "end-of-turn id[/]"
             )
     if skipped:
-        out.print(f"[yellow]skipped input lines: {skipped}[/]")
+        out.print(f"[yellow]skipped input lines: {esc(str(skipped))}[/]")
     if report.ok:
         out.print("[bold green]PASS[/] every check passed")
     else:
         for f in report.failures:
-            err.print(f"[bold red]FAIL[/] {f}")
+            err.print(f"[bold red]FAIL[/] {esc(f)}")

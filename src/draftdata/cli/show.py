@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape as esc
 from rich.table import Table
 
-from .app import out
+from .app import out, say
 
 
 def print_validation(doc: dict[str, Any]) -> None:
@@ -40,11 +41,11 @@ def print_validation(doc: dict[str, Any]) -> None:
     )
     out.print(t)
     for cat, exs in doc["examples"].items():
-        out.print(f"[bold]{cat}[/] ({doc['categories'][cat]})")
+        out.print(f"[bold]{esc(cat)}[/] ({doc['categories'][cat]})")
         for e in exs:
-            out.print(f"  {e['id']} {e['where']} position {e['position']}: {e['text']!r}")
-            out.print(f"    truth: {e['truth']}")
-            out.print(f"    ours:  {e['ours']}")
+            say(out, f"  {e['id']} {e['where']} position {e['position']}: {e['text']!r}")
+            say(out, f"    truth: {e['truth']}")
+            say(out, f"    ours:  {e['ours']}")
     if doc["drops"]:
         out.print("[yellow]dropped: " + ", ".join(f"{k}: {v}" for k, v in doc["drops"].items()))
-    out.print(f"token sources: {doc['token_sources']}")
+    say(out, f"token sources: {doc['token_sources']}")

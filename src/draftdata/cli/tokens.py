@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape as esc
 from rich.table import Table
 
 from ..errors import InputError
 from ..records import GroundTruth
-from .app import FormatOpt, TokenizerOpt, app, err, example, out, read_jsonl
+from .app import FormatOpt, TokenizerOpt, app, err, example, out, read_jsonl, say
 from .show import print_validation
 
 # --- reconstruction ---------------------------------------------------------------------------
@@ -88,7 +89,7 @@ def _bucketed(records: list[GroundTruth], bucket: str | None) -> list[GroundTrut
 def _print_skipped(skipped: dict[str, int]) -> None:
     if skipped:
         parts = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items()))
-        err.print(f"[yellow]skipped input lines ({parts})[/]")
+        err.print(f"[yellow]skipped input lines ({esc(parts)})[/]")
 
 
 @app.command(
@@ -307,5 +308,5 @@ def learn(
         f"{st['held_out_exact_before']} -> {st['held_out_exact_after']}; "
         f"{len(st['rejected_by_held_out'])} rejected for lowering it"
     )
-    out.print(f"wrote {output}")
+    say(out, f"wrote {output}")
     _print_skipped(skipped)
