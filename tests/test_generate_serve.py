@@ -54,7 +54,7 @@ turns = "first"
 sampling = {{ temperature = 0.0, max_tokens = 24 }}
 """)
     try:
-        models.wait_ready(f"http://127.0.0.1:{port}/v1", 180, process=proc)
+        models.wait_ready(f"http://127.0.0.1:{port}/v1", 900, process=proc)  # dies fast, waits long
         r = run("generate", str(m), "--quiet")
         assert r.returncode == 0, r.stdout + r.stderr
         st = json.loads(run("status", str(m), "--json").stdout)

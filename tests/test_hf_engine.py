@@ -312,7 +312,7 @@ def test_transformers_serve_answers_like_the_engine(
         argv, env=models.serve_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        models.wait_ready(f"http://127.0.0.1:{port}/v1", 120, process=proc)
+        models.wait_ready(f"http://127.0.0.1:{port}/v1", 900, process=proc)  # dies fast, waits long
         rec = records[SHORT]
         body = {
             "model": str(converted),
@@ -325,7 +325,7 @@ def test_transformers_serve_answers_like_the_engine(
             data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with urllib.request.urlopen(request, timeout=900) as response:
             answer = json.loads(response.read())
     finally:
         proc.terminate()

@@ -383,3 +383,21 @@ def test_fixing_the_input_file_helps_answered_prompts_stay(tmp_path):
         assert stats(url)["requests"] - before == 1  # only the fixed prompt is asked for
     st = json.loads(run("status", str(m), "--json").stdout)["datasets"]["gt"]
     assert (st["total"], st["done"], st["quarantined"], st["samples"]) == (12, 12, 0, 12)
+
+
+def test_a_huge_prompt_is_skipped_with_its_reason(tmp_path):
+    recs = UNIQUE[:3]
+    src = write_prompts(tmp_path / "p.jsonl", recs)
+    with src.open("a") as f:
+        f.write(json.dumps({"messages": [{"role": "user", "content": "word " * 4_000_000}]}))
+        f.write("\n")
+    with replay_server(GROUNDTRUTH) as url:
+        m = manifest(tmp_path, url, src, limit=10, turns="first")
+        r = run("plan", str(m), "--json")
+        doc = json.loads(r.stdout)
+        assert doc["datasets"][0]["read_drops"] == {"prompt_too_large": 1}
+        assert doc["datasets"][0]["prompts"] == 3
+        r = run("generate", str(m), "--quiet")
+        assert r.returncode == 0, r.stderr
+    st = json.loads(run("status", str(m), "--json").stdout)["datasets"]["gt"]
+    assert st["total"] == 3

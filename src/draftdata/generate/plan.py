@@ -137,7 +137,9 @@ def _dataset_plan(
 
     cfg = m.backends[d.backend]
     try:
-        prompts, drops = read_prompts(m.resolve(d.source), d.reader, d.name, d.columns, d.limit)
+        prompts, drops = read_prompts(
+            m.resolve(d.source), d.reader, d.name, d.columns, d.limit, d.max_prompt_chars
+        )
     except DraftdataError as e:
         problems.append(f"dataset {d.name}: {e}")
         prompts, drops = [], Counter()

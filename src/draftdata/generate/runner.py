@@ -162,7 +162,7 @@ class Runner:
         ):
             return stored
         prompts, drops = read_prompts(
-            self.m.resolve(d.source), d.reader, d.name, d.columns, d.limit
+            self.m.resolve(d.source), d.reader, d.name, d.columns, d.limit, d.max_prompt_chars
         )
         if d.tools_prompt == "system":
             prompts = [tools_as_system(p) for p in prompts]

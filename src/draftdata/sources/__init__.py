@@ -169,13 +169,22 @@ def read_openai_messages(
 READERS["openai-messages"] = read_openai_messages
 
 
+def prompt_chars(p: Prompt) -> int:
+    n = sum(len(m.content or "") + len(m.reasoning or "") for m in p.messages)
+    n += sum(len(c.arguments) for m in p.messages for c in m.tool_calls)
+    return n + (len(json.dumps(list(p.tools))) if p.tools else 0)
+
+
 def read_prompts(
     path: Path,
     reader_name: str,
     dataset: str,
     columns: Mapping[str, str] | None = None,
     limit: int | None = None,
+    max_chars: int | None = None,
 ) -> tuple[list[Prompt], Counter[str]]:
+    """The prompts of one dataset, duplicates dropped; a prompt whose text (messages and tool
+    schemas) passes ``max_chars`` is skipped as ``prompt_too_large`` (counted)."""
     fn = READERS.get(reader_name)
     if fn is None:
         raise InputError(
@@ -185,6 +194,9 @@ def read_prompts(
     out: list[Prompt] = []
     seen: set[str] = set()
     for p in fn(path, dataset, columns or {}, counter):
+        if max_chars is not None and prompt_chars(p) > max_chars:
+            counter["prompt_too_large"] += 1
+            continue
         if p.id in seen:
             counter["duplicate"] += 1
             continue
