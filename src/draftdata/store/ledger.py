@@ -179,16 +179,27 @@ class Ledger:
         self, dataset: str, prompts: Iterable[Prompt], samples: int, turns: Callable[[Prompt], int]
     ) -> None:
         with self.tx():
-            for i, p in enumerate(prompts):
-                self.db.execute(
-                    "INSERT OR IGNORE INTO prompts VALUES (?,?,?,?,?,?)",
-                    (dataset, p.id, i, *codec.prompt_row(p)),
-                )
-                self.db.executemany(
-                    "INSERT OR IGNORE INTO work (dataset, prompt_id, sample_idx, turn) "
-                    "VALUES (?,?,?,?)",
-                    [(dataset, p.id, s, t) for s in range(samples) for t in range(turns(p))],
-                )
+            self._insert_prompts(dataset, prompts, 0, samples, turns)
+
+    def _insert_prompts(
+        self,
+        dataset: str,
+        prompts: Iterable[Prompt],
+        start: int,
+        samples: int,
+        turns: Callable[[Prompt], int],
+    ) -> None:
+        """Prompts from position ``start`` on, each with its work keys (inside a transaction)."""
+        for i, p in enumerate(prompts, start=start):
+            self.db.execute(
+                "INSERT OR IGNORE INTO prompts VALUES (?,?,?,?,?,?)",
+                (dataset, p.id, i, *codec.prompt_row(p)),
+            )
+            self.db.executemany(
+                "INSERT OR IGNORE INTO work (dataset, prompt_id, sample_idx, turn) "
+                "VALUES (?,?,?,?)",
+                [(dataset, p.id, s, t) for s in range(samples) for t in range(turns(p))],
+            )
 
     def replace_unanswered(
         self, dataset: str, prompts: list[Prompt], samples: int, turns: Callable[[Prompt], int]
@@ -218,16 +229,7 @@ class Ledger:
                     self.db.execute(
                         f"DELETE FROM {table} WHERE dataset=? AND prompt_id=?", (dataset, pid)
                     )
-            for i, p in enumerate(fresh, start=top + 1):
-                self.db.execute(
-                    "INSERT OR IGNORE INTO prompts VALUES (?,?,?,?,?,?)",
-                    (dataset, p.id, i, *codec.prompt_row(p)),
-                )
-                self.db.executemany(
-                    "INSERT OR IGNORE INTO work (dataset, prompt_id, sample_idx, turn) "
-                    "VALUES (?,?,?,?)",
-                    [(dataset, p.id, s, t) for s in range(samples) for t in range(turns(p))],
-                )
+            self._insert_prompts(dataset, fresh, top + 1, samples, turns)
         return len(existing & answered), len(gone), len(fresh)
 
     def prompts(self, dataset: str) -> list[Prompt]:
