@@ -140,6 +140,7 @@ def test_the_gate_verdict_line_is_true(case):
 
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is ok
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -42,7 +42,7 @@ sampling = {{ temperature = 0.0, max_tokens = 12 }}
 """)
     r = run("generate", str(m), "-q")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "samples {'engine': 3}" in r.stdout
+    assert "mt: 3 samples (engine 3)" in r.stdout
     db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
     rows = db.execute(
         "SELECT p.metadata_json, s.input_ids_json, s.prompt_len, s.token_source "

@@ -116,8 +116,10 @@ def generate(
 
 def _print_datasets(datasets: dict[str, Any]) -> None:
     for name, d in datasets.items():
-        drops = ", ".join(f"{k}: {v}" for k, v in d.drops.items())
-        say(out, f"{name}: samples {d.samples or 0}" + (f"; dropped {drops}" if drops else ""))
+        drops = ", ".join(f"{k} {v}" for k, v in d.drops.items())
+        made = ", ".join(f"{k} {v}" for k, v in d.samples.items())
+        line = f"{name}: {sum(d.samples.values())} samples" + (f" ({made})" if made else "")
+        say(out, line + (f"; dropped {drops}" if drops else ""))
 
 
 def _report_failures(st: RunStatus, names: Any, manifest: Path) -> bool:

@@ -31,6 +31,7 @@ from ..tokens.stage import TokensStage
 from .backends import make_backend
 from .backends.base import Backend, GenRequest
 from .backends.config import redact_url
+from .backends.retry import PROBE_REFUSED
 from .budget import Budget
 from .conversation import answer_message, n_turns, sample_seed, tools_as_system, turn_messages
 from .progress import Bars
@@ -226,7 +227,8 @@ class Runner:
     # --- recording -----------------------------------------------------------------------------
     def on_failure(self, bars: Bars, req: GenRequest, f: FailedAttempt, backend: str) -> None:
         self.ledger.record_failure(req.key, backend, f)
-        bars.update(req.key.dataset, errors=1, done=int(f.final))
+        # the capability probe's expected refusal is recorded, but it is not an error
+        bars.update(req.key.dataset, errors=int(f.reason != PROBE_REFUSED), done=int(f.final))
         if f.asked_s is not None and f.asked_s >= LONG_WAIT_S:
             capped = "" if f.asked_s <= f.wait_s else f" (capped from the {f.asked_s:,.0f} s asked)"
             bars.note(
