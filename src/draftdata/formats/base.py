@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -77,15 +78,22 @@ class ChatFormat:
     #: extra keyword arguments the model's own chat template needs to render like this format
 
     # --- helpers --------------------------------------------------------------------------
+    @functools.cached_property
+    def _marker_pattern(self) -> tuple[dict[str, str], re.Pattern[str]]:
+        """Marker text -> name, and the compiled alternation of the marker texts (longest
+        first), built once per format instead of on every call of ``lit`` (14% of the time)."""
+        by_text = {m.text: name for name, m in self.markers.items()}
+        alternatives = "|".join(re.escape(t) for t in sorted(by_text, key=len, reverse=True))
+        return by_text, re.compile(alternatives)
+
     def lit(self, text: str, trained: bool = False) -> list[Segment]:
         """Split template literal text at this format's marker texts into segments."""
         if not text:
             return []
-        by_text = {m.text: name for name, m in self.markers.items()}
-        pattern = "|".join(re.escape(t) for t in sorted(by_text, key=len, reverse=True))
+        by_text, pattern = self._marker_pattern
         out: list[Segment] = []
         pos = 0
-        for m in re.finditer(pattern, text):
+        for m in pattern.finditer(text):
             if m.start() > pos:
                 out.append(Text(text[pos : m.start()], trained))
             out.append(Special(by_text[m.group(0)], trained))
