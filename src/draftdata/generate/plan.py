@@ -15,17 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DraftdataError
-from ..formats import BoundFormat, get_format
+from ..formats import BoundFormat
 from ..manifest import DatasetCfg, Manifest
 from ..records import Message
-from ..sources import read_prompts
 from ..store.ledger import Ledger
-from ..tokenizers import load_tokenizer
 from ..tokens.stage import TokensStage
-from .backends import BACKENDS
 from .backends.config import OpenAIBackendCfg, redact_url
 from .backends.reach import reachable
-from .conversation import n_turns, tools_as_system, turn_messages
+from .conversation import n_turns, turn_messages
+from .inputs import bind_target, read_dataset
 
 
 @dataclass(frozen=True)
@@ -96,13 +94,8 @@ def _answered(m: Manifest) -> dict[str, int]:
 
 
 def make_plan(m: Manifest) -> Plan:
-    t = m.target
-    tok = load_tokenizer(
-        m.resolve(t.tokenizer) if not t.tokenizer.startswith("pkg:") else t.tokenizer,
-        m.resolve(t.chat_template) if t.chat_template else None,
-    )
-    bound = get_format(t.format, relative_to=m.base_dir).bind(tok)
-    stage = TokensStage(bound, t.thinking)
+    bound = bind_target(m)
+    stage = TokensStage(bound, m.target.thinking)
     problems: list[str] = []
     try:
         answered = _answered(m)
@@ -137,16 +130,12 @@ def _dataset_plan(
 
     cfg = m.backends[d.backend]
     try:
-        prompts, drops = read_prompts(
-            m.resolve(d.source), d.reader, d.name, d.columns, d.limit, d.max_prompt_chars
-        )
+        prompts, drops = read_dataset(m, d)
     except DraftdataError as e:
         problems.append(f"dataset {d.name}: {e}")
         prompts, drops = [], Counter()
     if not prompts and not any(p.startswith(f"dataset {d.name}:") for p in problems):
         problems.append(f"dataset {d.name}: {d.source} gives no prompts (skipped: {dict(drops)})")
-    if d.tools_prompt == "system":
-        prompts = [tools_as_system(p) for p in prompts]
     s = d.sampling
     prompt_tokens = prompt_max = requests = 0
     for p in prompts:
@@ -202,7 +191,7 @@ def _backend_problems(m: Manifest) -> list[str]:
                 out.append(
                     f"backend {name}: {redact_url(cfg.base_url)}: {why}; is the server running?"
                 )
-        elif BACKENDS[cfg.kind].exact_ids and hasattr(cfg, "model_path"):
+        elif hasattr(cfg, "model_path"):  # a local engine
             spec = cfg.model_path
             if not spec.startswith("pkg:") and not m.resolve(spec).exists():
                 out.append(f"backend {name}: model_path {m.resolve(spec)} does not exist")

@@ -17,15 +17,13 @@ from rich.console import Console
 from rich.text import Text
 
 from ..errors import DraftdataError, GenerateError, ReconstructError
-from ..formats import BoundFormat, derive_view, get_format
+from ..formats import BoundFormat, derive_view
 from ..manifest import DatasetCfg, Manifest
 from ..records import ApiView, Completion, FailedAttempt, Key, Message, Prompt, StoredResponse
 from ..records.wire import view_from_record
-from ..sources import read_prompts
 from ..store.ledger import Ledger
 from ..store.lock import RunLock
 from ..store.stats import status
-from ..tokenizers import load_tokenizer
 from ..tokens.reconstruct import TextIds
 from ..tokens.stage import TokensStage
 from .backends import make_backend
@@ -33,7 +31,8 @@ from .backends.base import Backend, GenRequest
 from .backends.config import redact_url
 from .backends.retry import PROBE_REFUSED
 from .budget import Budget
-from .conversation import answer_message, n_turns, sample_seed, tools_as_system, turn_messages
+from .conversation import answer_message, n_turns, sample_seed, turn_messages
+from .inputs import bind_target, read_dataset
 from .progress import Bars
 from .settings import check, settings_of
 
@@ -100,11 +99,8 @@ class Runner:
         self.lock = RunLock(out).acquire(" ".join(command_line or ["draftdata"]))
         self.ledger = Ledger(out / "ledger.sqlite")
         t = manifest.target
-        tok = load_tokenizer(
-            manifest.resolve(t.tokenizer) if not t.tokenizer.startswith("pkg:") else t.tokenizer,
-            manifest.resolve(t.chat_template) if t.chat_template else None,
-        )
-        self.bound: BoundFormat = get_format(t.format, relative_to=manifest.base_dir).bind(tok)
+        self.bound: BoundFormat = bind_target(manifest)
+        tok = self.bound.tokenizer
         self.backends: dict[str, Backend] = {}
         self.text_ids: TextIds | None = None
         if t.prefs:
@@ -162,11 +158,7 @@ class Runner:
             and not (self.extend and (d.limit is None or d.limit > len(stored)))
         ):
             return stored
-        prompts, drops = read_prompts(
-            self.m.resolve(d.source), d.reader, d.name, d.columns, d.limit, d.max_prompt_chars
-        )
-        if d.tools_prompt == "system":
-            prompts = [tools_as_system(p) for p in prompts]
+        prompts, drops = read_dataset(self.m, d)
         # a prompt already in an earlier dataset of this run is dropped here, and counted
         earlier = self.ledger.prompt_ids(exclude=d.name)
         kept = [p for p in prompts if p.id not in earlier]

@@ -29,8 +29,6 @@ OnFailure = Callable[[GenRequest, FailedAttempt], None]
 
 class Backend(ABC):
     kind: ClassVar[str]
-    #: True when the backend returns the model's exact token ids
-    exact_ids: bool = False
     #: local engines answer every conversation's turn t in batches, then turn t+1; API backends
     #: run a pool of ``concurrency`` conversations, each turn by turn
     batches_turns: ClassVar[bool] = False

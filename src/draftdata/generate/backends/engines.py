@@ -44,7 +44,6 @@ def engine_completion(
 
 class VLLMBackend(Backend):
     kind = "vllm"
-    exact_ids = True
     batches_turns = True
 
     def __init__(self, name: str, cfg: EngineBackendCfg, m: Manifest, bound: BoundFormat) -> None:
@@ -96,7 +95,6 @@ class VLLMBackend(Backend):
 
 class SGLangBackend(Backend):
     kind = "sglang"
-    exact_ids = True
     batches_turns = True
 
     def __init__(self, name: str, cfg: EngineBackendCfg, m: Manifest, bound: BoundFormat) -> None:

@@ -18,7 +18,6 @@ from .engines import engine_completion
 
 class HFBackend(Backend):
     kind = "hf"
-    exact_ids = True
     batches_turns = True
 
     def __init__(self, name: str, cfg: HFBackendCfg, m: Manifest, bound: BoundFormat) -> None:

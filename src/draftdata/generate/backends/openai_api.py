@@ -111,7 +111,6 @@ class OpenAIBackend(Backend):
         self.tpm = RateLimiter(cfg.tpm) if cfg.tpm else None
         self.rng = random.Random(seed)
         self.token_ids: bool | None = {"auto": None, "always": True, "never": False}[cfg.token_ids]
-        self.exact_ids = bool(self.token_ids)
         self._probe = asyncio.Lock()
 
     @property
@@ -200,7 +199,6 @@ class OpenAIBackend(Backend):
                     reason = "empty_response"
             if probing and status in (400, 422) and text and "return_token_ids" in text:
                 self.token_ids = False  # the server refuses the extension: plain text from now
-                self.exact_ids = False
                 on_failure(
                     req, FailedAttempt(PROBE_REFUSED, status, body, text, t0, latency, False)
                 )
@@ -278,7 +276,6 @@ class OpenAIBackend(Backend):
         prompt_ids = data.get("prompt_token_ids")
         if probing:
             self.token_ids = isinstance(out_ids, list)
-            self.exact_ids = self.token_ids
         return self._completion(
             req,
             body,

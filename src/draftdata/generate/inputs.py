@@ -1,0 +1,33 @@
+"""The run's inputs as the manifest names them: the target's tokenizer bound to its format, and
+each dataset's prompts as the model will see them. `generate`, `run` and `plan` read them here."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ..formats import BoundFormat, get_format
+from ..manifest import DatasetCfg, Manifest
+from ..records import Prompt
+from ..sources import read_prompts
+from ..tokenizers import load_tokenizer
+from .conversation import tools_as_system
+
+
+def bind_target(m: Manifest) -> BoundFormat:
+    t = m.target
+    tok = load_tokenizer(
+        m.resolve(t.tokenizer) if not t.tokenizer.startswith("pkg:") else t.tokenizer,
+        m.resolve(t.chat_template) if t.chat_template else None,
+    )
+    return get_format(t.format, relative_to=m.base_dir).bind(tok)
+
+
+def read_dataset(m: Manifest, d: DatasetCfg) -> tuple[list[Prompt], Counter[str]]:
+    """The dataset's prompts (tool schemas moved into the system prompt where it says so),
+    and what was skipped while reading, by reason."""
+    prompts, drops = read_prompts(
+        m.resolve(d.source), d.reader, d.name, d.columns, d.limit, d.max_prompt_chars
+    )
+    if d.tools_prompt == "system":
+        prompts = [tools_as_system(p) for p in prompts]
+    return prompts, drops
