@@ -7,7 +7,6 @@ measured on them and gates the datasets whose backend returns text (see ``measur
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,28 +65,21 @@ def ground_truth_file(m: Manifest) -> list[GroundTruth]:
     cannot be used are skipped; a file with none is an error that names it."""
     if not m.run.ground_truth:
         return []
+    from collections import Counter
+
     from .errors import InputError
-    from .records.wire import ground_truth_of
+    from .sources import read_ground_truth
 
     path = m.resolve(m.run.ground_truth)
-    out: list[GroundTruth] = []
-    skipped = 0
-    try:
-        with path.open(encoding="utf-8") as f:
-            for i, line in enumerate(f):
-                try:
-                    rec = json.loads(line)
-                    out.append(ground_truth_of(rec, i))
-                except (ValueError, AttributeError, InputError):
-                    skipped += line.strip() != ""
-    except OSError as e:
-        raise InputError(
-            f"[run] ground_truth = {m.run.ground_truth!r}: cannot read {path} ({e.strerror})"
-        ) from e
+    if not path.is_file():
+        raise InputError(f"[run] ground_truth = {m.run.ground_truth!r}: {path} does not exist")
+    skipped: Counter[str] = Counter()
+    out = read_ground_truth(path, skipped)
     if not out:
         raise InputError(
-            f"[run] ground_truth: {path} holds no usable ground-truth record ({skipped} skipped); "
-            "each line needs messages, prompt_ids and output_ids"
+            f"[run] ground_truth: {path} holds no usable ground-truth record "
+            f"({sum(skipped.values())} skipped); each line needs messages, prompt_ids and "
+            "output_ids"
         )
     return out
 

@@ -58,15 +58,14 @@ def _applier(prefs: Path | None, bound: Any):  # type: ignore[no-untyped-def]
 
 def _ground_truth(path: Path, skipped: dict[str, int]) -> list[GroundTruth]:
     """The records of a ground-truth JSONL file; unusable ones are counted in ``skipped``."""
-    from ..records.wire import ground_truth_of
+    from collections import Counter
 
-    out_: list[GroundTruth] = []
-    for i, rec in enumerate(read_jsonl(path, skipped)):
-        try:
-            out_.append(ground_truth_of(rec, i))
-        except InputError as e:
-            skipped[str(e)] = skipped.get(str(e), 0) + 1
-    return out_
+    from ..sources import read_ground_truth
+
+    counter: Counter[str] = Counter()
+    records = read_ground_truth(path, counter)
+    skipped.update(counter)
+    return records
 
 
 def _bucketed(records: list[GroundTruth], bucket: str | None) -> list[GroundTruth]:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from ..records import Message, Prompt
-from ..records.wire import messages_of
+from ..records import GroundTruth, Message, Prompt
+from ..records.wire import ground_truth_of, messages_of
 
 Reader = Callable[[Path, str, Mapping[str, str], Counter[str]], Iterator[Prompt]]
 READERS: dict[str, Reader] = {}
@@ -167,6 +167,18 @@ def read_openai_messages(
 
 
 READERS["openai-messages"] = read_openai_messages
+
+
+def read_ground_truth(path: Path, counter: Counter[str]) -> list[GroundTruth]:
+    """The records of a ground-truth JSONL file (see ../shared/data/groundtruth/README.md);
+    a line that is not JSON or not a usable record is skipped and counted by why."""
+    out: list[GroundTruth] = []
+    for i, rec in enumerate(iter_json_records(path, counter)):
+        try:
+            out.append(ground_truth_of(rec, i))
+        except InputError as e:
+            counter[str(e)] += 1
+    return out
 
 
 def prompt_chars(p: Prompt) -> int:
