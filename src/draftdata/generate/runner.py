@@ -309,19 +309,21 @@ class Runner:
             req = self.safe_request(d, p, s, t, own)
             if req is None:
                 return  # quarantined: later turns cannot be asked without this one
-            serial = self.budget.serial_lock(backend.max_cost(req), backend.concurrency)
+            estimate = backend.max_cost(req)
+            serial = self.budget.serial_lock(estimate, backend.concurrency)
             if serial is not None:
                 async with serial:  # first answers, and the last before the cap, go one by one
-                    c = await self.ask(bars, req, backend)
+                    c = await self.ask(bars, req, backend, estimate)
             else:
-                c = await self.ask(bars, req, backend)
+                c = await self.ask(bars, req, backend, estimate)
             if c is None:
                 return  # failed (recorded) or over budget: later turns wait for this one
             own.append(answer_message(c.view))
 
-    async def ask(self, bars: Bars, req: GenRequest, backend: Backend) -> Completion | None:
-        """One request within the budget: reserved before, charged after (or released)."""
-        estimate = backend.max_cost(req)
+    async def ask(
+        self, bars: Bars, req: GenRequest, backend: Backend, estimate: float
+    ) -> Completion | None:
+        """One request within the budget: ``estimate`` reserved before, charged after."""
         held = self.budget.reserve(estimate)
         if held is None:
             return None  # scheduling stops before the budget could be passed
@@ -416,6 +418,8 @@ class Runner:
         keeps the provenance it was made under)."""
         counts: Counter[str] = Counter()
         drops: Counter[str] = Counter()
+        if only_missing and self.ledger.untokenized(d.name) == 0:
+            return Tokenized({}, {})  # every answer has its sample or drop: nothing to walk
         stage = self.tokens
         done = self.ledger.tokenized(d.name) if only_missing else set()
         with self.ledger.tx():

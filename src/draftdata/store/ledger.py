@@ -423,6 +423,18 @@ class Ledger:
         ).fetchall()
         return {Key(*r) for r in rows}
 
+    def untokenized(self, dataset: str) -> int:
+        """Stored answers that have neither a sample nor a tokens-stage drop yet."""
+        (n,) = self.db.execute(
+            "SELECT count(*) FROM responses r WHERE r.dataset=? AND NOT EXISTS (SELECT 1 FROM "
+            "samples s WHERE s.dataset=r.dataset AND s.prompt_id=r.prompt_id AND "
+            "s.sample_idx=r.sample_idx AND s.turn=r.turn) AND NOT EXISTS (SELECT 1 FROM drops d "
+            "WHERE d.dataset=r.dataset AND d.prompt_id=r.prompt_id AND d.sample_idx=r.sample_idx "
+            "AND d.turn=r.turn AND d.stage='tokens')",
+            (dataset,),
+        ).fetchone()
+        return int(n)
+
     def samples(self, dataset: str) -> Iterator[Sample]:
         for r in self.db.execute(
             f"SELECT dataset, prompt_id, sample_idx, turn, {codec.SAMPLE_COLUMNS} FROM "
@@ -476,6 +488,7 @@ for _name in (
     "put_sample",
     "put_drop",
     "tokenized",
+    "untokenized",
 ):
     setattr(Ledger, _name, _guarded(getattr(Ledger, _name)))
 
