@@ -110,7 +110,12 @@ def init(
     text = manifest_template(format, tokenizer, backend, base_url).replace(
         "{readers}", ", ".join(sorted(READERS))
     )
-    output.write_text(text, encoding="utf-8")
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise InputError(
+            f"{output}: cannot write the manifest ({e.strerror}); choose another path with -o"
+        ) from e
     say(out, f"wrote {output}; edit the dataset source, then `draftdata plan {output}`")
 
 
