@@ -12,7 +12,6 @@ are set aside and made again by the tokens stage (the responses are kept as they
 
 from __future__ import annotations
 
-import functools
 import json
 import sqlite3
 import time
@@ -20,9 +19,11 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import DraftdataError
 from ..records import Completion, FailedAttempt, Key, Prompt, Sample, StoredResponse
 from . import codec
+from .guard import LedgerError, explain, guarded
+
+__all__ = ["Ledger", "LedgerError"]
 
 SCHEMA_VERSION = 3
 #: versions this draftdata migrates from
@@ -68,10 +69,6 @@ CREATE TABLE IF NOT EXISTS drops (
 """
 
 _KEY = "dataset=? AND prompt_id=? AND sample_idx=? AND turn=?"
-
-
-class LedgerError(DraftdataError):
-    """The ledger file is unusable."""
 
 
 class Ledger:
@@ -444,32 +441,6 @@ class Ledger:
             yield codec.sample_of(Key(*r[:4]), r[4:])
 
 
-def _explain(path: Path, e: sqlite3.Error) -> str:
-    text = str(e)
-    if "full" in text:
-        return (
-            f"{path}: the disk is full ({text}); free space and run the same command again: "
-            "every answer stored so far is kept"
-        )
-    if "malformed" in text or "not a database" in text or "damaged" in text:
-        return (
-            f"{path}: the ledger is damaged ({text}); restore it from a backup, or move "
-            f"{path.parent} aside to start the run afresh"
-        )
-    return f"{path}: the ledger cannot be written ({text}); check the disk and rerun"
-
-
-def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    def inner(self: Ledger, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(self, *args, **kwargs)
-        except sqlite3.Error as e:
-            raise LedgerError(_explain(self.path, e)) from e
-
-    return inner
-
-
 # every method that touches the file: a full disk or a damaged page is one line that names
 # the fix, never a raw sqlite3 traceback
 for _name in (
@@ -490,7 +461,7 @@ for _name in (
     "tokenized",
     "untokenized",
 ):
-    setattr(Ledger, _name, _guarded(getattr(Ledger, _name)))
+    setattr(Ledger, _name, guarded(getattr(Ledger, _name)))
 
 
 class _Tx:
@@ -507,4 +478,4 @@ class _Tx:
             self.db.execute("ROLLBACK" if exc_type else "COMMIT")
         except sqlite3.Error as e:
             if exc_type is None:  # a COMMIT that failed (a full disk): nothing of it is kept
-                raise LedgerError(_explain(Path(self.db_path), e)) from e
+                raise LedgerError(explain(Path(self.db_path), e)) from e

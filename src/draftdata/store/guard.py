@@ -1,0 +1,45 @@
+"""Ledger errors as one line that names the fix: a full disk, a damaged page, a file that is
+not a ledger. Every ``Ledger`` method that touches the file is wrapped with ``guarded``."""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import DraftdataError
+
+
+class LedgerError(DraftdataError):
+    """The ledger file is unusable."""
+
+
+def explain(path: Path, e: sqlite3.Error) -> str:
+    """One line for a sqlite error on ``path``: what happened and the fix."""
+    text = str(e)
+    if "full" in text:
+        return (
+            f"{path}: the disk is full ({text}); free space and run the same command again: "
+            "every answer stored so far is kept"
+        )
+    if "malformed" in text or "not a database" in text or "damaged" in text:
+        return (
+            f"{path}: the ledger is damaged ({text}); restore it from a backup, or move "
+            f"{path.parent} aside to start the run afresh"
+        )
+    return f"{path}: the ledger cannot be written ({text}); check the disk and rerun"
+
+
+def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a ledger method) with every sqlite error turned into one LedgerError line."""
+
+    @functools.wraps(fn)
+    def inner(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except sqlite3.Error as e:
+            raise LedgerError(explain(self.path, e)) from e
+
+    return inner
