@@ -286,6 +286,8 @@ def test_ctrl_c_stops_at_once_and_keeps_what_is_stored(tmp_path):
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            # a shell that starts tests in the background ignores SIGINT for its children
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         ledger = tmp_path / "run" / "ledger.sqlite"
         deadline = time.time() + 300

@@ -87,6 +87,8 @@ def test_ctrl_c_stops_the_hf_engine_between_decode_steps(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # a shell that starts tests in the background ignores SIGINT for its children
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stderr is not None
     for line in proc.stderr:  # the model is loaded once the dataset's first progress line shows
