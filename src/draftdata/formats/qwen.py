@@ -72,6 +72,13 @@ class Qwen3Format(ChatFormat):
     def _content(self, m: Message) -> str:
         return _text(m)
 
+    def tool_block(self, tools: Sequence[dict[str, Any]]) -> list[Segment]:
+        """The tool prompt: the template's own words (their marker strings are the markers, as
+        the model's tokenizer reads them) around the schemas, which are text: a marker string
+        in a tool's name or description never becomes a control id."""
+        schemas = "".join("\n" + tojson(t) for t in tools)
+        return [*self.lit(self.tools_header), Text(schemas), *self.lit(self.tools_footer)]
+
     def _system_block(
         self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]
     ) -> list[Segment]:
@@ -80,9 +87,7 @@ class Qwen3Format(ChatFormat):
         if tools:
             body = self._content(messages[0]) + "\n\n" if first_sys else ""
             out += [Special("im_start"), Text("system\n" + body)]
-            out += self.lit(
-                self.tools_header + "".join("\n" + tojson(t) for t in tools) + self.tools_footer
-            )
+            out += self.tool_block(tools)
             out += [Special("im_end"), Text("\n")]
         elif first_sys:
             out += [
@@ -240,9 +245,7 @@ class Qwen35Format(Qwen3Format):
         sys_text = self._content(messages[0]) if first_sys else ""
         if tools:
             out: list[Segment] = [Special("im_start"), Text("system\n")]
-            out += self.lit(
-                self.tools_header + "".join("\n" + tojson(t) for t in tools) + self.tools_footer
-            )
+            out += self.tool_block(tools)
             if sys_text:
                 out.append(Text("\n\n" + sys_text))
             return [*out, Special("im_end"), Text("\n")]
