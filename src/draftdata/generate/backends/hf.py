@@ -18,9 +18,7 @@ torch and transformers are imported when an engine is made, never at module impo
 
 from __future__ import annotations
 
-import inspect
 import math
-import os
 import threading
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
@@ -28,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from ...model.folders import ModelError, import_torch_transformers, resolve_model
+from ...model.folders import ModelError
+from ...model.load import load_causal_lm
 
 __all__ = ["EngineOutput", "FinishReason", "HFEngine"]
 
@@ -65,39 +64,15 @@ class HFEngine:
         dtype: str = "float32",
         threads: int | None = None,
     ) -> None:
-        torch, transformers = import_torch_transformers()
-        self.spec = str(model)
-        self.folder, self.gguf_file = resolve_model(self.spec)
-        self.device = _check_device(torch, device)
-        self.dtype = _check_dtype(dtype, self.device)
-        if threads is not None and threads < 1:
-            raise ModelError(f"threads is {threads}; use at least 1, or leave it out for all cores")
-        if self.device == "cpu":
-            torch.set_num_threads(threads if threads is not None else _usable_cpus())
-        kwargs: dict[str, Any] = {"dtype": getattr(torch, self.dtype)}
-        if self.gguf_file is not None:
-            kwargs["gguf_file"] = self.gguf_file
-        try:
-            loaded = transformers.AutoModelForCausalLM.from_pretrained(self.folder, **kwargs)
-        except ImportError as e:  # gguf or accelerate missing
-            raise ModelError(f"{self.spec}: {e}; pip install 'draftdata[torch]'") from e
-        except (OSError, ValueError) as e:
-            raise ModelError(
-                f"{self.spec}: transformers cannot load this model ({e}); point --model at a "
-                "transformers causal-LM folder or a GGUF file"
-            ) from e
-        self.model: Any = loaded.to(self.device).eval()
-        self._torch: Any = torch
-        config = self.model.config
-        self.vocab_size: int = int(config.vocab_size)
-        self.max_positions: int | None = getattr(config, "max_position_embeddings", None)
-        # What fills the left padding and the rows that have finished. Those positions are masked
-        # out or discarded, so the id only has to be a valid embedding index.
-        pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
-        self._pad_id: int = pad if isinstance(pad, int) else 0
-        params = inspect.signature(self.model.forward).parameters
-        # transformers 5.24 renamed the forward's ``past_key_values`` to ``cache``
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        lm = load_causal_lm(model, device=device, dtype=dtype, threads=threads, convert=False)
+        self.spec = lm.spec
+        self.device, self.dtype = lm.device, lm.dtype
+        self.model: Any = lm.model
+        self._torch: Any = lm.torch
+        self.vocab_size: int = lm.vocab_size
+        self.max_positions: int | None = lm.max_positions
+        self._pad_id: int = lm.pad_id
+        self._cache_kw = lm.cache_kw
 
     def __repr__(self) -> str:
         return f"HFEngine({self.spec!r}, device={self.device!r}, dtype={self.dtype!r})"
@@ -254,33 +229,3 @@ class HFEngine:
 def _cache_of(output: Any) -> Any:
     cache = getattr(output, "cache", None)
     return cache if cache is not None else output.past_key_values
-
-
-def _usable_cpus() -> int:
-    """The cores this process may run on (the affinity mask), not every core of the machine."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
-
-
-def _check_device(torch: Any, device: str) -> str:
-    if device == "cpu":
-        return device
-    if device == "cuda" or device.startswith("cuda:"):
-        if not torch.cuda.is_available():
-            raise ModelError(
-                f"device {device!r}: torch sees no CUDA device (this torch is "
-                f"{torch.__version__}); use --device cpu, or install a CUDA build of torch"
-            )
-        return device
-    raise ModelError(f"device {device!r} is not supported; use cpu, cuda or cuda:N")
-
-
-def _check_dtype(dtype: str, device: str) -> str:
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ModelError(f"dtype {dtype!r} is not supported; use float32, bfloat16 or float16")
-    if device == "cpu" and dtype != "float32":
-        raise ModelError(
-            f"dtype {dtype!r} on CPU is slow and inexact; use float32 on CPU (the default)"
-        )
-    return dtype
