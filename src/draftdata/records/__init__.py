@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Role = Literal["system", "user", "assistant", "tool"]
-TokenSource = Literal["engine", "logprobs", "reconstructed"]
+TokenSource = Literal["engine", "logprobs", "reconstructed", "repaired"]
 FinishReason = Literal["stop", "length", "tool_calls"]
 
 #: finish reasons after which the model wrote its end-of-turn marker
@@ -191,6 +191,52 @@ class Sample:
 
 
 @dataclass(frozen=True)
+class Decoding:
+    """How an answer was decoded, as far as it is known: ``temperature`` 0 is greedy (arg-max),
+    above 0 a draw from softmax(logits / T) cut to the top-p nucleus; ``None`` is unknown."""
+
+    temperature: float | None = None
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def label(self) -> str:
+        if self.temperature is None:
+            return "unknown"
+        return "greedy" if self.greedy else "sampled"
+
+
+FlagKind = Literal["trained", "after_prompt_control"]
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A token the target model found implausible: its position in the sample and log p."""
+
+    position: int
+    token: int
+    logprob: float
+    kind: FlagKind
+
+
+@dataclass(frozen=True)
+class SampleScore:
+    """One sample's figures: log p of its trained tokens and the flags raised."""
+
+    sample_id: str
+    dataset: str
+    token_source: str
+    trained: int
+    sum_logprob: float
+    min_logprob: float
+    flags: tuple[Flag, ...] = ()
+    repairs: int = 0
+
+
+@dataclass(frozen=True)
 class GroundTruth:
     """A real generation with the exact ids the engine fed and produced, and (where known) the
     text a server returned for it. The evidence validation measures reconstruction against."""
@@ -205,6 +251,7 @@ class GroundTruth:
     group: str = ""
     source: str = "all"
     view: ApiView | None = None
+    decoding: Decoding = Decoding()
 
 
 @dataclass(frozen=True)

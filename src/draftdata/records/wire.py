@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import InputError
-from . import ApiView, GroundTruth, LogprobToken, Message, Role, ToolCall
+from . import ApiView, Decoding, GroundTruth, LogprobToken, Message, Role, ToolCall
 
 #: provider fields that carry reasoning text, in the order they are trusted
 REASONING_FIELDS = ("reasoning_content", "reasoning", "reasoning_details")
@@ -219,4 +219,18 @@ def ground_truth_of(rec: Mapping[str, Any], index: int = 0) -> GroundTruth:
         group=str(rec.get("group") or _SAMPLE_SUFFIX.sub("", rid)),
         source=str(rec.get("source") or rec.get("dataset") or "all"),
         view=view_from_record(rec),
+        decoding=decoding_of(rec.get("sampling")),
     )
+
+
+def decoding_of(sampling: Any) -> Decoding:
+    """The ground truth's ``sampling`` field (``{"greedy": true}`` or ``{"temperature": T,
+    "top_p": P}``) as a Decoding; anything else is unknown."""
+    if not isinstance(sampling, Mapping):
+        return Decoding()
+    if sampling.get("greedy") is True:
+        return Decoding(0.0)
+    t, p = sampling.get("temperature"), sampling.get("top_p", 1.0)
+    if isinstance(t, (int, float)) and isinstance(p, (int, float)) and t >= 0 and 0 < p <= 1:
+        return Decoding(float(t), float(p))
+    return Decoding()

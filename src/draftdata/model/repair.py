@@ -1,0 +1,474 @@
+"""Repair a reconstructed answer with the target model: at each position, the token the model
+could have produced there among those that spell the same text.
+
+The walk (one :class:`~draftdata.model.score.Session` per sample, so most samples cost one
+forward pass):
+
+1. The answer's ids are cut into text runs between control ids. Control ids are never changed and
+   never candidates; a run's text is its bytes decoded (invalid UTF-8 reads as U+FFFD, as a
+   server's decode writes it).
+2. At each text position the model's distribution says whether our token could have been
+   produced by the decoding that made the answer (:class:`Decoding`): for greedy decoding it must
+   be the arg-max (within ``tolerance``), for sampling it must lie inside the top-p nucleus at
+   that temperature. A token that could have been produced is kept, so a repair never moves an
+   answer away from a split the model could have written.
+3. Where ours could not have been produced, the candidates are the ordinary tokens whose bytes
+   continue the run's text (a U+FFFD in the text also accepts the invalid bytes it stands for);
+   the most probable one is taken, the rest of the run is encoded again after it, and the model
+   goes on from there with the cache of the prefix.
+
+Every change is recorded as a :class:`Repair`. The result spells exactly the same text runs and
+control ids as the input, or the input is returned unchanged.
+"""
+
+from __future__ import annotations
+
+import codecs
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..records import Decoding
+from ..tokenizers import Tokenizer
+from .score import Scorer
+
+__all__ = ["Repair", "RepairResult", "repair_response"]
+
+#: how many of the model's most probable tokens are checked as candidates where the text holds a
+#: U+FFFD (the bytes it stands for cannot be read off the text)
+TOP_K = 256
+#: slack for float rounding between batch shapes: log-prob for greedy, mass for the nucleus
+TOLERANCE = 1e-4
+#: alternatives compared as paths at one step of a sampled answer, and the longest path compared
+MAX_ALTERNATIVES = 3
+MAX_PATH = 16
+#: paths run through the model in one tree-masked pass
+PEEK_BATCH = 64
+#: an alternative more than this many tempered logits below the best token is never in a nucleus
+#: worth checking
+LOGIT_WINDOW = 20.0
+#: how much more probable (in nats) the other path must be: sampling does draw the less probable
+#: path now and then. On the SmolLM2 dev ground truth every right switch won by >= 1.6 nats and
+#: the one wrong switch by 0.5 (DEVELOPERS.md).
+PATH_MARGIN = 1.0
+#: tokens after the meeting point that both paths are scored on
+LOOKAHEAD = 4
+#: repairs allowed in one answer; past it the answer is kept as repaired so far (still the same text)
+MAX_REPAIRS = 64
+
+
+@dataclass(frozen=True)
+class Repair:
+    """One change: at ``position`` (in the answer) ``old`` became ``new``."""
+
+    position: int
+    old: int
+    new: int
+    old_logprob: float
+    new_logprob: float
+
+
+@dataclass
+class RepairResult:
+    response: list[int]
+    repairs: list[Repair] = field(default_factory=list)
+    #: log p of every answer token under the model, after the repairs
+    logprobs: list[float] = field(default_factory=list)
+    #: log p of each prompt token after the first (the prompt is never changed)
+    prompt_logprobs: list[float] = field(default_factory=list)
+    forwards: int = 0
+    tokens_forwarded: int = 0
+    #: why the walk gave up and kept the input (empty when it finished)
+    abandoned: str = ""
+
+
+@dataclass
+class Proposal:
+    """Another spelling at position ``i``: the path scored against ours, and the run's new ids."""
+
+    i: int
+    b: int
+    path: list[int]
+    new_tail: list[int]
+    ours_q: float
+    theirs_q: float
+    repair: Repair
+
+
+class Nucleus:
+    """The sampling distribution at one step: softmax(logits / T) cut to the top-p nucleus.
+    ``q(token)`` is the token's log-probability there, -inf outside the nucleus. It is not
+    renormalised: the nucleus holds at least ``top_p`` of the mass, so renormalising would add at
+    most -log(top_p) per step (0.05 at 0.95), and skipping it saves a sort of the vocabulary."""
+
+    def __init__(self, torch: Any, row: Any, decoding: Decoding) -> None:
+        self.probs = torch.softmax(row / float(decoding.temperature or 1.0), dim=-1)
+        self.top_p = decoding.top_p
+        self._q: dict[int, float] = {}
+
+    def q(self, token: int) -> float:
+        if token not in self._q:
+            p = self.probs[token]
+            inside = float(p) > 0 and float((self.probs * (self.probs > p)).sum()) < (
+                self.top_p + TOLERANCE
+            )
+            self._q[token] = math.log(float(p)) if inside else -math.inf
+        return self._q[token]
+
+
+def split_decode(data: bytes) -> tuple[str, bytes]:
+    """Decode ``data`` as a stream: the text so far, and the bytes of an unfinished character."""
+    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    text = dec.decode(data, final=False)
+    return text, dec.getstate()[0]
+
+
+def consistent(done: bytes, piece: bytes, text: str) -> bool:
+    """Whether ``done + piece`` can still decode to ``text`` with more bytes after it."""
+    stable, pending = split_decode(done + piece)
+    if not text.startswith(stable):
+        return False
+    if not pending:
+        return True
+    rest = text[len(stable) :]
+    return bool(rest) and (rest[0] == "\ufffd" or rest[0].encode().startswith(pending))
+
+
+class Walk:
+    """The state of one answer's repair (see the module docstring)."""
+
+    def __init__(
+        self,
+        scorer: Scorer,
+        tok: Tokenizer,
+        prompt_ids: Sequence[int],
+        response: Sequence[int],
+        finish_reason: str,
+        decoding: Decoding,
+        encode_rest: Callable[[str, bool], list[int]],
+    ) -> None:
+        self.torch = scorer.lm.torch
+        self.tok = tok
+        self.P = len(prompt_ids)
+        self.finish = finish_reason
+        self.decoding = decoding
+        self.encode_rest = encode_rest
+        self.by_bytes = tok.ordinary_ids_by_bytes
+        self.longest = max((len(b) for b in self.by_bytes), default=1)
+        self.session = scorer.session(list(prompt_ids) + list(response), self.P)
+        self.response = list(response)
+        self.repairs: list[Repair] = []
+        self._nuclei: dict[int, Nucleus] = {}
+        #: an unknown decoding is read as greedy
+        self.greedy = decoding.temperature is None or decoding.greedy
+
+    # --- what could have been produced --------------------------------------------------
+    def possible(self, start: int) -> list[bool]:
+        """For each answer position from ``start``: could the decoding have produced our id?"""
+        torch, d = self.torch, self.decoding
+        tol = TOLERANCE
+        rows = self.session.rows[start : len(self.response)]
+        ids = torch.tensor(self.response[start:], dtype=torch.long, device=rows.device)
+        if self.greedy:
+            lp = torch.log_softmax(rows, dim=-1)
+            ours = lp.gather(-1, ids[:, None])[:, 0]
+            return [bool(x) for x in (ours >= lp.max(dim=-1).values - tol).tolist()]
+        probs = torch.softmax(rows / float(d.temperature or 1.0), dim=-1)
+        ours = probs.gather(-1, ids[:, None])
+        mass_before = (probs * (probs > ours)).sum(dim=-1)
+        return [bool(x) for x in (mass_before < d.top_p + tol).tolist()]
+
+    # --- runs of text -------------------------------------------------------------------
+    def run_of(self, i: int) -> tuple[int, int]:
+        ctrl = self.tok.control_ids
+        a = i
+        while a > 0 and self.response[a - 1] not in ctrl:
+            a -= 1
+        b = i
+        while b < len(self.response) and self.response[b] not in ctrl:
+            b += 1
+        return a, b
+
+    def data(self, ids: Sequence[int]) -> bytes:
+        return b"".join(self.tok.token_bytes(t) for t in ids)
+
+    def candidates(self, done: bytes, text: str, row: Any) -> list[int]:
+        found: set[int] = set()
+        stable, pending = split_decode(done)
+        if not pending and text.startswith(stable):
+            rest = text[len(stable) :].encode()
+            for n in range(1, min(self.longest, len(rest)) + 1):
+                t = self.by_bytes.get(rest[:n])
+                if t is not None:
+                    found.add(t)
+        if "\ufffd" in text:
+            ctrl = self.tok.control_ids
+            for t in self.torch.topk(row, min(TOP_K, row.shape[-1])).indices.tolist():
+                if t not in ctrl and t < self.tok.vocab_size:
+                    try:
+                        piece = self.tok.token_bytes(t)
+                    except Exception:  # a hole in the vocabulary
+                        continue
+                    if piece and consistent(done, piece, text):
+                        found.add(t)
+        return sorted(found)
+
+    # --- the walk -----------------------------------------------------------------------
+    def run(self) -> RepairResult:
+        original = list(self.response)
+        ctrl = self.tok.control_ids
+        i = 0
+        ok = self.possible(0)
+        run: tuple[int, int, str] | None = None
+        switch: Proposal | None = None
+        scanned = False
+        while i < len(self.response) and len(self.repairs) < MAX_REPAIRS:
+            t = self.response[i]
+            if t in ctrl:
+                i += 1
+                continue
+            if run is None or not run[0] <= i < run[1]:
+                a, b = self.run_of(i)
+                run = (a, b, self.data(self.response[a:b]).decode("utf-8", errors="replace"))
+            a, b, text = run
+            if ok[i] and self.greedy:
+                i += 1
+                continue
+            if ok[i]:
+                # sampled, and ours could have been drawn: switch only where another spelling of
+                # the same text is more probable as a path, by PATH_MARGIN (``scan``)
+                if not scanned:
+                    switch, scanned = self.scan(i, ok), True
+                changed: bool | None = False
+                if switch is not None and switch.i == i:
+                    self.change(i, switch.b, switch.new_tail, switch.repair)
+                    changed = True
+            else:
+                done = self.data(self.response[a:i])
+                changed = self.most_probable(i, b, done, text, self.session.row(self.P + i))
+            if changed is None:
+                return self.result(original, "no_tail")
+            if changed:
+                run, switch, scanned = None, None, False
+                ok = ok[:i] + self.possible(i)
+            i += 1
+        if not self.same_text(original):
+            return self.result(original, "text_changed")
+        return self.result(self.response, "")
+
+    def most_probable(self, i: int, b: int, done: bytes, text: str, row: Any) -> bool | None:
+        """Ours could not have been produced: take the most probable consistent token."""
+        t = self.response[i]
+        lp = self.torch.log_softmax(row, dim=-1)
+        cands = self.candidates(done, text, row) or [t]
+        best = max(cands, key=lambda c: float(lp[c]))
+        if best == t or float(lp[best]) <= float(lp[t]):
+            return False
+        tail = self.tail(done + self.tok.token_bytes(best), text, b)
+        if tail is None:
+            return None
+        self.change(i, b, [best, *tail], Repair(i, t, best, float(lp[t]), float(lp[best])))
+        return True
+
+    def scan(self, i0: int, ok: Sequence[bool]) -> Proposal | None:
+        """The first position from ``i0`` (up to the next one that must change anyway) where
+        another spelling of the text is more probable than ours as a path under the sampling
+        distribution: up to where the two spellings meet again at the same byte, plus
+        ``LOOKAHEAD`` of our tokens after that. Every path worth checking (its first step alone
+        beats ours) runs through the model in one pass with a tree mask (``Session.peek_many``)."""
+        ctrl = self.tok.control_ids
+        proposals: list[Any] = []
+        k = i0
+        run: tuple[int, int, str] | None = None
+        while k < len(self.response):
+            t = self.response[k]
+            if t in ctrl:
+                k += 1
+                continue
+            if run is None or not run[0] <= k < run[1]:
+                a, b = self.run_of(k)
+                run = (a, b, self.data(self.response[a:b]).decode("utf-8", errors="replace"))
+            a, b, text = run
+            if not ok[k]:
+                # a token the decoding could not have drawn: the walk will change it there if
+                # another spelling is more probable; if none is, it stays, and a path that
+                # runs into it is rightly scored -inf
+                row = self.session.row(self.P + k)
+                done = self.data(self.response[a:k])
+                if any(row[c] > row[t] for c in self.candidates(done, text, row) if c != t):
+                    break
+            else:
+                proposals.append((k, b, text))
+            k += 1
+        # ``k`` is now the first position that must change anyway: no path is scored past it
+        proposals = [p for k0, b, text in proposals for p in self.proposals(k0, b, text, k)]
+        best: Proposal | None = None
+        for n in range(0, len(proposals), PEEK_BATCH):
+            chunk = proposals[n : n + PEEK_BATCH]
+            need = [p for p in chunk if len(p.path) > 1]
+            rows = self.session.peek_many([(self.P + p.i, p.path[:-1]) for p in need])
+            for p, r in zip(need, rows, strict=True):
+                p.theirs_q += sum(
+                    self.nucleus(r[j - 1]).q(p.path[j]) for j in range(1, len(p.path))
+                )
+            for p in chunk:
+                if p.theirs_q > p.ours_q + PATH_MARGIN and (best is None or p.i < best.i):
+                    best = p
+            if best is not None:
+                return best
+        return best
+
+    def proposals(self, i: int, b: int, text: str, end: int) -> list[Proposal]:
+        t = self.response[i]
+        row = self.session.row(self.P + i)
+        a = self.run_of(i)[0]
+        done = self.data(self.response[a:i])
+        top = float(row.max())
+        temp = float(self.decoding.temperature or 1.0)
+        alts = [
+            c
+            for c in self.candidates(done, text, row)
+            if c != t and (top - float(row[c])) / temp < LOGIT_WINDOW
+        ]
+        if not alts:
+            return []
+        here = self.nucleus_at(i)
+        out: list[Proposal] = []
+        ours = self.response[i:b]
+        for c in sorted(alts, key=lambda c: -here.q(c))[:MAX_ALTERNATIVES]:
+            first = here.q(c)
+            if first == -math.inf:
+                continue
+            tail = self.tail(done + self.tok.token_bytes(c), text, b)
+            if tail is None:
+                continue
+            theirs = [c, *tail]
+            meet = self.meeting(ours, theirs)
+            if meet is None:
+                continue
+            ka, kb = meet
+            if i + ka > end:
+                continue
+            # both paths go on with our next tokens: how probable those are after each
+            # spelling is part of the evidence ("\n" "\n" then "1" is not "\n\n" then "1")
+            after = self.response[i + ka : min(i + ka + LOOKAHEAD, b, end)]
+            ours_q = here.q(t) + sum(
+                self.nucleus_at(i + k).q(self.response[i + k]) for k in range(1, ka + len(after))
+            )
+            if first <= ours_q:
+                continue
+            lp = self.torch.log_softmax(row, dim=-1)
+            out.append(
+                Proposal(
+                    i=i,
+                    b=b,
+                    path=[*theirs[:kb], *after],
+                    new_tail=[*theirs[:kb], *ours[ka:]],
+                    ours_q=ours_q,
+                    theirs_q=first,
+                    repair=Repair(i, t, c, float(lp[t]), float(lp[c])),
+                )
+            )
+        return out
+
+    def meeting(self, ours: Sequence[int], theirs: Sequence[int]) -> tuple[int, int] | None:
+        """The first (k_ours, k_theirs) at which both spellings have consumed the same bytes."""
+        seen: dict[int, int] = {}
+        n = 0
+        for k, tok in enumerate(ours[:MAX_PATH]):
+            n += len(self.tok.token_bytes(tok))
+            seen[n] = k + 1
+        n = 0
+        for k, tok in enumerate(theirs[:MAX_PATH]):
+            n += len(self.tok.token_bytes(tok))
+            if n in seen:
+                return seen[n], k + 1
+        return None
+
+    def nucleus(self, row: Any) -> Nucleus:
+        return Nucleus(self.torch, row, self.decoding)
+
+    def nucleus_at(self, i: int) -> Nucleus:
+        """The nucleus at answer position ``i`` of the current ids (kept until they change)."""
+        if i not in self._nuclei:
+            self._nuclei[i] = self.nucleus(self.session.row(self.P + i))
+        return self._nuclei[i]
+
+    def change(self, i: int, b: int, new_run_tail: list[int], repair: Repair) -> None:
+        self._nuclei = {k: v for k, v in self._nuclei.items() if k <= i}
+        self.repairs.append(repair)
+        self.response = [*self.response[:i], *new_run_tail, *self.response[b:]]
+        self.session.replace_from(self.P + i, self.response[i:])
+
+    def tail(self, done: bytes, text: str, run_end: int) -> list[int] | None:
+        """The ids that spell the rest of the run after ``done``."""
+        stable, pending = split_decode(done)
+        if not text.startswith(stable):
+            return None
+        rest = text[len(stable) :]
+        head: list[int] = []
+        if pending:
+            if not rest:
+                return None
+            if rest[0] == "\ufffd":
+                rest = rest[1:]  # the next character's first byte ends the invalid sequence
+            elif rest[0].encode().startswith(pending):
+                more = rest[0].encode()[len(pending) :]
+                one = self.by_bytes.get(more)
+                head = [one] if one is not None else [self.by_bytes[bytes([c])] for c in more]
+                rest = rest[1:]
+            else:
+                return None
+        open_end = self.finish == "length" and run_end == len(self.response)
+        return head + (self.encode_rest(rest, open_end) if rest else [])
+
+    def same_text(self, original: Sequence[int]) -> bool:
+        ctrl = self.tok.control_ids
+
+        def shape(ids: Sequence[int]) -> list[Any]:
+            out: list[Any] = []
+            run: list[int] = []
+            for t in ids:
+                if t in ctrl:
+                    out += [self.data(run).decode("utf-8", errors="replace"), t]
+                    run = []
+                else:
+                    run.append(t)
+            return [*out, self.data(run).decode("utf-8", errors="replace")]
+
+        return shape(original) == shape(self.response)
+
+    def result(self, response: list[int], abandoned: str) -> RepairResult:
+        s = self.session
+        if abandoned:
+            self.repairs = []
+            if s.ids[self.P :] != response:
+                s.replace_from(self.P, response)
+        lps = s.logprobs()
+        return RepairResult(
+            response=response,
+            repairs=self.repairs,
+            logprobs=[v if math.isfinite(v) else -math.inf for v in lps],
+            prompt_logprobs=s.prefix_logprobs,
+            forwards=s.forwards,
+            tokens_forwarded=s.tokens_forwarded,
+            abandoned=abandoned,
+        )
+
+
+def repair_response(
+    scorer: Scorer,
+    tok: Tokenizer,
+    prompt_ids: Sequence[int],
+    response: Sequence[int],
+    finish_reason: str,
+    decoding: Decoding,
+    encode_rest: Callable[[str, bool], list[int]],
+) -> RepairResult:
+    """Repair one reconstructed answer (see the module docstring). ``encode_rest(text, open_end)``
+    encodes the rest of a run the way reconstruction does (``open_end`` for a truncated answer's
+    last text)."""
+    if not response:
+        return RepairResult(response=[])
+    return Walk(scorer, tok, prompt_ids, response, finish_reason, decoding, encode_rest).run()

@@ -1,0 +1,41 @@
+"""The target model's repair wired to the rest of draftdata: the repairer ``validate`` and the
+run's model stage call for each reconstructed sample."""
+
+from __future__ import annotations
+
+from ..measure.validate import Repairer
+from ..records import Decoding, Sample
+from ..tokenizers import Tokenizer
+from ..tokens.reconstruct import TextIds, open_ended_ids
+from .repair import RepairResult, repair_response
+from .score import Scorer
+
+__all__ = ["repair_sample", "sample_repairer"]
+
+
+def repair_sample(
+    scorer: Scorer,
+    tok: Tokenizer,
+    sample: Sample,
+    decoding: Decoding,
+    text_ids: TextIds | None = None,
+) -> RepairResult:
+    """Repair one reconstructed sample's answer; the rest of a run is encoded as reconstruction
+    encodes it (open-ended for a truncated answer's last text, learned preferences if given)."""
+
+    def encode_rest(text: str, open_end: bool) -> list[int]:
+        ids = open_ended_ids(tok, text) if open_end else tok.encode(text)
+        return text_ids(text, ids) if text_ids is not None else ids
+
+    prompt = sample.input_ids[: sample.prompt_len]
+    return repair_response(
+        scorer, tok, prompt, sample.response_ids, sample.finish_reason, decoding, encode_rest
+    )
+
+
+def sample_repairer(scorer: Scorer, tok: Tokenizer, text_ids: TextIds | None = None) -> Repairer:
+    def run(sample: Sample, decoding: Decoding) -> tuple[list[int], int, int]:
+        r = repair_sample(scorer, tok, sample, decoding, text_ids)
+        return r.response, len(r.repairs), r.tokens_forwarded
+
+    return run

@@ -1,0 +1,108 @@
+"""The model stage: score every sample with the target model and, where asked, repair the
+reconstructed ones. Engine and logprob samples are scored, never changed.
+
+Samples are taken in chunks: the ones only scored go through one batched forward pass per chunk
+(``Scorer.logprobs``); a repaired one gets its own pass with a KV cache (``model.repair``), and
+its score comes from that same pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from itertools import islice
+
+from ..records import Decoding, Sample
+from ..tokenizers import Tokenizer
+from ..tokens.reconstruct import TextIds
+from .flags import SampleScore, score_of
+from .repair import Repair
+from .repairer import repair_sample
+from .score import Scorer
+
+__all__ = ["Scored", "score_samples"]
+
+#: samples scored together (one batched pass, then their results are handed on)
+CHUNK = 16
+
+
+@dataclass(frozen=True)
+class Scored:
+    sample: Sample
+    score: SampleScore
+    repairs: tuple[Repair, ...] = ()
+    #: the sample before repair (the same object when nothing changed)
+    original: Sample | None = None
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.repairs)
+
+
+def _repairable(s: Sample) -> bool:
+    """Reconstructed, with the whole answer after the prompt trained (one answer per sample)."""
+    return (
+        s.token_source == "reconstructed"
+        and len(s.input_ids) > s.prompt_len > 0
+        and not any(s.loss_mask[: s.prompt_len])
+        and all(s.loss_mask[s.prompt_len :])
+    )
+
+
+def score_samples(
+    scorer: Scorer,
+    tok: Tokenizer,
+    samples: Iterable[Sample],
+    *,
+    threshold: float,
+    repair: bool = False,
+    decoding_of: Callable[[Sample], Decoding] = lambda _s: Decoding(),
+    text_ids: TextIds | None = None,
+) -> Iterator[Scored]:
+    """Score (and with ``repair``, repair) each sample, in order."""
+    control = tok.control_ids
+    it = iter(samples)
+    while chunk := list(islice(it, CHUNK)):
+        fix = [repair and _repairable(s) for s in chunk]
+        plain = [s for s, f in zip(chunk, fix, strict=True) if not f]
+        lps = iter(scorer.logprobs([s.input_ids for s in plain]) if plain else [])
+        for s, f in zip(chunk, fix, strict=True):
+            if not f:
+                yield Scored(s, _score(s, next(lps), control, threshold), original=s)
+                continue
+            r = repair_sample(scorer, tok, s, decoding_of(s), text_ids)
+            new = s
+            if r.repairs:
+                ids = s.input_ids[: s.prompt_len] + r.response
+                new = replace(
+                    s,
+                    input_ids=ids,
+                    loss_mask=[False] * s.prompt_len + [True] * len(r.response),
+                    token_source="repaired",
+                )
+            yield Scored(
+                new,
+                _score(new, r.prompt_logprobs + r.logprobs, control, threshold, len(r.repairs)),
+                tuple(r.repairs),
+                s,
+            )
+
+
+def _score(
+    s: Sample,
+    logprobs: Sequence[float],
+    control: frozenset[int],
+    threshold: float,
+    repairs: int = 0,
+) -> SampleScore:
+    return score_of(
+        s.id or (s.key.sample_id if s.key else ""),
+        s.dataset,
+        s.token_source,
+        s.input_ids,
+        s.loss_mask,
+        logprobs,
+        control,
+        threshold,
+        repairs,
+    )
