@@ -79,11 +79,23 @@ class DatasetCfg(_Strict):
     max_prompt_chars: int = Field(1_000_000, ge=1)
 
 
+class ModelCfg(_Strict):
+    """The target model itself, for the model stage: score every sample after the tokens stage
+    and, with ``repair``, fix reconstructed splits the model did not make."""
+
+    path: str
+    device: str = "cpu"
+    repair: bool = False
+    #: flag tokens whose log-probability is below this
+    threshold: float = -15.0
+
+
 class Manifest(_Strict):
     run: RunCfg
     target: TargetCfg
     backends: dict[str, BackendCfg]
     datasets: list[DatasetCfg]
+    model: ModelCfg | None = None
 
     #: where the manifest lives; relative paths in it are relative to this folder
     base_dir: Path = Path(".")
@@ -116,6 +128,7 @@ _FIELDS: dict[str, list[str]] = {
     "target": list(TargetCfg.model_fields),
     "datasets": list(DatasetCfg.model_fields),
     "sampling": list(Sampling.model_fields),
+    "model": list(ModelCfg.model_fields),
     **{k: list(b.config.model_fields) for k, b in BACKENDS.items()},
 }
 #: the names pydantic puts into an error's location for a tagged union's members

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -17,7 +18,7 @@ from .errors import ReconstructError
 from .export.run import export_run
 from .export.shards import write_json
 from .generate.runner import Runner, Tokenized
-from .manifest import DatasetCfg, Manifest
+from .manifest import DatasetCfg, Manifest, ModelCfg
 from .measure.gate import Gate, GateError, decide, is_ground_truth
 from .measure.validate import ValidationReport, validate
 from .records import GroundTruth
@@ -32,6 +33,7 @@ class PipelineResult:
     gate: Gate | None = None
     datasets: dict[str, Tokenized] = field(default_factory=dict)
     budget_stopped: bool = False
+    scores: dict[str, Any] | None = None
 
 
 def ground_truth(runner: Runner, d: DatasetCfg) -> Iterator[GroundTruth]:
@@ -116,9 +118,10 @@ def run_pipeline(
             rep = asyncio.run(runner.run([d.name for d in gt]))
             res.datasets.update(rep.datasets)
             evidence += [r for d in gt for r in ground_truth(runner, d)]
-        # 3. validate reconstruction on it
+        scorer = _scorer(m)
+        # 3. validate reconstruction on it (repaired by the model first, where [model] says so)
         if evidence:
-            res.validation = measure(runner, evidence)
+            res.validation = measure(runner, evidence, scorer)
             write_json(m.output_dir / "validation.json", res.validation.to_json())
         # 4. the gate, before the first paid request
         rate = res.validation.exact_match_rate if res.validation and res.validation.n else None
@@ -137,7 +140,10 @@ def run_pipeline(
             rep = asyncio.run(runner.run([d.name for d in text]))
             res.datasets.update(rep.datasets)
             res.budget_stopped = rep.budget_stopped
-        # 6. export
+        # 6. the model stage: score every sample, repair the reconstructed ones
+        if scorer is not None and m.model is not None:
+            res.scores = model_stage(runner, scorer, m.model, console, quiet)
+        # 7. export
         res.export_dir = export_run(
             runner, res.validation.to_json() if res.validation is not None else None, res.gate
         )
@@ -146,13 +152,64 @@ def run_pipeline(
     return res
 
 
-def measure(runner: Runner, records: list[GroundTruth]) -> ValidationReport:
-    """Validation on the run's ground truth (cross-validated where preferences are learned)."""
+def _scorer(m: Manifest) -> Any:
+    if m.model is None:
+        return None
+    from .model.score import load_scorer
+
+    spec = m.model.path if m.model.path.startswith("pkg:") else str(m.resolve(m.model.path))
+    return load_scorer(spec, device=m.model.device)
+
+
+def model_stage(
+    runner: Runner, scorer: Any, cfg: ModelCfg, console: Console, quiet: bool
+) -> dict[str, Any]:
+    """Score (and repair) every sample of the run not yet scored; RUN/scores.json."""
+    from .model.run import DatasetDecoding, run_report, score_run
+    from .records import Decoding
+
+    m = runner.m
+    datasets = [
+        DatasetDecoding(d.name, Decoding(d.sampling.temperature, d.sampling.top_p))
+        for d in m.datasets
+    ]
+    scored, repaired = score_run(
+        runner.ledger,
+        scorer,
+        runner.bound.tokenizer,
+        datasets,
+        threshold=cfg.threshold,
+        repair=cfg.repair,
+        text_ids=runner.text_ids,
+    )
+    rep = run_report(runner.ledger, str(scorer.lm.folder))
+    doc = rep.to_json() if rep is not None else {"samples": 0, "groups": []}
+    doc.update({"model": cfg.path, "scored_now": scored, "repaired_now": repaired})
+    write_json(m.output_dir / "scores.json", doc)
+    if not quiet:
+        console.print(
+            f"model stage: {scored} samples scored, {repaired} repaired, "
+            f"{doc.get('flagged_samples', 0)} flagged (log p below {cfg.threshold})",
+            highlight=False,
+        )
+    return doc
+
+
+def measure(runner: Runner, records: list[GroundTruth], scorer: Any = None) -> ValidationReport:
+    """Validation on the run's ground truth (cross-validated where preferences are learned);
+    repaired by the target model first when the manifest's [model] asks for repair."""
     m, bound = runner.m, runner.bound
+    repairer = None
+    if scorer is not None and m.model is not None and m.model.repair:
+        from .model.repairer import sample_repairer
+
+        repairer = sample_repairer(scorer, bound.tokenizer, runner.text_ids)
     if m.run.learn_prefs and records:
-        report = learn_and_validate(runner, records)
+        report = learn_and_validate(runner, records, repairer)
     else:
-        report = validate(bound, records, text_ids=runner.text_ids, thinking=m.target.thinking)
+        report = validate(
+            bound, records, text_ids=runner.text_ids, thinking=m.target.thinking, repairer=repairer
+        )
     report.meta = {
         **report.meta,
         "format": bound.format.name,
@@ -163,7 +220,9 @@ def measure(runner: Runner, records: list[GroundTruth]) -> ValidationReport:
     return report
 
 
-def learn_and_validate(runner: Runner, records: list[GroundTruth]) -> ValidationReport:
+def learn_and_validate(
+    runner: Runner, records: list[GroundTruth], repairer: Any = None
+) -> ValidationReport:
     """Learn split preferences from the run's own ground truth. The figure the gate sees is
     cross-validated: preferences learned on one half of the prompts are measured on the other,
     both ways. The preferences learned on all of it are saved (RUN/prefs.json) and applied to
@@ -183,7 +242,12 @@ def learn_and_validate(runner: Runner, records: list[GroundTruth]) -> Validation
         pairs, _ = learning_pairs(bound, learn_on, thinking)
         applier = learn(bound.tokenizer, pairs).applier(bound.tokenizer) if pairs else None
         inner = validate(
-            bound, measure_on, text_ids=applier, thinking=thinking, on_result=report.add
+            bound,
+            measure_on,
+            text_ids=applier,
+            thinking=thinking,
+            on_result=report.add,
+            repairer=repairer,
         )
         report.drops.update(inner.drops)
         report.warnings.update(inner.warnings)

@@ -48,6 +48,9 @@ TokenizerOpt = Annotated[
         help="HF folder, tokenizer.json, tiktoken file, GGUF, or pkg:MODULE/path inside a package",
     ),
 ]
+DeviceOpt = Annotated[
+    str, typer.Option("--device", help="where the model runs: cpu, cuda or cuda:N")
+]
 FormatOpt = Annotated[
     str,
     typer.Option(
@@ -112,3 +115,32 @@ def read_jsonl(path: Path, counter: dict[str, int] | None = None) -> Iterator[di
 def command_line() -> list[str]:
     """The command as the user typed it (recorded in the run's ledger for the report)."""
     return ["draftdata", *sys.argv[1:]]
+
+
+class Ticker:
+    """A progress line on stderr for long loops: every ``every`` seconds, and once at the end."""
+
+    def __init__(self, what: str, total: int, every: float = 15.0) -> None:
+        import time
+
+        self.what, self.total, self.every = what, total, every
+        self.done = self.exact = 0
+        self._clock = time.monotonic
+        self.start = self._last = self._clock()
+
+    def elapsed(self) -> float:
+        return self._clock() - self.start
+
+    def tick(self, result: Any = None) -> None:
+        self.done += 1
+        self.exact += bool(getattr(result, "exact", False))
+        now = self._clock()
+        if now - self._last >= self.every or self.done == self.total:
+            self._last = now
+            rate = self.done / max(now - self.start, 1e-9)
+            left = (self.total - self.done) / rate if rate else 0
+            err.print(
+                f"{self.what}: {self.done}/{self.total} records, {self.exact} exact so far, "
+                f"{rate:.1f}/s, about {left:.0f} s left",
+                highlight=False,
+            )

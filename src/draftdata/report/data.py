@@ -72,6 +72,8 @@ class ReportData:
     preview: Preview | None = None  # None: the export wrote no preview.json (older exports)
     run_manifest: dict[str, Any] | None = None
     command_line: list[str] | None = None
+    #: RUN/scores.json from the model stage (`score RUN` or `[model]` in the manifest)
+    scores: dict[str, Any] | None = None
 
     def ds_manifest(self, name: str) -> dict[str, Any]:
         d = self.manifest.get("datasets", {}).get(name)
@@ -240,7 +242,7 @@ def load_preview(run_dir: Path, notes: list[str]) -> Preview | None:
 
 def _fingerprint(run_dir: Path) -> tuple[tuple[str, int, int], ...]:
     files = [run_dir / "export" / "manifest.json", run_dir / "export" / PREVIEW_FILE]
-    files += [run_dir / "ledger.sqlite"]
+    files += [run_dir / "ledger.sqlite", run_dir / "scores.json"]
     files += [run_dir / "ledger.sqlite-wal", *sorted((run_dir / "export").glob("**/*.parquet"))]
     out = []
     for p in files:
@@ -295,4 +297,17 @@ def _collect(run_dir: Path) -> ReportData:
         preview=load_preview(run_dir, notes),
         run_manifest=led.run_manifest if led else None,
         command_line=led.command_line if led else None,
+        scores=load_scores(run_dir, notes),
     )
+
+
+def load_scores(run_dir: Path, notes: list[str]) -> dict[str, Any] | None:
+    path = run_dir / "scores.json"
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        notes.append(f"{path.name} is unreadable ({e}): no model scores shown")
+        return None
+    return doc if isinstance(doc, dict) else None

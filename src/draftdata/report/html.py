@@ -343,6 +343,41 @@ class Page(ExactnessSections, ViewerSections):
         ]
         return "<h2 id=shards>Shards</h2>" + table("file|rows|size|sha256", rows)
 
+    def scores(self) -> str:
+        sc = self.d.scores
+        if not sc:
+            return ""
+        rows = [
+            [
+                g.get("dataset", "?"),
+                g.get("token_source", "?"),
+                f"{g.get('samples', 0):,}",
+                f"{g.get('tokens', 0):,}",
+                f"{g.get('mean_logprob', 0):.3f}",
+                str(g.get("min_logprob")),
+                f"{g.get('flagged_samples', 0):,}",
+                ", ".join(f"{k} {v}" for k, v in sorted((g.get("flags_by_kind") or {}).items()))
+                or "none",
+                f"{g.get('repairs', 0):,}",
+            ]
+            for g in sc.get("groups") or []
+            if isinstance(g, dict)
+        ]
+        intro = (
+            f"<p>Teacher-forced log-probabilities from {esc(str(sc.get('model', '?')))}: a token "
+            f"below {esc(str(sc.get('threshold')))} is one the model would almost never have "
+            "produced (a wrong end marker, a control id injected from text).</p>"
+        )
+        return (
+            "<h2 id=scores>Model scores</h2>"
+            + intro
+            + table(
+                "dataset|token source|samples|trained tokens|mean log p|min log p|flagged samples"
+                "|flags|repairs",
+                rows,
+            )
+        )
+
     def render(self) -> str:
         now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         parts = (
@@ -352,6 +387,7 @@ class Page(ExactnessSections, ViewerSections):
             self.lengths,
             self.loss_mask,
             self.exactness,
+            self.scores,
             self.truncation,
             self.cost,
             self.shards,

@@ -105,6 +105,13 @@ def summary_of(data: ReportData) -> str:
         )
         if lt.probe_refused:
             lines.append(f"{PROBE_LINE}: {lt.probe_refused:,} attempts, not counted as failed")
+    sc = data.scores
+    if sc:
+        lines.append(
+            f"model scores ({sc.get('model', '?')}): {sc.get('samples', 0):,} samples, "
+            f"{sc.get('flagged_samples', 0):,} flagged (log p below {sc.get('threshold')}), "
+            f"{sc.get('repairs', 0):,} repairs"
+        )
     lines.append(
         f"cost {usd(m.get('cost_usd', data.ledger_total.cost_usd if data.ledger_total else None))}"
     )

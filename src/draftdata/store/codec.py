@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..records import Key, Message, Prompt, Provenance, Sample, ToolCall
+from ..records import Flag, Key, Message, Prompt, Provenance, Sample, SampleScore, ToolCall
 
 
 def dumps(obj: Any) -> str:
@@ -109,4 +109,35 @@ def sample_of(key: Key, row: Sequence[Any]) -> Sample:
         prompt_len=row[4],
         warnings=tuple(json.loads(row[5])),
         provenance=Provenance(row[6], row[7], row[8], row[9]),
+    )
+
+
+def score_row(
+    model: str, threshold: float, s: SampleScore, repairs: Sequence[Any]
+) -> tuple[Any, ...]:
+    """A sample's score as the ``scores`` columns from ``model`` to ``repairs_json``."""
+    flags = [[f.position, f.token, f.logprob, f.kind] for f in s.flags]
+    fixes = [[r.position, r.old, r.new, r.old_logprob, r.new_logprob] for r in repairs]
+    return (
+        model,
+        threshold,
+        s.token_source,
+        s.trained,
+        s.sum_logprob,
+        s.min_logprob,
+        dumps(flags),
+        dumps(fixes),
+    )
+
+
+def score_of(key: Key, row: Sequence[Any]) -> tuple[SampleScore, list[dict[str, Any]]]:
+    """A score back from the columns ``model`` .. ``repairs_json``."""
+    flags = tuple(Flag(p, t, lp, k) for p, t, lp, k in json.loads(row[6]))
+    fixes = [
+        {"position": p, "old": o, "new": n, "old_logprob": a, "new_logprob": b}
+        for p, o, n, a, b in json.loads(row[7])
+    ]
+    return (
+        SampleScore(key.sample_id, key.dataset, row[2], row[3], row[4], row[5], flags, len(fixes)),
+        fixes,
     )

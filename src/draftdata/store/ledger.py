@@ -22,6 +22,7 @@ from typing import Any
 from ..records import Completion, FailedAttempt, Key, Prompt, Sample, StoredResponse
 from . import codec
 from .guard import LedgerError, explain, guarded
+from .scores import ScoresMixin
 
 __all__ = ["Ledger", "LedgerError"]
 
@@ -62,6 +63,13 @@ CREATE TABLE IF NOT EXISTS samples (
   warnings_json TEXT NOT NULL, tokenizer_sha256 TEXT NOT NULL, format_name TEXT NOT NULL,
   format_version TEXT NOT NULL, draftdata_version TEXT NOT NULL,
   PRIMARY KEY (dataset, prompt_id, sample_idx, turn));
+CREATE TABLE IF NOT EXISTS scores (
+  dataset TEXT NOT NULL, prompt_id TEXT NOT NULL, sample_idx INTEGER NOT NULL,
+  turn INTEGER NOT NULL, model TEXT NOT NULL, threshold REAL NOT NULL,
+  token_source TEXT NOT NULL, trained INTEGER NOT NULL, sum_logprob REAL NOT NULL,
+  min_logprob REAL NOT NULL, flags_json TEXT NOT NULL, repairs_json TEXT NOT NULL,
+  created_at REAL NOT NULL,
+  PRIMARY KEY (dataset, prompt_id, sample_idx, turn));
 CREATE TABLE IF NOT EXISTS drops (
   dataset TEXT NOT NULL, prompt_id TEXT NOT NULL, sample_idx INTEGER NOT NULL,
   turn INTEGER NOT NULL, stage TEXT NOT NULL, reason TEXT NOT NULL,
@@ -71,7 +79,7 @@ CREATE TABLE IF NOT EXISTS drops (
 _KEY = "dataset=? AND prompt_id=? AND sample_idx=? AND turn=?"
 
 
-class Ledger:
+class Ledger(ScoresMixin):
     """``Ledger(path)`` opens (or creates) a run's ledger for writing; ``Ledger.read(path)``
     opens an existing one read-only, beside a writer."""
 
@@ -460,6 +468,9 @@ for _name in (
     "put_drop",
     "tokenized",
     "untokenized",
+    "put_score",
+    "scored",
+    "sample_keys",
 ):
     setattr(Ledger, _name, guarded(getattr(Ledger, _name)))
 

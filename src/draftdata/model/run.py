@@ -1,0 +1,96 @@
+"""The model stage over a run's ledger: score every sample not yet scored by this model, repair
+the reconstructed ones where asked, and keep both in the ledger (resumable: a rerun goes on where
+it stopped). A repaired sample replaces the reconstructed one, with ``token_source = repaired``;
+its repairs are kept beside its score."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..records import Decoding, Sample
+from ..store.ledger import Ledger
+from ..tokenizers import Tokenizer
+from ..tokens.reconstruct import TextIds
+from .flags import ScoreReport
+from .score import Scorer
+from .stage import CHUNK, Scored, score_samples
+
+__all__ = ["DatasetDecoding", "run_report", "score_run"]
+
+
+@dataclass(frozen=True)
+class DatasetDecoding:
+    name: str
+    decoding: Decoding
+
+
+def score_run(
+    ledger: Ledger,
+    scorer: Scorer,
+    tok: Tokenizer,
+    datasets: Sequence[DatasetDecoding],
+    *,
+    threshold: float,
+    repair: bool,
+    text_ids: TextIds | None = None,
+    on_sample: Callable[[object], None] | None = None,
+) -> tuple[int, int]:
+    """Score (and repair) what is not scored yet; returns (samples scored now, samples repaired)."""
+    model = str(scorer.lm.folder)
+    scored = repaired = 0
+    for d in datasets:
+        done = ledger.scored(d.name, model)
+        # keys first: the samples are read one by one while repaired ones are written back
+        todo = ledger.samples_for([k for k in ledger.sample_keys(d.name) if k not in done])
+        batch: list[Scored] = []
+        dec = d.decoding
+
+        def decoding_of(_s: Sample, dec: Decoding = dec) -> Decoding:
+            return dec
+
+        for r in score_samples(
+            scorer,
+            tok,
+            todo,
+            threshold=threshold,
+            repair=repair,
+            decoding_of=decoding_of,
+            text_ids=text_ids,
+        ):
+            batch.append(r)
+            if on_sample is not None:
+                on_sample(r)
+            if len(batch) >= CHUNK:
+                repaired += _keep(ledger, model, threshold, batch)
+                scored += len(batch)
+                batch = []
+        repaired += _keep(ledger, model, threshold, batch)
+        scored += len(batch)
+    return scored, repaired
+
+
+def _keep(ledger: Ledger, model: str, threshold: float, batch: list[Scored]) -> int:
+    n = 0
+    with ledger.tx():
+        for r in batch:
+            key = r.sample.key
+            if key is None:
+                continue
+            if r.changed:
+                ledger.put_sample(key, r.sample)
+                n += 1
+            ledger.put_score(key, model, threshold, r.score, r.repairs)
+    return n
+
+
+def run_report(ledger: Ledger, model: str | None = None) -> ScoreReport | None:
+    """The stored scores added up per dataset and token source (``None`` when there are none)."""
+    rep: ScoreReport | None = None
+    for _key, m, threshold, score, _fixes in ledger.scores():
+        if model is not None and m != model:
+            continue
+        if rep is None:
+            rep = ScoreReport(threshold)
+        rep.add(score)
+    return rep
