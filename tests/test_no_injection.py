@@ -68,7 +68,9 @@ def test_control_strings_in_every_text_field_stay_text(bound, key):
 
     def render(text: str) -> tuple[list[int], list[int]]:
         ts = tools(text) if getattr(fmt, "supports_tools", fmt.has_tool_grammar) else []
-        prompt, _ = b.encode(fmt.render_prompt(conversation(text, kimi, fmt.has_tool_grammar), ts, **think))
+        prompt, _ = b.encode(
+            fmt.render_prompt(conversation(text, kimi, fmt.has_tool_grammar), ts, **think)
+        )
         calls = (ToolCall(f"lookup{text}", json.dumps({f"word{text}": text}), None),)
         response, _ = b.encode(
             fmt.render_response(

@@ -147,6 +147,14 @@ class ChatFormat:
         ``finished`` appends the end-of-turn marker; a truncated (``length``) answer ends bare."""
         out: list[Segment] = []
         th = self.think
+        # cut by ``length`` inside the reasoning: the model never wrote the close marker, the
+        # content or the end of turn (an answer cut exactly after the close marker reads the
+        # same in a server's view; it is the rare case, and takes this branch too)
+        cut_in_reasoning = not finished and bool(reasoning) and not content and not tool_calls
+        if th is not None and cut_in_reasoning and (thinking or reasoning):
+            if th.prompt_opens and thinking:
+                return train([Text(reasoning or "")])
+            return train(merge_text([Special(th.open), Text(th.open_suffix + (reasoning or ""))]))
         if th is not None and (thinking or reasoning):
             if th.prompt_opens and thinking:
                 out += [

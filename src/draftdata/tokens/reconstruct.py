@@ -68,7 +68,11 @@ def response_segments(
         if reasoning is not None:
             # a server's reasoning parser may strip or keep the newlines the grammar puts around
             # the markers; the grammar (and the model's own template) writes them exactly
-            if "\n" in th.open_suffix + th.close_prefix:
+            cut = view.finish_reason == "length" and not content and not view.tool_calls
+            if cut and "\n" in th.open_suffix:
+                # cut inside the reasoning: newlines at the cut are the model's, not the grammar's
+                reasoning = reasoning.lstrip("\n")
+            elif "\n" in th.open_suffix + th.close_prefix:
                 reasoning = reasoning.strip("\n")
             if "\n" in th.close_suffix:
                 content = content.lstrip("\n")
