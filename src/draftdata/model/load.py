@@ -27,6 +27,8 @@ class LoadedModel:
 
     spec: str
     folder: Path
+    #: the GGUF file in ``folder`` that was loaded (None: a plain transformers folder)
+    gguf_file: str | None
     model: Any
     torch: Any
     device: str
@@ -84,6 +86,7 @@ def load_causal_lm(
     return LoadedModel(
         spec=str(spec),
         folder=folder,
+        gguf_file=gguf,
         model=model,
         torch=torch,
         device=device,

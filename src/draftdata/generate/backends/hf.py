@@ -66,6 +66,7 @@ class HFEngine:
     ) -> None:
         lm = load_causal_lm(model, device=device, dtype=dtype, threads=threads, convert=False)
         self.spec = lm.spec
+        self.folder, self.gguf_file = lm.folder, lm.gguf_file
         self.device, self.dtype = lm.device, lm.dtype
         self.model: Any = lm.model
         self._torch: Any = lm.torch
