@@ -87,7 +87,7 @@ class ModelCfg(_Strict):
     device: str = "cpu"
     repair: bool = False
     #: flag tokens whose log-probability is below this
-    threshold: float = -15.0
+    threshold: float = -12.0
 
 
 class Manifest(_Strict):

@@ -43,7 +43,7 @@ def score(
         str, typer.Option("--model", "-m", help="the target model: folder, GGUF or pkg:MODULE")
     ],
     device: DeviceOpt = "cpu",
-    threshold: ThresholdOpt = -15.0,
+    threshold: ThresholdOpt = -12.0,
     repair: Annotated[
         bool,
         typer.Option(
