@@ -37,7 +37,7 @@ def test_qwen3_truncated_reasoning_is_a_prefix_of_the_templates_turn(bound):
     tok = b.tokenizer
     msgs = [{"role": "user", "content": "What is two plus two?"}]
     prompt = oracle_ids(tok, tok.chat_template, msgs, enable_thinking=True)
-    turn = msgs + [{"role": "assistant", "content": "Four.", "reasoning_content": REASONING}]
+    turn = [*msgs, {"role": "assistant", "content": "Four.", "reasoning_content": REASONING}]
     full = oracle_ids(tok, tok.chat_template, turn, add_generation_prompt=False)
     assert full[: len(prompt)] == prompt
     answer = full[len(prompt) :]
