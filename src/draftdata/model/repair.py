@@ -190,6 +190,13 @@ class Walk:
             b += 1
         return a, b
 
+    def run_at(self, i: int, run: tuple[int, int, str] | None) -> tuple[int, int, str]:
+        """``(start, end, text)`` of the text run holding position ``i`` (``run`` if it does)."""
+        if run is not None and run[0] <= i < run[1]:
+            return run
+        a, b = self.run_of(i)
+        return a, b, self.data(self.response[a:b]).decode("utf-8", errors="replace")
+
     def data(self, ids: Sequence[int]) -> bytes:
         return b"".join(self.tok.token_bytes(t) for t in ids)
 
@@ -228,9 +235,7 @@ class Walk:
             if t in ctrl:
                 i += 1
                 continue
-            if run is None or not run[0] <= i < run[1]:
-                a, b = self.run_of(i)
-                run = (a, b, self.data(self.response[a:b]).decode("utf-8", errors="replace"))
+            run = self.run_at(i, run)
             a, b, text = run
             if ok[i] and self.greedy:
                 i += 1
@@ -286,9 +291,7 @@ class Walk:
             if t in ctrl:
                 k += 1
                 continue
-            if run is None or not run[0] <= k < run[1]:
-                a, b = self.run_of(k)
-                run = (a, b, self.data(self.response[a:b]).decode("utf-8", errors="replace"))
+            run = self.run_at(k, run)
             a, b, text = run
             if not ok[k]:
                 # a token the decoding could not have drawn: the walk will change it there if
@@ -299,10 +302,10 @@ class Walk:
                 if any(row[c] > row[t] for c in self.candidates(done, text, row) if c != t):
                     break
             else:
-                proposals.append((k, b, text))
+                proposals.append((k, a, b, text))
             k += 1
         # ``k`` is now the first position that must change anyway: no path is scored past it
-        proposals = [p for k0, b, text in proposals for p in self.proposals(k0, b, text, k)]
+        proposals = [p for k0, a, b, text in proposals for p in self.proposals(k0, a, b, text, k)]
         best: Proposal | None = None
         for n in range(0, len(proposals), PEEK_BATCH):
             chunk = proposals[n : n + PEEK_BATCH]
@@ -319,10 +322,9 @@ class Walk:
                 return best
         return best
 
-    def proposals(self, i: int, b: int, text: str, end: int) -> list[Proposal]:
+    def proposals(self, i: int, a: int, b: int, text: str, end: int) -> list[Proposal]:
         t = self.response[i]
         row = self.session.row(self.P + i)
-        a = self.run_of(i)[0]
         done = self.data(self.response[a:i])
         top = float(row.max())
         temp = float(self.decoding.temperature or 1.0)
@@ -449,7 +451,7 @@ class Walk:
         return RepairResult(
             response=response,
             repairs=self.repairs,
-            logprobs=[v if math.isfinite(v) else -math.inf for v in lps],
+            logprobs=lps,
             prompt_logprobs=s.prefix_logprobs,
             forwards=s.forwards,
             tokens_forwarded=s.tokens_forwarded,
