@@ -165,27 +165,21 @@ def model_stage(
     runner: Runner, scorer: Any, cfg: ModelCfg, console: Console, quiet: bool
 ) -> dict[str, Any]:
     """Score (and repair) every sample of the run not yet scored; RUN/scores.json."""
-    from .model.run import DatasetDecoding, run_report, score_run
-    from .records import Decoding
+    from .model.run import score_run_to_file
 
     m = runner.m
-    datasets = [
-        DatasetDecoding(d.name, Decoding(d.sampling.temperature, d.sampling.top_p))
-        for d in m.datasets
-    ]
-    scored, repaired = score_run(
+    doc = score_run_to_file(
         runner.ledger,
         scorer,
         runner.bound.tokenizer,
-        datasets,
+        m,
         threshold=cfg.threshold,
         repair=cfg.repair,
         text_ids=runner.text_ids,
+        out=m.output_dir / "scores.json",
+        extra={"model": cfg.path},
     )
-    rep = run_report(runner.ledger, str(scorer.lm.folder))
-    doc = rep.to_json() if rep is not None else {"samples": 0, "groups": []}
-    doc.update({"model": cfg.path, "scored_now": scored, "repaired_now": repaired})
-    write_json(m.output_dir / "scores.json", doc)
+    scored, repaired = doc["scored_now"], doc["repaired_now"]
     if not quiet:
         console.print(
             f"model stage: {scored} samples scored, {repaired} repaired, "

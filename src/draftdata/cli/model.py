@@ -88,14 +88,17 @@ def score(
         raise InputError("--repair on sample files needs -o OUT.parquet (the input is not changed)")
     if not is_run and tokenizer is None:
         raise InputError("sample files need -t TOKENIZER (the one their ids were made with)")
-    scorer = load_scorer(model, device=device)
+
+    def load() -> Any:  # after the inputs are read: a bad input costs no model load
+        return load_scorer(model, device=device)
+
     if is_run:
-        doc = _score_run(target, scorer, threshold, repair)
+        doc = _score_run(target, load, threshold, repair)
     else:
         doc = _score_files(
-            target, scorer, tokenizer or "", threshold, repair, output, temperature, top_p
+            target, load, tokenizer or "", threshold, repair, output, temperature, top_p
         )
-    doc.update({"model": model, "model_folder": str(scorer.lm.folder), "device": device})
+    doc.update({"model": model, "device": device})
     if json_out is not None:
         text = json.dumps(doc, indent=2, ensure_ascii=False)
         if str(json_out) == "-":
@@ -105,54 +108,39 @@ def score(
     _print_scores(doc)
 
 
-def _score_run(run: Path, scorer: Any, threshold: float, repair: bool) -> dict[str, Any]:
+def _score_run(run: Path, load: Any, threshold: float, repair: bool) -> dict[str, Any]:
     from ..generate.runner import Runner
     from ..manifest import manifest_of_run
-    from ..model.run import DatasetDecoding, run_report, score_run
-    from ..records import Decoding
+    from ..model.run import score_run_to_file
 
     m = manifest_of_run(run)
     m.run.output = str(run.resolve())
     runner = Runner(m, quiet=True, console=err, check_settings=False, command_line=command_line())
     try:
         led = runner.ledger
-        total = sum(len(led.sample_keys(d.name)) for d in m.datasets)
-        ticker = Ticker("score", total)
-        datasets = [
-            DatasetDecoding(d.name, Decoding(d.sampling.temperature, d.sampling.top_p))
-            for d in m.datasets
-        ]
-        scored, repaired = score_run(
+        ticker = Ticker("score", sum(len(led.sample_keys(d.name)) for d in m.datasets))
+        doc = score_run_to_file(
             led,
-            scorer,
+            load(),
             runner.bound.tokenizer,
-            datasets,
+            m,
             threshold=threshold,
             repair=repair,
             text_ids=runner.text_ids,
+            out=run / "scores.json",
+            extra={"run": str(run)},
             on_sample=lambda _r: ticker.tick(),
         )
-        rep = run_report(led, str(scorer.lm.folder))
-        doc = rep.to_json() if rep is not None else {"samples": 0, "groups": []}
-        doc.update(
-            {
-                "run": str(run),
-                "scored_now": scored,
-                "repaired_now": repaired,
-                "seconds": round(ticker.elapsed(), 2),
-            }
-        )
-        (run / "scores.json").write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     finally:
         runner.close()
-    if repaired:
+    if doc["repaired_now"]:
         doc["next"] = f"draftdata export {run}"
     return doc
 
 
 def _score_files(
     path: Path,
-    scorer: Any,
+    load: Any,
     tokenizer: str,
     threshold: float,
     repair: bool,
@@ -174,6 +162,7 @@ def _score_files(
             f"{path}: its samples were made with tokenizer sha256 {sorted(other)[0][:16]}..., not "
             f"{tokenizer} ({tok.sha256[:16]}...); pass the tokenizer they were made with"
         )
+    scorer = load()
     rep = ScoreReport(threshold)
     ticker = Ticker("score", len(samples))
     kept = []

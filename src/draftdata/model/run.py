@@ -5,9 +5,14 @@ its repairs are kept beside its score."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+from ..manifest import Manifest
 from ..records import Decoding, Sample
 from ..store.ledger import Ledger
 from ..tokenizers import Tokenizer
@@ -16,7 +21,7 @@ from .flags import ScoreReport
 from .score import Scorer
 from .stage import CHUNK, Scored, score_samples
 
-__all__ = ["DatasetDecoding", "run_report", "score_run"]
+__all__ = ["DatasetDecoding", "datasets_of", "run_report", "score_run", "score_run_to_file"]
 
 
 @dataclass(frozen=True)
@@ -94,3 +99,51 @@ def run_report(ledger: Ledger, model: str | None = None) -> ScoreReport | None:
             rep = ScoreReport(threshold)
         rep.add(score)
     return rep
+
+
+def datasets_of(m: Manifest) -> list[DatasetDecoding]:
+    """Each dataset of a run with the decoding its answers were made with."""
+    return [
+        DatasetDecoding(d.name, Decoding(d.sampling.temperature, d.sampling.top_p))
+        for d in m.datasets
+    ]
+
+
+def score_run_to_file(
+    ledger: Ledger,
+    scorer: Scorer,
+    tok: Tokenizer,
+    m: Manifest,
+    *,
+    threshold: float,
+    repair: bool,
+    text_ids: TextIds | None,
+    out: Path,
+    extra: dict[str, Any],
+    on_sample: Callable[[object], None] | None = None,
+) -> dict[str, Any]:
+    """``score_run`` over every dataset of ``m``, then the stored scores added up, written to
+    ``out`` (RUN/scores.json) with ``extra`` and returned."""
+    t0 = time.monotonic()
+    scored, repaired = score_run(
+        ledger,
+        scorer,
+        tok,
+        datasets_of(m),
+        threshold=threshold,
+        repair=repair,
+        text_ids=text_ids,
+        on_sample=on_sample,
+    )
+    rep = run_report(ledger, str(scorer.lm.folder))
+    doc: dict[str, Any] = rep.to_json() if rep is not None else {"samples": 0, "groups": []}
+    doc.update(extra)
+    doc.update(
+        {
+            "scored_now": scored,
+            "repaired_now": repaired,
+            "seconds": round(time.monotonic() - t0, 2),
+        }
+    )
+    out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    return doc
