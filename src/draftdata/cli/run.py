@@ -423,7 +423,7 @@ def export(
     runner = Runner(m, quiet=True, console=err, check_settings=False, command_line=command_line())
     try:
         folder = export_run(runner, _stored_validation(run), None)
-        files = {k: str(export_as(runner, k)) for k in kinds}
+        files = {k: [str(p) for p in export_as(runner, k)] for k in kinds}
     finally:
         runner.close()
     if json_out:
@@ -431,8 +431,10 @@ def export(
         _json({"export": str(folder), "samples": doc["counts"]["samples"], "files": files})
         return
     say(out, f"shards and manifest: {folder}")
-    for k, path in files.items():
-        say(out, f"{k}: {path}")
+    for k, paths in files.items():
+        say(out, f"{k}: {', '.join(paths)}")
+        if EXPORTERS[k].lossy:
+            say(err, f"warning: {k} is lossy, {EXPORTERS[k].lossy}")
 
 
 def _stored_validation(run: Path) -> dict[str, Any] | None:

@@ -1,7 +1,8 @@
 """Trainer-specific exports, by name: the one table a new trainer format is added to. The CLI's
 ``export --as`` choices come from it.
 
-Each writer takes the runner of an exported run and writes one file beside the shards."""
+Each writer takes the runner of an exported run and writes its files beside the shards. ``lossy``
+marks an export whose trainer re-tokenizes text: the ids it trains on are not ours."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Exporter:
     name: str
-    write: Callable[[Runner, Path], Path]
+    write: Callable[[Runner, Path], Path | tuple[Path, ...]]
     summary: str
+    #: why the trainer will not train on our ids (None: it trains on them exactly)
+    lossy: str | None = None
 
 
 EXPORTERS: dict[str, Exporter] = {
@@ -28,23 +31,31 @@ EXPORTERS: dict[str, Exporter] = {
     for e in (
         Exporter(
             "speculators",
-            speculators.write_jsonl,
-            "JSONL with our input_ids and loss_mask (0/1), loaded by speculators and SpecForge",
+            speculators.write_both,
+            "our input_ids and loss_mask as JSONL (speculators prepare-data) and as a "
+            "save_to_disk dataset (speculators-dataset/, its trainer and offline generation)",
         ),
         Exporter(
             "specforge",
+            specforge.write_pretokenized,
+            "our input_ids and loss_mask as the pre-tokenized JSONL of SpecForge's "
+            "data.prompts_path",
+        ),
+        Exporter(
+            "specforge-conversations",
             specforge.write_conversations,
-            "SpecForge conversations JSONL (reasoning as reasoning_content, tool calls); "
-            "SpecForge re-tokenizes it",
+            "LOSSY: conversations that SpecForge re-tokenizes with the stock tokenizer",
+            lossy=specforge.LOSSY,
         ),
     )
 }
 
 
-def export_as(runner: Runner, name: str) -> Path:
+def export_as(runner: Runner, name: str) -> tuple[Path, ...]:
     folder = runner.m.output_dir / "export"
     folder.mkdir(parents=True, exist_ok=True)
-    return EXPORTERS[name].write(runner, folder)
+    out = EXPORTERS[name].write(runner, folder)
+    return out if isinstance(out, tuple) else (out,)
 
 
 __all__ = ["EXPORTERS", "Exporter", "export_as"]

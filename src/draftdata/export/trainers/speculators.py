@@ -1,27 +1,119 @@
-"""speculators: JSONL of our exact ids, ``input_ids`` and ``loss_mask`` as 0/1 per sample."""
+"""speculators: our exact ids, ``input_ids`` and ``loss_mask`` (0/1) per sample, as the JSONL that
+``speculators prepare-data`` passes through unchanged (``load_and_preprocess_dataset`` with its
+pre-tokenized rows) and as the ``save_to_disk`` dataset that its trainer and offline data
+generation read (``input_ids`` and ``loss_mask`` int64, ``seq_len``; format torch).
+
+Mask convention: 1 on every token the model produced (the answer, its end marker included when
+it ended). speculators shifts it by one for its labels, so it trains every answer token from the
+first one (labels P+1..n in its own counting)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from ...errors import InputError
+from ...records import Sample
 
 if TYPE_CHECKING:
     from ...generate.runner import Runner
+
+#: where the dataset is written under the export
+DATASET = "speculators-dataset"
+
+
+def run_samples(runner: Runner) -> Iterator[Sample]:
+    """The run's samples in export order (dataset by dataset, as the shards hold them)."""
+    for d in runner.m.datasets:
+        yield from runner.ledger.samples(d.name)
 
 
 def write_jsonl(runner: Runner, folder: Path) -> Path:
     path = folder / "speculators.jsonl"
     tmp = folder / ".speculators.jsonl.tmp"
     with tmp.open("w", encoding="utf-8") as f:
-        for d in runner.m.datasets:
-            for s in runner.ledger.samples(d.name):
-                row = {
-                    "id": s.id,
-                    "input_ids": s.input_ids,
-                    "loss_mask": [int(b) for b in s.loss_mask],
-                }
-                f.write(json.dumps(row) + "\n")
+        for s in run_samples(runner):
+            f.write(json.dumps(pretokenized_row(s)) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def pretokenized_row(s: Sample) -> dict[str, Any]:
+    return {"id": s.id, "input_ids": s.input_ids, "loss_mask": [int(b) for b in s.loss_mask]}
+
+
+def write_both(runner: Runner, folder: Path) -> tuple[Path, ...]:
+    return write_jsonl(runner, folder), write_dataset(run_samples(runner), folder / DATASET)
+
+
+def _datasets() -> Any:
+    try:
+        import datasets
+    except ImportError as e:
+        raise InputError(
+            "the speculators dataset is written with Hugging Face `datasets`; install it with "
+            "pip install 'draftdata[trainers]'"
+        ) from e
+    return datasets
+
+
+def write_dataset(samples: Iterable[Sample], out: Path, keep: tuple[str, ...] = ()) -> Path:
+    """``out`` as a ``datasets.save_to_disk`` folder, streamed through an Arrow cache beside it
+    (bounded memory). Without ``keep`` the folder is swapped in whole; with it, the entries of
+    ``out`` named in ``keep`` (the hidden states beside the dataset) stay and the rest is
+    replaced."""
+    ds_mod = _datasets()
+    ds_mod.disable_progress_bars()
+    import pyarrow as pa
+
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("input_ids", pa.list_(pa.int64())),
+            ("loss_mask", pa.list_(pa.int64())),
+            ("seq_len", pa.int64()),
+        ]
+    )
+    work = out.with_name(f".{out.name}.work")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    arrow = work / "rows.arrow"
+    try:
+        # an Arrow stream written batch by batch, then memory-mapped by `datasets`: the rows
+        # are never all in memory
+        with pa.OSFile(str(arrow), "wb") as sink, pa.ipc.new_stream(sink, schema) as w:
+            batch: list[dict[str, Any]] = []
+            for s in samples:
+                r = pretokenized_row(s)
+                r["seq_len"] = len(s.input_ids)
+                batch.append(r)
+                if len(batch) >= 1024:
+                    w.write_batch(pa.RecordBatch.from_pylist(batch, schema=schema))
+                    batch = []
+            # the last rows (an empty batch keeps an empty export loadable)
+            w.write_batch(pa.RecordBatch.from_pylist(batch, schema=schema))
+        ds = ds_mod.Dataset.from_file(str(arrow))
+        ds.set_format(
+            type="torch", columns=["input_ids", "loss_mask", "seq_len"], output_all_columns=True
+        )
+        staged = work / "dataset"
+        ds.save_to_disk(str(staged))
+        del ds
+        if not keep:
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(staged, out)
+        else:
+            out.mkdir(parents=True, exist_ok=True)
+            for old in out.iterdir():
+                if old.name not in keep:
+                    shutil.rmtree(old) if old.is_dir() else old.unlink()
+            for new in staged.iterdir():
+                os.replace(new, out / new.name)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
