@@ -36,6 +36,7 @@ COMMANDS = {
     "plan": None,
     "init": [],
     "score": None,
+    "hidden-states": None,
 }
 
 

