@@ -49,7 +49,10 @@ TokenizerOpt = Annotated[
     ),
 ]
 DeviceOpt = Annotated[
-    str, typer.Option("--device", help="where the model runs: cpu, cuda or cuda:N")
+    str,
+    typer.Option(
+        "--device", help="where the model runs: cpu, cuda, cuda:N, or auto (split over the GPUs)"
+    ),
 ]
 FormatOpt = Annotated[
     str,

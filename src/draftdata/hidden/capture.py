@@ -28,7 +28,7 @@ BATCH_TOKENS = 16384
 @dataclass
 class Captured:
     """One sequence: ``aux`` [S, k, H], ``last`` [S, H] before the final norm, ``last_normed``
-    [S, H] after it (torch tensors on the host, in the model's dtype), and
+    [S, H] after it (torch tensors on the model's device, in its dtype), and
     ``logprobs[j - 1] = log p(ids[j] | ids[:j])``."""
 
     aux: Any
@@ -123,9 +123,9 @@ class Capturer:
                         (
                             i,
                             Captured(
-                                aux[row, :n].cpu().clone(),
-                                out["last"][row, :n].cpu().clone(),
-                                out["normed"][row, :n].cpu().clone(),
+                                aux[row, :n],
+                                out["last"][row, :n],
+                                out["normed"][row, :n],
                                 lp.cpu().tolist(),
                             ),
                         )

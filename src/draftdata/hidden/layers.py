@@ -55,10 +55,16 @@ class Layers:
 
 def parse_layers(spec: str, n_layers: int) -> Layers:
     """``auto`` or ``i,j,k`` (transformers numbering, each in 1..L-1)."""
-    if n_layers < 4:
-        raise InputError(f"the model has {n_layers} layers; EAGLE-3 capture needs at least 4")
+    if n_layers < 2:
+        raise InputError(f"the model has {n_layers} layer; capture needs at least 2")
     if spec.strip() == "auto":
-        return Layers((2, n_layers // 2, n_layers - 3), n_layers)
+        auto = (2, n_layers // 2, n_layers - 3)
+        if len(set(auto)) < 3 or auto[-1] < 1:
+            raise InputError(
+                f"--layers auto: {n_layers} layers are too few for three distinct aux layers "
+                "[2, L//2, L-3]; give --layers i,j,k"
+            )
+        return Layers(auto, n_layers)
     try:
         aux = tuple(int(x) for x in spec.split(","))
     except ValueError:

@@ -13,7 +13,9 @@
   [n+1], ``hidden_states`` [T, k+1, H] as in speculators, fp8 with ``hidden_states_scales``), the
   samples' ids in the file's metadata, and ``OUT/index.json``.
 
-Every file is written under a temporary name and renamed, so a file that exists is whole; a
+The hidden states are encoded on the device they were computed on and copied to the host; the
+file writes run on writer threads while the next batch computes. Every file is written under a
+temporary name and renamed, so a file that exists is whole; a
 rerun skips every sample whose file exists with the same ids (resumable per sample; per shard
 for ``safetensors``)."""
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +94,15 @@ class Encoder:
         return doc
 
 
+#: a file write prepared on the calling thread (the tensors already on the host), run later on a
+#: writer thread; returns the bytes written
+Job = Callable[[], int]
+
+
+def _host(tensors: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.cpu() for k, v in tensors.items()}
+
+
 def _stack(cap: Captured, torch: Any) -> Any:
     """[S, k+1, H]: the aux layers, then the last one before the final norm."""
     return torch.cat([cap.aux, cap.last[:, None, :]], dim=1)
@@ -143,13 +154,14 @@ class Speculators:
         except Exception:  # a file that cannot be read is captured again
             return False
 
-    def write(self, it: Item, cap: Captured) -> int:
+    def write(self, it: Item, cap: Captured) -> Job:
         from safetensors.torch import save_file
 
         torch = self.torch
         tensors = {"token_ids": torch.tensor(it.input_ids, dtype=torch.long)}
-        tensors.update(self.enc.encode(_stack(cap, torch)))
-        return _atomic(self.path(it.index), lambda t: save_file(tensors, str(t)))
+        tensors.update(_host(self.enc.encode(_stack(cap, torch))))
+        path = self.path(it.index)
+        return lambda: _atomic(path, lambda t: save_file(tensors, str(t)))
 
     def close(self) -> dict[str, Any]:
         return {"files": "hidden_states/hs_{i}.safetensors", "dataset": "."}
@@ -184,16 +196,17 @@ class SpecForge:
         except Exception:  # unreadable: captured again
             return False
 
-    def write(self, it: Item, cap: Captured) -> int:
+    def write(self, it: Item, cap: Captured) -> Job:
         torch = self.torch
         aux = cap.aux.reshape(cap.aux.shape[0], -1)  # [S, k*H], lowest layer first
         d = {
             "input_ids": torch.tensor(it.input_ids, dtype=torch.long),
             "loss_mask": torch.tensor([int(b) for b in it.loss_mask], dtype=torch.long),
-            "hidden_state": self.enc.encode(cap.last_normed)["hidden_states"][None],
-            "aux_hidden_state": self.enc.encode(aux)["hidden_states"][None],
+            "hidden_state": _host(self.enc.encode(cap.last_normed))["hidden_states"][None],
+            "aux_hidden_state": _host(self.enc.encode(aux))["hidden_states"][None],
         }
-        return _atomic(self.path(it.index), lambda t: torch.save(d, str(t)))
+        path = self.path(it.index)
+        return lambda: _atomic(path, lambda t: torch.save(d, str(t)))
 
     def close(self) -> dict[str, Any]:
         return {"files": f"rows_{{a}}-{{a+{ROWS_PER_FOLDER}}}/data_{{i}}.ckpt"}
@@ -231,22 +244,29 @@ class Shards:
         got = self.have.get(it.index)
         return got is not None and got[1] == it.input_ids
 
-    def write(self, it: Item, cap: Captured) -> int:
-        enc = self.enc.encode(_stack(cap, self.torch))
+    def write(self, it: Item, cap: Captured) -> Job:
+        enc = _host(self.enc.encode(_stack(cap, self.torch)))
         self.pending.append((it, enc))
-        n = sum(t.numel() * t.element_size() for t in enc.values())
-        self.bytes += n
+        self.bytes += sum(t.numel() * t.element_size() for t in enc.values())
         if self.bytes >= self.shard_bytes:
-            self.flush()
-        return int(n)
+            return self.take()
+        return lambda: 0
+
+    def take(self) -> Job:
+        """The pending samples as one shard's write (run by the caller, on any thread)."""
+        pending, self.pending, self.bytes = sorted(self.pending, key=lambda p: p[0].index), [], 0
+        return lambda: self._save(pending)
 
     def flush(self) -> None:
-        if not self.pending:
-            return
+        self.take()()
+
+    def _save(self, pending: list[tuple[Item, dict[str, Any]]]) -> int:
+        if not pending:
+            return 0
         from safetensors.torch import save_file
 
         torch = self.torch
-        items = [it for it, _ in self.pending]
+        items = [it for it, _ in pending]
         lens = [len(it.input_ids) for it in items]
         offsets = [0]
         for n in lens:
@@ -258,17 +278,17 @@ class Shards:
             ),
             "offsets": torch.tensor(offsets, dtype=torch.long),
         }
-        for key in self.pending[0][1]:
-            tensors[key] = torch.cat([e[key] for _, e in self.pending], dim=0)
+        for key in pending[0][1]:
+            tensors[key] = torch.cat([e[key] for _, e in pending], dim=0)
         meta = {"indices": [it.index for it in items], "ids": [it.id for it in items]}
         name = f"hs-{items[0].index:08d}-{items[-1].index:08d}.safetensors"
-        _atomic(
+        n = _atomic(
             self.out / name,
             lambda t: save_file(tensors, str(t), metadata={"draftdata": json.dumps(meta)}),
         )
         for it in items:
             self.have[it.index] = (name, it.input_ids)
-        self.pending, self.bytes = [], 0
+        return n
 
     def close(self) -> dict[str, Any]:
         self.flush()

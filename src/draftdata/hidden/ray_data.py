@@ -93,7 +93,8 @@ class CaptureActor:
         err0, ref0 = enc.err_sq, enc.ref_sq
         scores = self.p.chunk(items)
         if isinstance(self.p.layout, Shards):
-            self.p.layout.flush()  # this actor's shard for this batch, written now
+            self.p._submit(self.p.layout.take())  # this actor's shard for this batch
+        self.p.drain()  # every file of the batch is written before the batch counts as done
         after = self.p.counts()
         delta = {k: after[k] - before[k] for k in after}
         return {

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -33,8 +35,11 @@ from .layouts import Item, make_layout
 __all__ = ["MANIFEST", "Pass", "capture_to", "input_files", "iter_items", "manifest"]
 
 MANIFEST = "draftdata-hidden-states.json"
-#: samples captured together (one or more batched passes), then written
+#: samples read together (one or more batched passes)
 CHUNK = 64
+#: file writes in flight at once (each holds one sample's hidden states on the host)
+PENDING = 16
+WRITERS = 2
 _COLUMNS = ("id", "input_ids", "loss_mask", "dataset", "token_source")
 
 
@@ -131,7 +136,8 @@ class Pass:
         self.layout = make_layout(layout, out, lm.torch, dtype)
         self.cap = Capturer(lm, layers)
         self.control_ids, self.threshold = control_ids, threshold
-        self.scores: list[SampleScore] = []
+        self._pool = ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="hs-writer")
+        self._pending: deque[Future[int]] = deque()
         self.n = self.resumed = self.captured = self.tokens = self.written = 0
 
     def chunk(self, chunk: list[Item]) -> list[SampleScore]:
@@ -145,12 +151,9 @@ class Pass:
                 check_item(self.lm, x)
                 todo.append(x)
         scores = []
-        # written in the samples' order, whatever order the length-sorted batches ran in: a
-        # shard holds its samples in index order
-        got = dict(self.cap.capture([x.input_ids for x in todo]))
-        for i, x in enumerate(todo):
-            c = got.pop(i)
-            self.written += self.layout.write(x, c)
+        for i, c in self.cap.capture([x.input_ids for x in todo]):
+            x = todo[i]
+            self._submit(self.layout.write(x, c))
             scores.append(
                 score_of(
                     x.id,
@@ -167,8 +170,25 @@ class Pass:
             self.tokens += len(x.input_ids)
         return scores
 
+    def _submit(self, job: Callable[[], int]) -> None:
+        """Run a file write on the writer threads; at most ``PENDING`` wait (host memory)."""
+        while len(self._pending) >= PENDING:
+            self.written += self._pending.popleft().result()
+        self._pending.append(self._pool.submit(job))
+
+    def drain(self) -> None:
+        while self._pending:
+            self.written += self._pending.popleft().result()
+
     def close(self) -> dict[str, Any]:
-        self.cap.close()
+        try:
+            take = getattr(self.layout, "take", None)
+            if take is not None:  # the last shard of draftdata's layout
+                self._submit(take())
+            self.drain()
+        finally:
+            self._pool.shutdown(wait=True)
+            self.cap.close()
         return dict(self.layout.close())
 
     def counts(self) -> dict[str, int]:

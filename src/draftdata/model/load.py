@@ -56,7 +56,9 @@ def load_causal_lm(
     threads: int | None = None,
     convert: bool = True,
 ) -> LoadedModel:
-    """Load ``spec`` for inference on ``device`` (``cpu``, ``cuda`` or ``cuda:N``)."""
+    """Load ``spec`` for inference on ``device``: ``cpu``, ``cuda``, ``cuda:N``, or ``auto``: split
+    over every visible GPU by transformers' ``device_map="auto"`` (layer by layer, for a model
+    one GPU cannot hold; a Ray actor with several GPUs sees only its own)."""
     torch, transformers = import_torch_transformers()
     folder, gguf = model_folder(spec, convert=convert)
     device = check_device(torch, device)
@@ -66,6 +68,8 @@ def load_causal_lm(
     if device == "cpu":
         torch.set_num_threads(threads if threads is not None else usable_cpus())
     kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
+    if device == "auto":
+        kwargs["device_map"] = "auto"
     if gguf is not None:
         kwargs["gguf_file"] = gguf
     try:
@@ -77,7 +81,9 @@ def load_causal_lm(
             f"{spec}: transformers cannot load this model ({e}); point --model at a "
             "transformers causal-LM folder or a GGUF file"
         ) from e
-    model = loaded.to(device).eval()
+    model = (loaded if device == "auto" else loaded.to(device)).eval()
+    if device == "auto":
+        device = str(model.device)  # where the inputs go: the embedding's GPU
     config = model.config
     # What fills padding: those positions are masked out or discarded, so the id only has to be
     # a valid embedding index.
@@ -108,14 +114,14 @@ def usable_cpus() -> int:
 def check_device(torch: Any, device: str) -> str:
     if device == "cpu":
         return device
-    if device == "cuda" or device.startswith("cuda:"):
+    if device in ("cuda", "auto") or device.startswith("cuda:"):
         if not torch.cuda.is_available():
             raise ModelError(
                 f"device {device!r}: torch sees no CUDA device (this torch is "
                 f"{torch.__version__}); use --device cpu, or install a CUDA build of torch"
             )
         return device
-    raise ModelError(f"device {device!r} is not supported; use cpu, cuda or cuda:N")
+    raise ModelError(f"device {device!r} is not supported; use cpu, cuda, cuda:N or auto")
 
 
 def check_dtype(dtype: str, device: str) -> str:
