@@ -208,18 +208,34 @@ def test_fp8_reads_back_through_speculators_fp8_transfer(lm, tmp_path, reference
     assert abs((num / den) ** 0.5 - err) < 0.1 * err  # the reported figure is the real one
 
 
-def test_cli_resumes_per_sample_and_refuses_bad_options(tmp_path):
-    sample_file(tmp_path / "s.parquet", IDS[:2])
+def test_a_rerun_captures_only_what_is_missing_or_changed(lm, tmp_path):
+    rows = sample_file(tmp_path / "s.parquet", IDS[:2])
+    out = tmp_path / "out"
+    layers = parse_layers("auto", 30)
+
+    def again():
+        return capture_to([tmp_path / "s.parquet"], out, lm, layers)
+
+    assert again()["captured"] == 2
+    doc = again()
+    assert (doc["captured"], doc["resumed"]) == (0, 2)
+    (out / "hidden_states" / "hs_1.safetensors").unlink()
+    rows[0]["input_ids"][3] = rows[0]["input_ids"][4]  # the export changed under sample 0
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "s.parquet")
+    doc = again()
+    assert (doc["captured"], doc["resumed"]) == (2, 0)
+    assert json.loads((out / MANIFEST).read_text())["layers"]["aux"] == [2, 15, 27]
+
+
+def test_cli_writes_the_manifest_and_refuses_bad_options(tmp_path):
+    sample_file(tmp_path / "s.parquet", IDS[:1])
     out = tmp_path / "out"
     args = ["hidden-states", str(tmp_path / "s.parquet"), "--model", MODEL, "-o", str(out)]
     r = run(*args, "--json", "-")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["captured"] == 2
-    (out / "hidden_states" / "hs_1.safetensors").unlink()
-    r = run(*args, "--json", "-")
     doc = json.loads(r.stdout)
-    assert (doc["captured"], doc["resumed"]) == (1, 1)
-    assert json.loads((out / MANIFEST).read_text())["layers"]["aux"] == [2, 15, 27]
+    assert doc == json.loads((out / MANIFEST).read_text())
+    assert doc["captured"] == 1 and doc["dtype"] == "bf16"
     for bad, says in (
         (["--layers", "2,40"], "aux layers must be distinct numbers in 1..29"),
         (["--for", "specforge", "--dtype", "fp8"], "SpecForge reads bf16 or fp32"),
@@ -227,7 +243,7 @@ def test_cli_resumes_per_sample_and_refuses_bad_options(tmp_path):
     ):
         r = run(*args, *bad)
         assert r.returncode != 0 and says in r.stderr, r.stderr
-        assert "Traceback" not in r.stderr
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_ray_on_a_local_cluster_writes_the_same_files(captured, tmp_path):
