@@ -54,19 +54,21 @@ def lm():
 
 @pytest.fixture(scope="module")
 def reference(lm):
-    """Per sample, alone and unbatched: transformers' hidden_states (post-norm last, as it returns
-    them) and, with tie_last_hidden_states off, the last layer before the final norm."""
+    """Per sample, alone and unbatched, from transformers: hidden_states with
+    tie_last_hidden_states off (so hidden_states[L] is the last layer before the final norm), and
+    the model's own final norm over it for the post-norm layer (what transformers returns as
+    hidden_states[L] by default)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(lm.folder, dtype=torch.float32).eval()
     out = {}
     for k in IDS:
         x = torch.tensor([RAW[k]["prompt_ids"] + RAW[k]["output_ids"]])
+        model.config.tie_last_hidden_states = False
         with torch.inference_mode():
-            hs = model(x, output_hidden_states=True).hidden_states
-            model.config.tie_last_hidden_states = False
-            pre = model(x, output_hidden_states=True).hidden_states[-1]
-            model.config.tie_last_hidden_states = True
+            hs = list(model(x, output_hidden_states=True).hidden_states)
+            pre = hs[-1]
+            hs[-1] = model.model.norm(pre)
         out[k] = ([h[0] for h in hs], pre[0])
     return out
 
@@ -227,15 +229,9 @@ def test_a_rerun_captures_only_what_is_missing_or_changed(lm, tmp_path):
     assert json.loads((out / MANIFEST).read_text())["layers"]["aux"] == [2, 15, 27]
 
 
-def test_cli_writes_the_manifest_and_refuses_bad_options(tmp_path):
+def test_cli_refuses_bad_options_in_one_line(tmp_path):
     sample_file(tmp_path / "s.parquet", IDS[:1])
-    out = tmp_path / "out"
-    args = ["hidden-states", str(tmp_path / "s.parquet"), "--model", MODEL, "-o", str(out)]
-    r = run(*args, "--json", "-")
-    assert r.returncode == 0, r.stderr
-    doc = json.loads(r.stdout)
-    assert doc == json.loads((out / MANIFEST).read_text())
-    assert doc["captured"] == 1 and doc["dtype"] == "bf16"
+    args = ["hidden-states", str(tmp_path / "s.parquet"), "--model", MODEL, "-o", str(tmp_path)]
     for bad, says in (
         (["--layers", "2,40"], "aux layers must be distinct numbers in 1..29"),
         (["--for", "specforge", "--dtype", "fp8"], "SpecForge reads bf16 or fp32"),
@@ -244,6 +240,8 @@ def test_cli_writes_the_manifest_and_refuses_bad_options(tmp_path):
         r = run(*args, *bad)
         assert r.returncode != 0 and says in r.stderr, r.stderr
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run("hidden-states", str(tmp_path / "nothing"), "--model", MODEL)
+    assert r.returncode != 0 and "no such run folder or sample file" in r.stderr
 
 
 def test_ray_on_a_local_cluster_writes_the_same_files(captured, tmp_path):
@@ -272,7 +270,9 @@ def test_ray_on_a_local_cluster_writes_the_same_files(captured, tmp_path):
     )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
+    assert doc == json.loads((tmp_path / "ray" / MANIFEST).read_text())
     assert doc["captured"] == len(IDS) and doc["ray"]["actors"] == 2
+    assert doc["layers"]["aux"] == [2, 15, 27] and doc["verify"]["flagged_samples"] == 0
     names = sorted(p.name for p in (one / "hidden_states").iterdir())
     assert sorted(p.name for p in (tmp_path / "ray" / "hidden_states").iterdir()) == names
     assert names == sorted(f"hs_{i}.safetensors" for i in range(len(IDS)))

@@ -48,6 +48,9 @@ TokenizerOpt = Annotated[
         help="HF folder, tokenizer.json, tiktoken file, GGUF, or pkg:MODULE/path inside a package",
     ),
 ]
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="the target model: folder, GGUF or pkg:MODULE")
+]
 DeviceOpt = Annotated[
     str,
     typer.Option(

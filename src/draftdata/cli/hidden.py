@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import InputError
-from .app import DeviceOpt, app, err, example, out, say
+from .app import DeviceOpt, ModelOpt, app, err, example, out, say
 from .model import ThresholdOpt
 
 
@@ -47,9 +47,7 @@ def hidden_states(
             metavar="RUN|SHARDS",
         ),
     ],
-    model: Annotated[
-        str, typer.Option("--model", "-m", help="the target model: folder, GGUF or pkg:MODULE")
-    ],
+    model: ModelOpt,
     output: Annotated[
         Path | None,
         typer.Option("-o", "--output", help="where to write (default RUN/hidden-states-LAYOUT)"),

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from ..errors import InputError
-from .app import DeviceOpt, Ticker, app, command_line, err, example, out, say
+from .app import DeviceOpt, ModelOpt, Ticker, app, command_line, err, example, out, say
 
 ThresholdOpt = Annotated[
     float,
@@ -39,9 +39,7 @@ def score(
             metavar="RUN|SHARDS",
         ),
     ],
-    model: Annotated[
-        str, typer.Option("--model", "-m", help="the target model: folder, GGUF or pkg:MODULE")
-    ],
+    model: ModelOpt,
     device: DeviceOpt = "cpu",
     threshold: ThresholdOpt = -12.0,
     repair: Annotated[

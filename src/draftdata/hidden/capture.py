@@ -17,6 +17,7 @@ from typing import Any
 
 from ..model.folders import ModelError
 from ..model.load import LoadedModel
+from ..model.score import length_batches, right_padded
 from .layers import Layers
 
 __all__ = ["Captured", "Capturer"]
@@ -83,29 +84,11 @@ class Capturer:
             h.remove()
         self._hooks = []
 
-    def batches(self, lengths: Sequence[int]) -> Iterator[list[int]]:
-        """Indices, longest first, grouped so a batch holds at most ``batch_tokens`` (padded)."""
-        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-        batch: list[int] = []
-        for i in order:
-            width = lengths[batch[0]] if batch else lengths[i]
-            if batch and (len(batch) + 1) * width > self.batch_tokens:
-                yield batch
-                batch = []
-            batch.append(i)
-        if batch:
-            yield batch
-
     def capture(self, seqs: Sequence[Sequence[int]]) -> Iterator[tuple[int, Captured]]:
         """``(i, Captured)`` for every sequence, batch by batch (not in input order)."""
         torch = self.lm.torch
-        for batch in self.batches([len(s) for s in seqs]):
-            width = len(seqs[batch[0]])
-            ids = torch.full((len(batch), width), self.lm.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, i in enumerate(batch):
-                ids[row, : len(seqs[i])] = torch.tensor(list(seqs[i]), dtype=torch.long)
-                mask[row, : len(seqs[i])] = 1
+        for batch in length_batches([len(s) for s in seqs], self.batch_tokens):
+            ids, mask = right_padded(self.lm, [seqs[i] for i in batch])
             self._out.clear()
             dev = self.lm.device
             done: list[tuple[int, Captured]] = []

@@ -20,10 +20,37 @@ from typing import Any
 from .folders import ModelError
 from .load import LoadedModel, load_causal_lm
 
-__all__ = ["Scorer", "Session", "load_scorer"]
+__all__ = ["Scorer", "Session", "length_batches", "load_scorer", "right_padded"]
 
 #: logits held at once by one batch (batch x length x vocabulary floats): about 1 GiB in float32
 MAX_LOGITS = 1 << 28
+
+
+def length_batches(lengths: Sequence[int], max_tokens: int) -> Iterator[list[int]]:
+    """Indices, longest first, grouped so a batch holds at most ``max_tokens`` once padded to
+    its longest (a sequence longer than that is a batch of its own)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batch: list[int] = []
+    for i in order:
+        width = lengths[batch[0]] if batch else lengths[i]
+        if batch and (len(batch) + 1) * width > max_tokens:
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
+def right_padded(lm: LoadedModel, seqs: Sequence[Sequence[int]]) -> tuple[Any, Any]:
+    """``(ids, attention_mask)`` long tensors [len(seqs), longest], padded on the right."""
+    torch = lm.torch
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), lm.pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, s in enumerate(seqs):
+        ids[row, : len(s)] = torch.tensor(list(s), dtype=torch.long)
+        mask[row, : len(s)] = 1
+    return ids, mask
 
 
 def load_scorer(spec: str, *, device: str = "cpu", dtype: str | None = None) -> Scorer:
@@ -56,16 +83,7 @@ class Scorer:
 
     def batches(self, lengths: Sequence[int]) -> Iterator[list[int]]:
         """Indices grouped by length (longest first) so no batch holds more than ``max_logits``."""
-        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-        batch: list[int] = []
-        for i in order:
-            width = lengths[batch[0]] if batch else lengths[i]
-            if batch and (len(batch) + 1) * width * self.lm.vocab_size > self.max_logits:
-                yield batch
-                batch = []
-            batch.append(i)
-        if batch:
-            yield batch
+        return length_batches(lengths, self.max_logits // self.lm.vocab_size)
 
     def logprobs(self, seqs: Sequence[Sequence[int]]) -> list[list[float]]:
         """``out[i][j-1] = log p(seqs[i][j] | seqs[i][:j])`` for ``j`` in ``1..len-1``."""
@@ -74,12 +92,7 @@ class Scorer:
         out: list[list[float]] = [[] for _ in seqs]
         torch = self.lm.torch
         for batch in self.batches([len(s) for s in seqs]):
-            width = len(seqs[batch[0]])
-            ids = torch.full((len(batch), width), self.lm.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, i in enumerate(batch):
-                ids[row, : len(seqs[i])] = torch.tensor(list(seqs[i]), dtype=torch.long)
-                mask[row, : len(seqs[i])] = 1
+            ids, mask = right_padded(self.lm, [seqs[i] for i in batch])
             with torch.inference_mode():
                 logits = self.lm.model(
                     input_ids=ids.to(self.lm.device), attention_mask=mask.to(self.lm.device)
