@@ -4,10 +4,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 # every install is logged to .venv/pip.log: `grep -i "building wheel" .venv/pip.log` shows that
 # nothing is compiled
-# --no-compile: no .pyc for every file of torch, transformers and ray at install (Python compiles
-# what is imported, once, on first use): the install is about a minute shorter
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q --log $(VENV)/pip.log
-INSTALL := $(PIP) install --no-compile
+INSTALL := $(PIP) install
 SHARED ?= ../shared
 
 .PHONY: install demo demo-run test test-run lint fmt clean
