@@ -49,7 +49,7 @@ name = "mtbench"
 source = "{PROMPTS / "mt_bench_question.jsonl"}"
 reader = "mtbench"
 backend = "serve"
-limit = 8
+limit = 4
 turns = "first"
 sampling = {{ temperature = 0.0, max_tokens = 24 }}
 """)
@@ -62,8 +62,8 @@ sampling = {{ temperature = 0.0, max_tokens = 24 }}
         proc.terminate()
         proc.wait(timeout=30)
     d = st["datasets"]["mtbench"]
-    assert (d["total"], d["done"], d["failed"], d["pending"], d["duplicates"]) == (8, 8, 0, 0, 0)
-    assert d["samples"] == 8
+    assert (d["total"], d["done"], d["failed"], d["pending"], d["duplicates"]) == (4, 4, 0, 0, 0)
+    assert d["samples"] == 4
     # the capability probe asked for token ids once; transformers serve refuses the field (422)
     assert d["errors"] == {"capability_probe_refused": 1}
     tok = load_tokenizer(TOKENIZERS / "smollm2")
@@ -78,7 +78,7 @@ sampling = {{ temperature = 0.0, max_tokens = 24 }}
         " s.finish_reason FROM responses r JOIN samples s USING (dataset, prompt_id, sample_idx,"
         " turn) JOIN prompts p USING (dataset, prompt_id)"
     ).fetchall()
-    assert len(rows) == 8
+    assert len(rows) == 4
     prefix_of_truth = 0
     for msgs, resp, ids, plen, source, finish in rows:
         ids = json.loads(ids)
@@ -91,4 +91,4 @@ sampling = {{ temperature = 0.0, max_tokens = 24 }}
         if truth is not None:
             assert ids[:plen] == truth["prompt_ids"]  # our prompt is what the engine saw
             prefix_of_truth += truth["api_view"]["content"].startswith(content)
-    assert prefix_of_truth >= 4  # greedy serve reproduces the ground-truth engine's text
+    assert prefix_of_truth >= 2  # greedy serve reproduces the ground-truth engine's text

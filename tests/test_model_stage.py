@@ -7,6 +7,7 @@ A handful of records only: the full-file figure is measured by the README's comm
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 from collections import Counter
@@ -54,11 +55,16 @@ def bound():
     return get_format("chatml").bind(load_tokenizer(str(TOKENIZERS / "smollm2")))
 
 
-def plain_forward_logprobs(folder: Path, ids: list[int]) -> list[float]:
-    """log p(ids[j] | ids[:j]) from transformers alone: one unbatched forward, float32."""
+@functools.cache
+def _plain_model(folder: Path):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def plain_forward_logprobs(folder: Path, ids: list[int]) -> list[float]:
+    """log p(ids[j] | ids[:j]) from transformers alone: one unbatched forward, float32."""
+    model = _plain_model(folder)
     with torch.inference_mode():
         logits = model(torch.tensor([ids])).logits[0].float()
     lp = torch.log_softmax(logits[:-1], dim=-1)
