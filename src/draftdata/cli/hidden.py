@@ -24,7 +24,10 @@ def _control_ids(target: Path, tokenizer: str | None, model_folder: Path) -> fro
     if spec is None and (target / "ledger.sqlite").is_file():
         from ..manifest import manifest_of_run
 
-        spec = manifest_of_run(target).target.tokenizer
+        m = manifest_of_run(target)
+        spec = m.target.tokenizer
+        if not spec.startswith("pkg:"):
+            spec = str(m.resolve(spec))  # relative to the manifest the run was made with
     if spec is None and (model_folder / "tokenizer.json").is_file():
         spec = str(model_folder)
     return load_tokenizer(spec).control_ids if spec else frozenset()
