@@ -150,3 +150,14 @@ class Ticker:
                 f"{rate:.1f}/s, about {left:.0f} s left",
                 highlight=False,
             )
+
+
+def emit_json(doc: Any, dest: Any) -> bool:
+    """Write ``doc`` as JSON to the path ``dest`` or, for ``-``, to stdout; True when it went to
+    stdout (the caller prints nothing else)."""
+    text = json.dumps(doc, indent=2, ensure_ascii=False)
+    if str(dest) == "-":
+        sys.stdout.write(text + "\n")
+        return True
+    Path(dest).write_text(text + "\n", encoding="utf-8")
+    return False

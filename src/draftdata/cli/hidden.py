@@ -3,15 +3,13 @@ offline layout, on one device or data-parallel on Ray."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from ..errors import InputError
-from .app import DeviceOpt, ModelOpt, app, err, example, out, say
+from .app import DeviceOpt, ModelOpt, app, emit_json, err, example, out, say
 from .model import ThresholdOpt
 
 
@@ -126,12 +124,8 @@ def hidden_states(
         doc = _capture_here(
             target, files, dest, model, layers, layout, dtype, device, threshold, tokenizer
         )
-    if json_out is not None:
-        text = json.dumps(doc, indent=2, ensure_ascii=False)
-        if str(json_out) == "-":
-            sys.stdout.write(text + "\n")
-            return
-        json_out.write_text(text + "\n", encoding="utf-8")
+    if json_out is not None and emit_json(doc, json_out):
+        return
     _print(doc, dest)
 
 

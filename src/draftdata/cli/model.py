@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,7 +9,7 @@ import typer
 from rich.table import Table
 
 from ..errors import InputError
-from .app import DeviceOpt, ModelOpt, Ticker, app, command_line, err, example, out, say
+from .app import DeviceOpt, ModelOpt, Ticker, app, command_line, emit_json, err, example, out, say
 
 ThresholdOpt = Annotated[
     float,
@@ -97,12 +95,8 @@ def score(
             target, load, tokenizer or "", threshold, repair, output, temperature, top_p
         )
     doc.update({"model": model, "device": device})
-    if json_out is not None:
-        text = json.dumps(doc, indent=2, ensure_ascii=False)
-        if str(json_out) == "-":
-            sys.stdout.write(text + "\n")
-            return
-        json_out.write_text(text + "\n", encoding="utf-8")
+    if json_out is not None and emit_json(doc, json_out):
+        return
     _print_scores(doc)
 
 

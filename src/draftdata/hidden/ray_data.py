@@ -26,7 +26,7 @@ from ..errors import InputError
 from ..model.flags import ScoreReport
 from ..records import Flag, SampleScore
 from .layers import n_layers_in, parse_layers
-from .layouts import Item, Shards
+from .layouts import Item
 from .run import CHUNK, Pass, iter_items, manifest
 
 __all__ = ["capture_ray"]
@@ -92,9 +92,7 @@ class CaptureActor:
         enc = self.p.layout.enc
         err0, ref0 = enc.err_sq, enc.ref_sq
         scores = self.p.chunk(items)
-        if isinstance(self.p.layout, Shards):
-            self.p._submit(self.p.layout.take())  # this actor's shard for this batch
-        self.p.drain()  # every file of the batch is written before the batch counts as done
+        self.p.flush()  # every file of the batch (an actor's shard too) before it counts as done
         after = self.p.counts()
         delta = {k: after[k] - before[k] for k in after}
         return {

@@ -176,16 +176,17 @@ class Pass:
             self.written += self._pending.popleft().result()
         self._pending.append(self._pool.submit(job))
 
-    def drain(self) -> None:
+    def flush(self) -> None:
+        """Every file so far written: the pending shard of draftdata's layout too."""
+        take = getattr(self.layout, "take", None)
+        if take is not None:
+            self._submit(take())
         while self._pending:
             self.written += self._pending.popleft().result()
 
     def close(self) -> dict[str, Any]:
         try:
-            take = getattr(self.layout, "take", None)
-            if take is not None:  # the last shard of draftdata's layout
-                self._submit(take())
-            self.drain()
+            self.flush()
         finally:
             self._pool.shutdown(wait=True)
             self.cap.close()
