@@ -126,7 +126,7 @@ def command_line() -> list[str]:
 class Ticker:
     """A progress line on stderr for long loops: every ``every`` seconds, and once at the end."""
 
-    def __init__(self, what: str, total: int, every: float = 15.0) -> None:
+    def __init__(self, what: str, total: int | None, every: float = 15.0) -> None:
         import time
 
         self.what, self.total, self.every = what, total, every
@@ -144,6 +144,9 @@ class Ticker:
         if now - self._last >= self.every or self.done == self.total:
             self._last = now
             rate = self.done / max(now - self.start, 1e-9)
+            if self.total is None:  # a stream: how far, how fast
+                err.print(f"{self.what}: {self.done} records, {rate:.1f}/s", highlight=False)
+                return
             left = (self.total - self.done) / rate if rate else 0
             err.print(
                 f"{self.what}: {self.done}/{self.total} records, {self.exact} exact so far, "

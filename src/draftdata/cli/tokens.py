@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,7 +12,7 @@ import typer
 from rich.markup import escape as esc
 from rich.table import Table
 
-from ..errors import InputError
+from ..errors import DraftdataError, InputError
 from ..records import GroundTruth
 from .app import DeviceOpt, FormatOpt, Ticker, TokenizerOpt, app, err, example, out, read_jsonl, say
 from .show import print_validation
@@ -114,60 +115,58 @@ def reconstruct(
     chat_template: Annotated[Path | None, typer.Option(help="override the chat template")] = None,
 ) -> None:
     """Turn API text back into the model's exact token ids (input_ids + loss_mask)."""
-    from rich.progress import track
-
-    from ..errors import ReconstructError
-    from ..export.shards import write_samples
-    from ..records.wire import view_from_record
+    from ..export.shards import SampleFile
+    from ..tokens.reconstruct import reconstruct_many
 
     bound = _bound(tokenizer, format, chat_template)
     text_ids = _applier(prefs, bound)
     skipped: dict[str, int] = {}
-    records = list(read_jsonl(input, skipped))
-    samples = []
     drops: dict[str, int] = {}
-    for i, rec in enumerate(
-        track(records, description="reconstructing", console=err, disable=not sys.stderr.isatty())
-    ):
-        try:
-            view = view_from_record(rec)
-            if view is None:
-                raise ReconstructError("record has neither api_view nor choices", "no_response")
-            if not isinstance(rec.get("messages"), list):
-                raise ReconstructError("record has no messages list", "no_messages")
-            samples.append(_reconstruct_one(bound, rec, view, i, thinking, text_ids))
-        except ReconstructError as e:
-            drops[e.reason] = drops.get(e.reason, 0) + 1
-        except InputError as e:
-            drops[f"bad_record:{e}"] = drops.get(f"bad_record:{e}", 0) + 1
-    write_samples(samples, output)
     by_source: dict[str, int] = {}
-    for s in samples:
-        by_source[s.token_source] = by_source.get(s.token_source, 0) + 1
+    ticker = Ticker("reconstructing", None)
+    items = _items(read_jsonl(input, skipped), drops)
+    with SampleFile(output) as f:
+        for got in reconstruct_many(bound, items, thinking=thinking, text_ids=text_ids):
+            ticker.tick()
+            if isinstance(got, DraftdataError):
+                reason = getattr(got, "reason", None) or f"bad_record:{got}"
+                drops[reason] = drops.get(reason, 0) + 1
+                continue
+            f.add(got)
+            by_source[got.token_source] = by_source.get(got.token_source, 0) + 1
     out.print(
-        f"wrote {len(samples)} samples to {output} ({', '.join(f'{k}: {v}' for k, v in by_source.items()) or 'none'})"
+        f"wrote {f.count} samples to {output} ({', '.join(f'{k}: {v}' for k, v in by_source.items()) or 'none'})"
     )
     if drops:
         err.print("[yellow]dropped: " + ", ".join(f"{k}: {v}" for k, v in drops.items()) + "[/]")
     _print_skipped(skipped)
 
 
-def _reconstruct_one(
-    bound: Any, rec: dict[str, Any], view: Any, i: int, thinking: bool | None, text_ids: Any
-) -> Any:
-    from ..records.wire import messages_of
-    from ..tokens.reconstruct import reconstruct as run
+def _items(records: Iterator[dict[str, Any]], drops: dict[str, int]) -> Iterator[Any]:
+    """The answers of an input file as reconstruct items, in file order; a record that is not an
+    answer is counted in ``drops`` by its reason."""
+    from ..errors import ReconstructError
+    from ..records.wire import messages_of, view_from_record
+    from ..tokens.reconstruct import Item
 
-    return run(
-        bound,
-        messages_of(rec["messages"]),
-        view,
-        tools=rec.get("tools") or (),
-        record_id=str(rec.get("id", i)),
-        dataset=str(rec.get("source") or rec.get("dataset") or ""),
-        thinking=thinking,
-        text_ids=text_ids,
-    )
+    for i, rec in enumerate(records):
+        try:
+            view = view_from_record(rec)
+            if view is None:
+                raise ReconstructError("record has neither api_view nor choices", "no_response")
+            if not isinstance(rec.get("messages"), list):
+                raise ReconstructError("record has no messages list", "no_messages")
+            yield Item(
+                messages_of(rec["messages"]),
+                view,
+                tools=rec.get("tools") or (),
+                record_id=str(rec.get("id", i)),
+                dataset=str(rec.get("source") or rec.get("dataset") or ""),
+            )
+        except ReconstructError as e:
+            drops[e.reason] = drops.get(e.reason, 0) + 1
+        except InputError as e:
+            drops[f"bad_record:{e}"] = drops.get(f"bad_record:{e}", 0) + 1
 
 
 @app.command(

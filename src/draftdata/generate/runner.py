@@ -422,21 +422,20 @@ class Runner:
             return Tokenized({}, {})  # every answer has its sample or drop: nothing to walk
         stage = self.tokens
         done = self.ledger.tokenized(d.name) if only_missing else set()
+        answers = (
+            (a.key, a.prompt, a.messages, a.stored, a.view)
+            for a in self.conversations(d)
+            if a.key not in done
+        )
         with self.ledger.tx():
-            for a in self.conversations(d):
-                key = a.key
-                if key in done:
-                    continue
-                try:
-                    sample = stage.sample(key, a.prompt, a.messages, a.stored, a.view)
-                except ReconstructError as e:
-                    drops[e.reason] += 1
-                    self.ledger.put_drop(key, "tokens", e.reason)
-                    continue
-                except DraftdataError as e:
-                    drops[type(e).__name__] += 1
-                    self.ledger.put_drop(key, "tokens", type(e).__name__)
-                    continue
-                counts[sample.token_source] += 1
-                self.ledger.put_sample(key, sample)
+            for key, got in stage.samples(answers):
+                if isinstance(got, ReconstructError):
+                    drops[got.reason] += 1
+                    self.ledger.put_drop(key, "tokens", got.reason)
+                elif isinstance(got, DraftdataError):
+                    drops[type(got).__name__] += 1
+                    self.ledger.put_drop(key, "tokens", type(got).__name__)
+                else:
+                    counts[got.token_source] += 1
+                    self.ledger.put_sample(key, got)
         return Tokenized(dict(counts), dict(drops))

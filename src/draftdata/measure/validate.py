@@ -4,17 +4,18 @@ diverges. This is the gate that protects paid API runs."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from difflib import SequenceMatcher
+from itertools import islice
 from typing import Any, Literal
 
 from .. import __version__
 from ..errors import DraftdataError, ReconstructError
 from ..formats import BoundFormat, derive_view
-from ..records import Decoding, GroundTruth, Mismatch, Sample, ValidationResult
+from ..records import ApiView, Decoding, GroundTruth, Mismatch, Sample, ValidationResult
 from ..tokens.prefs import Pair
-from ..tokens.reconstruct import encode_response, reconstruct, response_segments
+from ..tokens.reconstruct import WINDOW, Item, encode_response, reconstruct_many, response_segments
 
 CATEGORIES = (
     "end_of_turn",
@@ -304,6 +305,32 @@ def _measure(
     )
 
 
+def _reconstructed(
+    bound: BoundFormat,
+    records: Iterable[GroundTruth],
+    thinking: bool | None,
+    text_ids: Callable[[str, list[int]], list[int]] | None,
+) -> Iterator[tuple[GroundTruth, Sample | DraftdataError]]:
+    """Each record with its reconstruction from its text (or the error that stopped it), a
+    window of records encoded in one batched call."""
+    it = iter(records)
+    while chunk := list(islice(it, WINDOW)):
+        views: list[ApiView | DraftdataError] = []
+        for gt in chunk:
+            try:
+                views.append(gt.view or derive_view(bound, gt.output_ids, gt.finish_reason))
+            except DraftdataError as e:
+                views.append(e)
+        items = [
+            Item(gt.messages, v, gt.tools, gt.id)
+            for gt, v in zip(chunk, views, strict=True)
+            if not isinstance(v, DraftdataError)
+        ]
+        made = iter(reconstruct_many(bound, items, thinking=thinking, text_ids=text_ids))
+        for gt, v in zip(chunk, views, strict=True):
+            yield gt, v if isinstance(v, DraftdataError) else next(made)
+
+
 def validate(
     bound: BoundFormat,
     records: Iterable[GroundTruth],
@@ -320,23 +347,12 @@ def validate(
     rep = ValidationReport()
     if repairer is not None:
         rep.repair = RepairTally()
-    for gt in records:
-        try:
-            view = gt.view or derive_view(bound, gt.output_ids, gt.finish_reason)
-            sample = reconstruct(
-                bound,
-                gt.messages,
-                view,
-                tools=gt.tools,
-                record_id=gt.id,
-                thinking=thinking,
-                text_ids=text_ids,
-            )
-        except ReconstructError as e:
-            rep.drops[e.reason] += 1
+    for gt, sample in _reconstructed(bound, records, thinking, text_ids):
+        if isinstance(sample, ReconstructError):
+            rep.drops[sample.reason] += 1
             continue
-        except DraftdataError as e:
-            rep.drops[type(e).__name__] += 1
+        if isinstance(sample, DraftdataError):
+            rep.drops[type(sample).__name__] += 1
             continue
         for w in sample.warnings:
             rep.warnings[w] += 1

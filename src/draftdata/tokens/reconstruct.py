@@ -8,12 +8,14 @@ carries logprobs with token bytes or ids, those give the ids directly (``token_s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from .. import __version__
-from ..errors import ReconstructError
-from ..formats import BoundFormat, Segment, Text, merge_text
+from ..errors import DraftdataError, ReconstructError
+from ..formats import BoundFormat, Segment, Special, Text, merge_text
 from ..records import FINISHED, ApiView, Message, Provenance, Sample, TokenSource
 from .logprobs import ids_from_logprobs
 
@@ -108,15 +110,117 @@ OPEN_END_PROBE = "a"
 def open_ended_ids(tok: Any, text: str, probe: str = OPEN_END_PROBE) -> list[int]:
     """Encode ``text`` as the prefix of ``text + probe``: the ids whose bytes end exactly where
     the text ends. Falls back to the plain encoding when the probe merges into the last token."""
-    ids = tok.encode(text + probe)
+    return _cut_probe(tok, text, tok.encode(text + probe), probe)
+
+
+def _cut_probe(tok: Any, text: str, ids: Sequence[int], probe: str = OPEN_END_PROBE) -> list[int]:
+    """``ids`` (the encoding of ``text + probe``) without the probe's tokens; the plain encoding
+    of ``text`` where the probe merged into the text's last token."""
+    cut = _without_probe(tok, ids, probe)
+    return list(tok.encode(text)) if cut is None else cut
+
+
+def _without_probe(tok: Any, ids: Sequence[int], probe: str = OPEN_END_PROBE) -> list[int] | None:
     extra = len(probe.encode())  # walk back from the end over the probe's bytes only
     k = len(ids)
     while extra > 0 and k > 0:
         k -= 1
         extra -= len(tok.token_bytes(ids[k]))
-    if extra == 0:
-        return list(ids[:k])
-    return list(tok.encode(text))
+    return list(ids[:k]) if extra == 0 else None
+
+
+class PieceEncoder:
+    """Text pieces of many records encoded in one batched call: each distinct piece once (the
+    template's constant pieces recur in every record), a truncated answer's last piece encoded
+    once, open-ended (``text + probe``, the probe cut off)."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tok = tok
+        self._index: dict[tuple[str, bool], int] = {}
+        self._todo: list[tuple[str, bool]] = []
+        self._ids: list[list[int] | DraftdataError] = []
+
+    def add(self, text: str, open_end: bool = False) -> int:
+        key = (text, open_end)
+        j = self._index.get(key)
+        if j is None:
+            j = self._index[key] = len(self._todo)
+            self._todo.append(key)
+        return j
+
+    def run(self) -> None:
+        """Encode every piece added since the last run: one batched call, and a second for the
+        open-ended pieces whose probe merged into their last token (those take the plain
+        encoding)."""
+        todo = self._todo[len(self._ids) :]
+        got = self._encode([t + OPEN_END_PROBE if o else t for t, o in todo])
+        merged: list[int] = []
+        for i, ((_, open_end), ids) in enumerate(zip(todo, got, strict=True)):
+            if open_end and not isinstance(ids, DraftdataError):
+                cut = _without_probe(self.tok, ids)
+                if cut is None:
+                    merged.append(i)
+                else:
+                    got[i] = cut
+        for i, ids in zip(merged, self._encode([todo[i][0] for i in merged]), strict=True):
+            got[i] = ids
+        self._ids += got
+
+    def _encode(self, texts: list[str]) -> list[list[int] | DraftdataError]:
+        if not texts:
+            return []
+        try:
+            return list(self.tok.encode_batch(texts))
+        except DraftdataError:  # one piece the tokenizer cannot keep as text: find it
+            out: list[list[int] | DraftdataError] = []
+            for t in texts:
+                try:
+                    out.append(self.tok.encode(t))
+                except DraftdataError as e:
+                    out.append(e)
+            return out
+
+    def ids(self, j: int) -> list[int]:
+        got = self._ids[j]
+        if isinstance(got, DraftdataError):
+            raise got
+        return got
+
+
+def _layout(
+    bound: BoundFormat, segs: Sequence[Segment], enc: PieceEncoder, open_end_last: bool
+) -> list[int | str]:
+    """The merged segments as piece numbers (text) and marker names (control ids)."""
+    merged = merge_text(segs)
+    missing = {s.marker for s in merged if isinstance(s, Special)} - set(bound.ids)
+    if missing:
+        bound.encode(merged)  # raises the MarkerError that names them
+    last = len(merged) - 1 if open_end_last and merged and isinstance(merged[-1], Text) else -1
+    return [
+        enc.add(s.text, i == last) if isinstance(s, Text) else s.marker
+        for i, s in enumerate(merged)
+    ]
+
+
+def _assemble(
+    bound: BoundFormat,
+    layout: Sequence[int | str],
+    enc: PieceEncoder,
+    text_ids: TextIds | None = None,
+    texts: Sequence[str] = (),
+) -> list[int]:
+    out: list[int] = []
+    k = 0
+    for p in layout:
+        if isinstance(p, str):
+            out.append(bound.ids[p])
+            continue
+        ids = enc.ids(p)
+        if text_ids is not None:
+            ids = text_ids(texts[k], ids)
+        k += 1
+        out.extend(ids)
+    return out
 
 
 def encode_response(
@@ -127,20 +231,135 @@ def encode_response(
 ) -> list[int]:
     """Response segments -> ids. A truncated answer's final text is encoded open-ended; learned
     split preferences (``text_ids``) then rewrite each text piece."""
-    merged = merge_text(segs)
-    last = len(merged) - 1 if merged and isinstance(merged[-1], Text) else -1
-    truncated = finish_reason == "length" and last >= 0
-    n_text = sum(isinstance(s, Text) for s in merged)
-    seen = 0
+    enc = PieceEncoder(bound.tokenizer)
+    layout = _layout(bound, segs, enc, finish_reason == "length")
+    enc.run()
+    texts = [s.text for s in merge_text(segs) if isinstance(s, Text)]
+    return _assemble(bound, layout, enc, text_ids, texts)
 
-    def hook(text: str, ids: list[int]) -> list[int]:
-        nonlocal seen
-        seen += 1
-        if truncated and seen == n_text:
-            ids = open_ended_ids(bound.tokenizer, text)
-        return text_ids(text, ids) if text_ids is not None else ids
 
-    return bound.encode(merged, hook)[0]
+@dataclass(frozen=True)
+class Item:
+    """One answer to reconstruct: the conversation it answers and the server's view of it.
+    ``prompt_ids`` skips rendering the prompt (they must be this format's rendering)."""
+
+    messages: Sequence[Message]
+    view: ApiView
+    tools: Sequence[dict[str, Any]] = ()
+    record_id: str = ""
+    dataset: str = ""
+    prompt_ids: Sequence[int] | None = None
+
+
+#: records encoded per batched call: large enough that the tokenizer's batch pays, small enough
+#: that a window's segments and ids stay a few MB
+WINDOW = 512
+
+
+def reconstruct_many(
+    bound: BoundFormat,
+    items: Iterable[Item],
+    *,
+    thinking: bool | None = None,
+    text_ids: TextIds | None = None,
+    use_logprobs: bool = True,
+    prompt_opts: dict[str, Any] | None = None,
+    window: int = WINDOW,
+) -> Iterator[Sample | DraftdataError]:
+    """``reconstruct`` over a stream of answers, in order: each a Sample, or the error that made
+    that one answer unusable (a ReconstructError carries the drop reason). Text is encoded in one
+    batched call per ``window`` records; memory holds one window."""
+    opts = dict(prompt_opts or {})
+    if thinking is not None and bound.format.think is not None:
+        opts["thinking"] = thinking
+    prov = provenance(bound)
+    it = iter(items)
+    while True:
+        chunk = list(islice(it, window))
+        if not chunk:
+            return
+        enc = PieceEncoder(bound.tokenizer)
+        plans: list[_Plan | DraftdataError] = []
+        for item in chunk:
+            try:
+                plans.append(_plan(bound, item, enc, opts, thinking, use_logprobs))
+            except DraftdataError as e:
+                plans.append(e)
+        enc.run()
+        for item, plan in zip(chunk, plans, strict=True):
+            if isinstance(plan, DraftdataError):
+                yield plan
+                continue
+            try:
+                yield plan.sample(bound, item, enc, text_ids, prov)
+            except DraftdataError as e:
+                yield e
+
+
+@dataclass
+class _Plan:
+    prompt: Sequence[int | str] | None
+    response: Sequence[int | str] | None  # None: ``ids`` came from logprobs
+    ids: list[int] | None
+    texts: list[str]
+    source: TokenSource
+    warnings: list[str]
+
+    def sample(
+        self,
+        bound: BoundFormat,
+        item: Item,
+        enc: PieceEncoder,
+        text_ids: TextIds | None,
+        prov: Provenance,
+    ) -> Sample:
+        prompt = (
+            list(item.prompt_ids)
+            if item.prompt_ids is not None
+            else _assemble(bound, self.prompt or (), enc)
+        )
+        if self.response is not None:
+            response = _assemble(bound, self.response, enc, text_ids, self.texts)
+        else:
+            response = self.ids or []
+        return Sample(
+            id=item.record_id,
+            dataset=item.dataset,
+            input_ids=prompt + response,
+            loss_mask=[False] * len(prompt) + [True] * len(response),
+            prompt_len=len(prompt),
+            token_source=self.source,
+            finish_reason=item.view.finish_reason,
+            provenance=prov,
+            warnings=tuple(self.warnings),
+        )
+
+
+def _plan(
+    bound: BoundFormat,
+    item: Item,
+    enc: PieceEncoder,
+    opts: dict[str, Any],
+    thinking: bool | None,
+    use_logprobs: bool,
+) -> _Plan:
+    prompt = None
+    if item.prompt_ids is None:
+        prompt = _layout(
+            bound, bound.format.render_prompt(item.messages, item.tools, **opts), enc, False
+        )
+    view = item.view
+    warnings: list[str] = []
+    if use_logprobs and view.logprobs:
+        ids, reason = ids_from_logprobs(bound, view)
+        if ids is not None:
+            return _Plan(prompt, None, ids, [], "logprobs", warnings)
+        warnings.append(f"logprob_fallback:{reason}")
+    segs, warns = response_segments(bound, view, thinking=thinking)
+    warnings += warns
+    texts = [s.text for s in merge_text(segs) if isinstance(s, Text)]
+    response = _layout(bound, segs, enc, view.finish_reason == "length")
+    return _Plan(prompt, response, None, texts, "reconstructed", warnings)
 
 
 def reconstruct(
@@ -159,33 +378,17 @@ def reconstruct(
 ) -> Sample:
     """Prompt + API answer -> Sample. ``text_ids`` applies learned split preferences to the
     canonical ids of each response text piece; ``prompt_ids`` skips rendering the prompt again
-    (they must be this format's rendering of ``messages``)."""
-    opts = dict(prompt_opts or {})
-    if thinking is not None and bound.format.think is not None:
-        opts["thinking"] = thinking
-    if prompt_ids is None:  # callers that rendered the prompt already pass its ids
-        prompt_ids, _ = bound.encode(bound.format.render_prompt(messages, tools, **opts))
-    warnings: list[str] = []
-    source: TokenSource = "reconstructed"
-    response: list[int] | None = None
-    if use_logprobs and view.logprobs:
-        response, reason = ids_from_logprobs(bound, view)
-        if response is None:
-            warnings.append(f"logprob_fallback:{reason}")
-        else:
-            source = "logprobs"
-    if response is None:
-        segs, warns = response_segments(bound, view, thinking=thinking)
-        warnings += warns
-        response = encode_response(bound, segs, view.finish_reason, text_ids)
-    return Sample(
-        id=record_id,
-        dataset=dataset,
-        input_ids=prompt_ids + response,
-        loss_mask=[False] * len(prompt_ids) + [True] * len(response),
-        prompt_len=len(prompt_ids),
-        token_source=source,
-        finish_reason=view.finish_reason,
-        provenance=provenance(bound),
-        warnings=tuple(warnings),
+    (they must be this format's rendering of ``messages``). Raises the error that makes the
+    answer unusable; ``reconstruct_many`` is the same over many answers, batched."""
+    item = Item(messages, view, tools, record_id, dataset, prompt_ids)
+    (got,) = reconstruct_many(
+        bound,
+        [item],
+        thinking=thinking,
+        text_ids=text_ids,
+        use_logprobs=use_logprobs,
+        prompt_opts=prompt_opts,
     )
+    if isinstance(got, DraftdataError):
+        raise got
+    return got

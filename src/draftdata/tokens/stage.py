@@ -13,14 +13,18 @@ Every id must lie inside the vocabulary; an answer that finished ends with a sto
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from itertools import islice
 from typing import Any
 
-from ..errors import ReconstructError
+from ..errors import DraftdataError, ReconstructError
 from ..formats import BoundFormat
 from ..records import ApiView, Key, Message, Prompt, Sample, StoredResponse
-from .reconstruct import TextIds, provenance, reconstruct
+from .reconstruct import WINDOW, Item, TextIds, provenance, reconstruct_many
+
+#: one stored answer and what it answered: key, prompt, messages, stored response, view
+Answer = tuple[Key, Prompt, Sequence[Message], StoredResponse, ApiView]
 
 #: a warning on samples whose prompt ids (the server's) differ from our rendering
 PROMPT_DRIFT = "prompt_drift"
@@ -63,6 +67,49 @@ class TokensStage:
         view: ApiView,
     ) -> Sample:
         """The sample for one stored answer; a ReconstructError (with its reason) otherwise."""
+        ((_, got),) = self.samples([(key, prompt, messages, stored, view)])
+        if isinstance(got, DraftdataError):
+            raise got
+        return got
+
+    def samples(
+        self, answers: Iterable[Answer], window: int = WINDOW
+    ) -> Iterator[tuple[Key, Sample | DraftdataError]]:
+        """``sample`` over a stream of stored answers, in order, each with its key: the sample,
+        or the error that made the answer unusable. Answers given as text are encoded in one
+        batched call per ``window``."""
+        it = iter(answers)
+        while chunk := list(islice(it, window)):
+            first: list[Sample | Item | DraftdataError] = []
+            for a in chunk:
+                try:
+                    first.append(self._engine_or_item(*a))
+                except DraftdataError as e:
+                    first.append(e)
+            items = [x for x in first if isinstance(x, Item)]
+            made = iter(
+                reconstruct_many(
+                    self.bound,
+                    items,
+                    thinking=self.thinking,
+                    text_ids=self.text_ids,
+                    window=max(len(items), 1),
+                )
+            )
+            for (key, *_), x in zip(chunk, first, strict=True):
+                if isinstance(x, Item):
+                    yield key, self._checked(key, next(made))
+                else:
+                    yield key, x
+
+    def _engine_or_item(
+        self,
+        key: Key,
+        prompt: Prompt,
+        messages: Sequence[Message],
+        stored: StoredResponse,
+        view: ApiView,
+    ) -> Sample | Item:
         if stored.problem is not None:
             kind = stored.problem.split(":", 1)[0]
             raise ReconstructError(f"quarantined: {stored.problem}", f"quarantined:{kind}")
@@ -75,30 +122,16 @@ class TokensStage:
             return self._engine(key, prompt, ours, stored, stored.output_ids)
         if not (view.content or view.reasoning or view.tool_calls):
             raise ReconstructError("the API returned an empty answer", "empty_response")
-        s = reconstruct(
-            self.bound,
-            messages,
-            view,
-            tools=prompt.tools,
-            record_id=key.sample_id,
-            dataset=prompt.dataset,
-            thinking=self.thinking,
-            text_ids=self.text_ids,
-            prompt_ids=ours,
-        )
-        check_ids(self.bound, s.input_ids, "sample")
-        return Sample(
-            id=s.id,
-            key=key,
-            dataset=s.dataset,
-            input_ids=s.input_ids,
-            loss_mask=s.loss_mask,
-            prompt_len=s.prompt_len,
-            token_source=s.token_source,
-            finish_reason=s.finish_reason,
-            provenance=s.provenance,
-            warnings=s.warnings,
-        )
+        return Item(messages, view, prompt.tools, key.sample_id, prompt.dataset, ours)
+
+    def _checked(self, key: Key, s: Sample | DraftdataError) -> Sample | DraftdataError:
+        if isinstance(s, DraftdataError):
+            return s
+        try:
+            check_ids(self.bound, s.input_ids, "sample")
+        except DraftdataError as e:
+            return e
+        return replace(s, key=key)
 
     def _engine(
         self,
