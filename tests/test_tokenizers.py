@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import GROUNDTRUTH, REAL, TOKENIZERS
+from conftest import GROUNDTRUTH, PROMPTS, REAL, TOKENIZERS
 from draftdata.errors import TokenizerError
 from draftdata.tokenizers import load_tokenizer
 
@@ -192,3 +192,22 @@ def test_chat_templates_are_found(load):
     assert (TOKENIZERS / "smollm2" / "chat_template.jinja").read_text() == load(
         "smollm2"
     ).chat_template
+
+
+@pytest.mark.parametrize("key", ["qwen3", "llama3", "deepseek-v3", "smollm2"])
+def test_plain_encoding_is_the_library_tokenizer_without_its_added_vocabulary(load, key):
+    """The plain encoder shares the parsed model instead of parsing the file twice; the
+    reference is the tokenizers library's own tokenizer built from the file with its added
+    tokens removed."""
+    from tokenizers import Tokenizer as Library
+
+    spec = json.loads((TOKENIZERS / key / "tokenizer.json").read_text(encoding="utf-8"))
+    reference = Library.from_str(json.dumps({**spec, "added_tokens": []}))
+    tok = load(key)
+    convs = json.loads((PROMPTS / "sharegpt_v3_first1000.json").read_text())
+    texts = [t["value"] for c in convs[:60] for t in c["conversations"]]
+    texts += [m + " x\n\n " for m in tok.control_by_text] + [
+        "\u00e9\u0301  \t\n\n12345 \u4f60\u597d"
+    ]
+    want = [e.ids for e in reference.encode_batch(texts, add_special_tokens=False)]
+    assert [tok._encode_ordinary(t) for t in texts] == want

@@ -50,6 +50,7 @@ class HFTokenizer(Tokenizer):
         kind: str,
         chat_template: str | None = None,
         config: dict[str, Any] | None = None,
+        text: str | None = None,
     ) -> None:
         self.path = path
         self.sha256 = sha256
@@ -57,10 +58,13 @@ class HFTokenizer(Tokenizer):
         self.chat_template = chat_template
         self.config = config or {}
         try:
-            self._full = HFCore.from_str(json.dumps(spec))
-            plain = dict(spec)
-            plain["added_tokens"] = []  # no added-vocabulary matching: text stays text
-            self._plain = HFCore.from_str(json.dumps(plain))
+            self._full = HFCore.from_str(text if text is not None else json.dumps(spec))
+            # the same model and pipeline without the added vocabulary (no added-token matching:
+            # text stays text), sharing the parsed model instead of parsing the file again
+            self._plain = HFCore(self._full.model)
+            for part in ("normalizer", "pre_tokenizer", "post_processor", "decoder"):
+                if getattr(self._full, part) is not None:
+                    setattr(self._plain, part, getattr(self._full, part))
         except Exception as e:  # the tokenizers library raises plain Exceptions
             raise TokenizerError(
                 f"{path}: not a valid tokenizer.json ({e}); point --tokenizer at the file a "
@@ -72,9 +76,10 @@ class HFTokenizer(Tokenizer):
     # --- constructors --------------------------------------------------------------------
     @classmethod
     def from_file(cls, path: Path, chat_template: str | None = None) -> HFTokenizer:
-        spec = _read_json(path)
+        text, spec = _read_json_text(path)
         return cls(
             spec,
+            text=text,
             path=path,
             sha256=file_sha256(path),
             kind="tokenizer.json",
@@ -84,13 +89,14 @@ class HFTokenizer(Tokenizer):
     @classmethod
     def from_folder(cls, folder: Path, chat_template: str | None = None) -> HFTokenizer:
         tj = folder / "tokenizer.json"
-        spec = _read_json(tj)
+        text, spec = _read_json_text(tj)
         cfg_path = folder / "tokenizer_config.json"
         config = _read_json(cfg_path) if cfg_path.exists() else {}
         if chat_template is None:
             chat_template = _template_from(folder, config)
         return cls(
             spec,
+            text=text,
             path=folder,
             sha256=file_sha256(tj),
             kind="hf-folder",
@@ -176,9 +182,14 @@ class HFTokenizer(Tokenizer):
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    return _read_json_text(path)[1]
+
+
+def _read_json_text(path: Path) -> tuple[str, dict[str, Any]]:
+    """A JSON file's text (the tokenizers library parses it itself) and its object."""
     try:
-        with path.open(encoding="utf-8") as f:
-            data = json.load(f)
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text)
     except FileNotFoundError as e:
         raise TokenizerError(
             f"{path}: no such file; a HF tokenizer folder needs tokenizer.json"
@@ -187,7 +198,7 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise TokenizerError(f"{path}: unreadable JSON ({e}); re-download the file") from e
     if not isinstance(data, dict):
         raise TokenizerError(f"{path}: expected a JSON object at the top level")
-    return data
+    return text, data
 
 
 def _template_from(folder: Path, config: dict[str, Any]) -> str | None:
