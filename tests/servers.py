@@ -104,6 +104,7 @@ base_url = "{base_url}"
 concurrency = 8
 timeout_s = 10
 max_retries = 8
+backoff_s = 0.05
 {extra_backend}
 
 [[datasets]]

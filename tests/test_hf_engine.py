@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
-import subprocess
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -302,41 +300,22 @@ def test_resolve_model_specs(tmp_path: Path) -> None:
 
 
 # --- transformers serve over the converted folder ------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_transformers_serve_answers_like_the_engine(
-    converted: Path, records: dict[str, dict[str, Any]], greedy: list[EngineOutput], im_end: int
+    transformers_serve: tuple[str, Path],
+    records: dict[str, dict[str, Any]],
+    greedy: list[EngineOutput],
+    im_end: int,
 ) -> None:
-    for module in ("fastapi", "uvicorn", "openai"):
-        pytest.importorskip(module)
-    port = free_port()
-    argv = models.serve_command(converted, "127.0.0.1", port, device="cpu")
-    proc = subprocess.Popen(
-        argv, env=models.serve_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    url, served = transformers_serve
+    rec = records[SHORT]
+    body = {"model": str(served), "messages": rec["messages"], "max_tokens": 20, "temperature": 0}
+    request = urllib.request.Request(
+        f"{url}/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
     )
-    try:
-        models.wait_ready(f"http://127.0.0.1:{port}/v1", 900, process=proc)  # dies fast, waits long
-        rec = records[SHORT]
-        body = {
-            "model": str(converted),
-            "messages": rec["messages"],
-            "max_tokens": 20,
-            "temperature": 0,
-        }
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/v1/chat/completions",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=900) as response:
-            answer = json.loads(response.read())
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with urllib.request.urlopen(request, timeout=900) as response:
+        answer = json.loads(response.read())
     ours = greedy[GREEDY_IDS.index(SHORT)]
     text = load_tokenizer(GGUF_SPEC).decode(ours.output_ids[:-1])
     choice = answer["choices"][0]

@@ -139,6 +139,9 @@ def test_retry_policy():
     delays = [backoff(a, rng) for a in range(8)]
     assert all(0.75 * min(0.5 * 2**a, 60) <= d <= min(0.5 * 2**a, 60) for a, d in enumerate(delays))
     assert retry_delay(3, {"retry-after": "1"}, rng) == 1.0
+    # a backend's backoff_s sets the first wait; a server's Retry-After still wins
+    assert all(0.75 * 0.05 * 2**a <= backoff(a, rng, 0.05) <= 0.05 * 2**a for a in range(6))
+    assert retry_delay(3, {"retry-after": "1"}, rng, 0.05) == 1.0
 
 
 def test_on_policy_turns_use_the_models_own_answers():

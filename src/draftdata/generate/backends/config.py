@@ -30,6 +30,8 @@ class OpenAIBackendCfg(_Strict):
     concurrency: int = Field(16, ge=1, le=4096)
     timeout_s: float = Field(120.0, gt=0)
     max_retries: int = Field(6, ge=0, le=100)
+    #: the first retry's wait when the server names none (Retry-After); doubled on each retry
+    backoff_s: float = Field(0.5, ge=0, le=60)
     rpm: float | None = Field(None, gt=0)
     tpm: float | None = Field(None, gt=0)
     price_in_per_mtok: float = Field(0.0, ge=0)

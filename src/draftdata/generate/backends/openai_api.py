@@ -216,7 +216,7 @@ class OpenAIBackend(Backend):
                     + "; nothing more is sent to it"
                 )
             retry = will_retry(reason, status, attempt, self.cfg.max_retries)
-            wait = retry_delay(attempt, headers, self.rng) if retry else 0.0
+            wait = retry_delay(attempt, headers, self.rng, self.cfg.backoff_s) if retry else 0.0
             asked = retry_after(headers, cap=float("inf"))
             on_failure(
                 req,

@@ -66,12 +66,18 @@ def retry_after(
             return None
 
 
-def backoff(attempt: int, rng: random.Random) -> float:
-    """Exponential backoff for attempt 0, 1, 2, ... with up to JITTER of it taken off."""
-    base: float = min(INITIAL_BACKOFF_S * (2.0**attempt), MAX_BACKOFF_S)
+def backoff(attempt: int, rng: random.Random, initial: float = INITIAL_BACKOFF_S) -> float:
+    """Exponential backoff for attempt 0, 1, 2, ... from ``initial`` seconds, with up to JITTER
+    of it taken off."""
+    base: float = min(initial * (2.0**attempt), MAX_BACKOFF_S)
     return base * (1.0 - JITTER * rng.random())
 
 
-def retry_delay(attempt: int, headers: Mapping[str, str] | None, rng: random.Random) -> float:
+def retry_delay(
+    attempt: int,
+    headers: Mapping[str, str] | None,
+    rng: random.Random,
+    initial: float = INITIAL_BACKOFF_S,
+) -> float:
     ra = retry_after(headers)
-    return ra if ra is not None else backoff(attempt, rng)
+    return ra if ra is not None else backoff(attempt, rng, initial)
