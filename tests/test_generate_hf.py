@@ -8,6 +8,7 @@ import sqlite3
 import pytest
 
 from conftest import GROUNDTRUTH, TOKENIZERS
+from draftdata.store import codec
 from test_audit_cli import run
 
 pytest.importorskip("torch")
@@ -51,14 +52,14 @@ def test_hf_backend_generates_exact_ids(tmp_path):
     assert "mt: 3 samples (engine 3)" in r.stdout
     db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
     rows = db.execute(
-        "SELECT p.metadata_json, s.input_ids_json, s.prompt_len, s.token_source "
+        "SELECT p.metadata_json, s.input_ids, s.prompt_len, s.token_source "
         "FROM samples s JOIN prompts p USING (dataset, prompt_id)"
     ).fetchall()
     by_id = {r["id"]: r for r in recs}
     matches = 0
     for meta, ids_json, plen, source in rows:
         truth = by_id[json.loads(meta)["id"]]
-        ids = json.loads(ids_json)
+        ids = list(codec.unpack_ids(ids_json))
         assert source == "engine"
         assert ids[:plen] == truth["prompt_ids"]  # what the model saw is our rendering
         assert len(ids) - plen == 12 or ids[-1] == 2

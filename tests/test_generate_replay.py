@@ -12,6 +12,7 @@ import sys
 import time
 
 from conftest import GROUNDTRUTH, PROMPTS
+from draftdata.store import codec
 from servers import manifest, replay_server, stats
 from test_audit_cli import run
 
@@ -47,9 +48,9 @@ def test_generate_end_to_end_and_status(tmp_path):
     # the samples equal the engine's own ids wherever plain reconstruction is exact
     db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
     got = {
-        pid: json.loads(ids)
+        pid: list(codec.unpack_ids(ids))
         for pid, ids in db.execute(
-            "SELECT p.metadata_json, s.input_ids_json FROM samples s JOIN prompts p USING "
+            "SELECT p.metadata_json, s.input_ids FROM samples s JOIN prompts p USING "
             "(dataset, prompt_id)"
         )
     }
@@ -143,10 +144,11 @@ def test_sigkill_five_times_then_resume_loses_nothing(tmp_path):
     # every stored answer is the server's answer for that prompt, verbatim
     by_id = {r["id"]: r["api_view"]["content"] for r in recs}
     for meta, resp in db.execute(
-        "SELECT p.metadata_json, r.response_json FROM responses r "
-        "JOIN prompts p USING (dataset, prompt_id)"
+        "SELECT p.metadata_json, a.response FROM responses r JOIN attempts a ON a.id = "
+        "r.attempt_id JOIN prompts p USING (dataset, prompt_id)"
     ):
-        assert json.loads(resp)["choices"][0]["message"]["content"] == by_id[json.loads(meta)["id"]]
+        body = json.loads(codec.unpack_text(resp))
+        assert body["choices"][0]["message"]["content"] == by_id[json.loads(meta)["id"]]
 
 
 def test_fault_matrix_every_fault_retried_or_recorded(tmp_path):

@@ -9,6 +9,7 @@ import sqlite3
 import pytest
 
 from conftest import GROUNDTRUTH, PROMPTS, TOKENIZERS
+from draftdata.store import codec
 from test_audit_cli import run
 
 for _mod in ("torch", "fastapi", "uvicorn", "openai"):
@@ -58,15 +59,15 @@ sampling = {{ temperature = 0.0, max_tokens = 24 }}
     }
     db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
     rows = db.execute(
-        "SELECT p.messages_json, r.response_json, s.input_ids_json, s.prompt_len, s.token_source,"
-        " s.finish_reason FROM responses r JOIN samples s USING (dataset, prompt_id, sample_idx,"
-        " turn) JOIN prompts p USING (dataset, prompt_id)"
+        "SELECT p.messages_json, a.response, s.input_ids, s.prompt_len, s.token_source,"
+        " s.finish_reason FROM responses r JOIN attempts a ON a.id = r.attempt_id JOIN samples s"
+        " USING (dataset, prompt_id, sample_idx, turn) JOIN prompts p USING (dataset, prompt_id)"
     ).fetchall()
     assert len(rows) == 4
     prefix_of_truth = 0
     for msgs, resp, ids, plen, source, finish in rows:
-        ids = json.loads(ids)
-        content = json.loads(resp)["choices"][0]["message"]["content"]
+        ids = list(codec.unpack_ids(ids))
+        content = json.loads(codec.unpack_text(resp))["choices"][0]["message"]["content"]
         assert source == "reconstructed"
         answer = ids[plen:]
         assert tok.decode([i for i in answer if i != 2]) == content

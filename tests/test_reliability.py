@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import GROUNDTRUTH
+from draftdata.store import codec
 from servers import manifest, replay_server, stats
 from test_audit_cli import run
 
@@ -176,6 +177,18 @@ def test_credentials_in_base_url_are_redacted_everywhere_stored(tmp_path):
         assert r.returncode == 0, r.stderr
     raw = b"".join(p.read_bytes() for p in (tmp_path / "run").iterdir() if p.is_file())
     assert b"s3cret-pass" not in raw and b"alice" not in raw
+    import sqlite3
+
+    # and not inside the compressed bodies either
+    db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
+    bodies = [
+        codec.unpack_text(b) or ""
+        for row in db.execute("SELECT request, response FROM attempts")
+        for b in row
+    ]
+    db.close()
+    assert len(bodies) >= 8 and all(b for b in bodies)
+    assert not any("s3cret-pass" in b or "alice" in b for b in bodies)
     assert "s3cret-pass" not in r.stdout + r.stderr
 
 
@@ -249,12 +262,15 @@ def _server_cost(run_dir: Path, price_in: float, price_out: float) -> float:
     tok = load_tokenizer(str(TOKENIZERS / "smollm2"))
     db = sqlite3.connect(run_dir / "ledger.sqlite")
     total = 0.0
-    for resp, our_prompt in db.execute("SELECT response_json, our_prompt_ids_json FROM responses"):
-        data = json.loads(resp)
+    for resp, our_prompt in db.execute(
+        "SELECT a.response, r.our_prompt_ids FROM responses r JOIN attempts a ON a.id = "
+        "r.attempt_id"
+    ):
+        data = json.loads(codec.unpack_text(resp))
         usage = data.get("usage") or {}
         msg = data["choices"][0]["message"]
         ct = usage.get("completion_tokens", len(tok.encode(msg.get("content") or "")))
-        pt = usage.get("prompt_tokens", len(json.loads(our_prompt)))
+        pt = usage.get("prompt_tokens", len(codec.unpack_ids(our_prompt)))
         total += (pt * price_in + ct * price_out) / 1e6
     db.close()
     return total
@@ -358,7 +374,7 @@ def test_a_16_mib_answer_is_stored_quarantined_and_memory_stays_flat(tmp_path):
     import sqlite3
 
     db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
-    (longest,) = db.execute("SELECT max(length(response_text)) FROM attempts").fetchone()
+    longest = max(len(codec.unpack_text(b)) for (b,) in db.execute("SELECT response FROM attempts"))
     assert longest > 16 * 1024 * 1024  # the paid-for answer is kept verbatim
 
 

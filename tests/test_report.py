@@ -29,6 +29,7 @@ from draftdata.generate.runner import Runner
 from draftdata.manifest import manifest_of_run
 from draftdata.report import build_report, summary
 from draftdata.report.figures import usd
+from draftdata.store import codec
 from draftdata.tokenizers import load_tokenizer
 from servers import replay_server
 from test_audit_cli import run
@@ -102,10 +103,10 @@ def write_export(run_dir: Path, validation: dict | None, *, shard_rows: int = 25
     rows = []
     for ds, pid, si, turn, src, finish, ids, plen, warns, meta in db.execute(
         "SELECT s.dataset, s.prompt_id, s.sample_idx, s.turn, s.token_source, s.finish_reason, "
-        "s.input_ids_json, s.prompt_len, s.warnings_json, p.metadata_json FROM samples s "
+        "s.input_ids, s.prompt_len, s.warnings_json, p.metadata_json FROM samples s "
         "JOIN prompts p USING (dataset, prompt_id) ORDER BY s.dataset, p.idx"
     ):
-        ids = json.loads(ids)
+        ids = list(codec.unpack_ids(ids))
         rows.append(
             {
                 "id": f"{ds}/{pid}/{si}/{turn}",

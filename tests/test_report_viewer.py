@@ -347,7 +347,7 @@ def test_probe_refusal_is_not_a_failed_attempt(run_dir: Path, tmp_path: Path) ->
     for i, ds in enumerate(("code", "code", "chat")):
         db.execute(
             "INSERT INTO attempts (dataset, prompt_id, sample_idx, turn, backend, ok, reason, "
-            "http_status, started_at, latency_s, request_json, response_text) "
+            "http_status, started_at, latency_s, request, response) "
             "VALUES (?, 'p', 0, 0, 'vllm', 0, ?, 400, ?, 0.01, '{}', ?)",
             (ds, PROBE_REFUSED, t0 + i * 0.01, '{"error": "unknown field return_token_ids"}'),
         )

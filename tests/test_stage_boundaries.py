@@ -197,19 +197,17 @@ def test_a_sample_keeps_the_format_version_it_was_made_under(tmp_path):
     assert doc["format"] == {"name": "house-chatml", "version": "1"}
 
 
-def test_a_schema_2_ledger_is_migrated_and_its_samples_made_again(tmp_path):
-    """A ledger written by draftdata before samples kept their provenance (schema 2, made by
-    `draftdata run` on four SmolLM2 ground-truth answers: two exact-id, two text). Export
-    migrates it, remakes the samples from the stored responses, and stamps what made them."""
+def _old_ledger(tmp_path, name: str):
+    """A ledger file written by an earlier draftdata, copied into a run folder, its stored
+    manifest pointed at this checkout's tokenizer and folders."""
     import shutil
     import sqlite3
 
     from conftest import ROOT
 
-    data = ROOT / "tests" / "data"
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    shutil.copy(data / "ledger-v2.sqlite", run_dir / "ledger.sqlite")
+    shutil.copy(ROOT / "tests" / "data" / name, run_dir / "ledger.sqlite")
     db = sqlite3.connect(run_dir / "ledger.sqlite")
     (raw,) = db.execute("SELECT value FROM meta WHERE key='manifest'").fetchone()
     m = json.loads(raw)
@@ -219,8 +217,21 @@ def test_a_schema_2_ledger_is_migrated_and_its_samples_made_again(tmp_path):
     db.execute(
         "UPDATE meta SET value=? WHERE key='manifest_base_dir'", (json.dumps(str(tmp_path)),)
     )
-    assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
     db.commit()
+    return run_dir, db
+
+
+def test_a_schema_2_ledger_is_migrated_and_its_samples_made_again(tmp_path):
+    """A ledger written by draftdata before samples kept their provenance (schema 2, made by
+    `draftdata run` on four SmolLM2 ground-truth answers: two exact-id, two text). Export
+    migrates it, remakes the samples from the stored responses, and stamps what made them."""
+    import sqlite3
+
+    from conftest import ROOT
+
+    data = ROOT / "tests" / "data"
+    run_dir, db = _old_ledger(tmp_path, "ledger-v2.sqlite")
+    assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
     db.close()
     r = run("export", str(run_dir))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -240,7 +251,7 @@ def test_a_schema_2_ledger_is_migrated_and_its_samples_made_again(tmp_path):
             assert x["input_ids"][: x["prompt_len"]] == truth["prompt_ids"]
     db = sqlite3.connect(run_dir / "ledger.sqlite")
     meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
-    assert (json.loads(meta["schema_version"]), json.loads(meta["migrated_from"])) == (3, 2)
+    assert (json.loads(meta["schema_version"]), json.loads(meta["migrated_from"])) == (4, 2)
     # a ledger from a newer draftdata is refused, naming the fix
     db.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
     db.commit()
@@ -249,3 +260,66 @@ def test_a_schema_2_ledger_is_migrated_and_its_samples_made_again(tmp_path):
     assert r.returncode == 2
     assert "ledger schema 99" in r.stderr and "move" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_schema_3_ledger_is_read_in_place_then_converted(tmp_path):
+    """A ledger written by the previous draftdata (schema 3: ids as JSON text, each response
+    body twice; `draftdata run` on four SmolLM2 ground-truth answers, two with the engine's
+    ids). Read-only commands read it as it is; the next writer converts it, and the export
+    equals the one the previous draftdata wrote from it."""
+    import sqlite3
+
+    from conftest import ROOT
+
+    data = ROOT / "tests" / "data"
+    run_dir, db = _old_ledger(tmp_path, "ledger-v3.sqlite")
+    bodies = dict(db.execute("SELECT id, response_text FROM attempts").fetchall())
+    db.close()
+    from draftdata.store.ledger import Ledger
+    from draftdata.store.stats import status
+
+    led = Ledger.read(run_dir / "ledger.sqlite")  # what status, report and plan open
+    try:
+        doc = status(led).to_json()["datasets"]
+        old_samples = sorted((s.id, s.input_ids, s.loss_mask) for s in led.samples("truth"))
+        old_answers = led.responses("paid")
+    finally:
+        led.close()
+    assert (doc["truth"]["samples"], doc["paid"]["samples"]) == (2, 2)
+    db = sqlite3.connect(run_dir / "ledger.sqlite")
+    assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("3",)
+    db.close()
+    r = run("export", str(run_dir))
+    assert r.returncode == 0, r.stdout + r.stderr
+    cols = ["input_ids", "loss_mask", "prompt_len", "token_source", "finish_reason", "provenance"]
+    before = pq.read_table(data / "ledger-v3.export.parquet").select(cols).to_pylist()
+    after = pq.read_table(sorted((run_dir / "export").glob("shard-*.parquet"))).select(cols)
+    assert sorted(map(json.dumps, after.to_pylist())) == sorted(map(json.dumps, before))
+    db = sqlite3.connect(run_dir / "ledger.sqlite")
+    meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+    assert (json.loads(meta["schema_version"]), json.loads(meta["migrated_from"])) == (4, 3)
+    types = db.execute(
+        "SELECT DISTINCT typeof(input_ids), typeof(loss_mask) FROM samples"
+    ).fetchall()
+    assert types == [("blob", "blob")]
+    from draftdata.store import codec
+
+    # the raw bodies, compressed, give back the exact text the server sent
+    now = dict(db.execute("SELECT id, response FROM attempts").fetchall())
+    assert {k: codec.unpack_text(v) for k, v in now.items()} == bodies
+    db.close()
+    led = Ledger(run_dir / "ledger.sqlite")
+    try:  # what the old columns read as, read-only, is what the converted ones hold
+        assert sorted((s.id, s.input_ids, s.loss_mask) for s in led.samples("truth")) == old_samples
+        assert led.responses("paid") == old_answers
+    finally:
+        led.close()
+    served = {
+        r["id"]: r
+        for r in map(json.loads, (data / "ledger-v3.served.jsonl").read_text().splitlines())
+    }
+    for row in pq.read_table(sorted((run_dir / "export").glob("shard-*.parquet"))).to_pylist():
+        truth = served[json.loads(row["metadata"])["id"]]
+        assert row["input_ids"][: row["prompt_len"]] == truth["prompt_ids"]
+        if row["token_source"] == "engine":
+            assert row["input_ids"][row["prompt_len"] :] == truth["output_ids"]

@@ -107,9 +107,10 @@ class ApiView:
 class Completion:
     """One successful answer from a backend, with everything the ledger stores verbatim:
     the request body and the response as the provider sent them (``request``/``response`` are
-    the wire payloads), and what was parsed out of them."""
+    the wire payloads; ``request`` as the exact JSON text sent where the backend serialized it),
+    and what was parsed out of them."""
 
-    request: dict[str, Any] | None
+    request: dict[str, Any] | str | None
     response: dict[str, Any]
     response_text: str
     finish_reason: str
@@ -126,6 +127,8 @@ class Completion:
     latency_s: float = 0.0
     #: why a paid-for answer cannot be used (stored, then quarantined by the tokens stage)
     problem: str | None = None
+    #: ``response`` is ``response_text`` parsed as it is (the ledger then keeps the text only)
+    response_is_body: bool = False
 
 
 @dataclass(frozen=True)
@@ -134,7 +137,7 @@ class FailedAttempt:
 
     reason: str
     http_status: int | None
-    request: dict[str, Any] | None
+    request: dict[str, Any] | str | None
     response_text: str | None
     started_at: float
     latency_s: float

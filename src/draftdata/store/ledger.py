@@ -6,9 +6,12 @@ usage and cost, and the samples made from the responses with their provenance. A
 work state are written in one transaction, so a SIGKILL at any moment loses nothing that was
 acknowledged and never stores a response twice.
 
-Schema history: 2 kept samples without provenance or mask; 3 keeps both. A version-2 ledger is
-migrated when it is opened for writing: its samples are derived data without provenance, so they
-are set aside and made again by the tokens stage (the responses are kept as they are)."""
+Schema history: 2 kept samples without provenance or mask; 3 keeps both; 4 stores ids as int32
+BLOBs and raw bodies compressed, and a response's raw body once (in its attempt). A version-2
+ledger is migrated when it is opened for writing: its samples are derived data without
+provenance, so they are set aside and made again by the tokens stage (the responses are kept as
+they are); a version-3 ledger's columns are converted in place. Opened read-only, an older
+ledger is read as it is, through views that give its columns today's names."""
 
 from __future__ import annotations
 
@@ -20,61 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from ..records import Completion, FailedAttempt, Key, Prompt, Sample, StoredResponse
-from . import codec
+from . import codec, schema
 from .guard import LedgerError, explain, guarded
 from .scores import ScoresMixin
 
 __all__ = ["Ledger", "LedgerError"]
-
-SCHEMA_VERSION = 3
-#: versions this draftdata migrates from
-MIGRATES_FROM = (2,)
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS prompts (
-  dataset TEXT NOT NULL, prompt_id TEXT NOT NULL, idx INTEGER NOT NULL,
-  messages_json TEXT NOT NULL, tools_json TEXT NOT NULL, metadata_json TEXT NOT NULL,
-  PRIMARY KEY (dataset, prompt_id));
-CREATE TABLE IF NOT EXISTS work (
-  dataset TEXT NOT NULL, prompt_id TEXT NOT NULL, sample_idx INTEGER NOT NULL,
-  turn INTEGER NOT NULL, state TEXT NOT NULL DEFAULT 'pending',
-  errors INTEGER NOT NULL DEFAULT 0, last_error TEXT,
-  PRIMARY KEY (dataset, prompt_id, sample_idx, turn));
-CREATE TABLE IF NOT EXISTS attempts (
-  id INTEGER PRIMARY KEY AUTOINCREMENT,
-  dataset TEXT NOT NULL, prompt_id TEXT NOT NULL, sample_idx INTEGER NOT NULL,
-  turn INTEGER NOT NULL, backend TEXT NOT NULL, ok INTEGER NOT NULL, reason TEXT,
-  http_status INTEGER, started_at REAL NOT NULL, latency_s REAL NOT NULL,
-  request_json TEXT, response_text TEXT);
-CREATE INDEX IF NOT EXISTS attempts_key ON attempts (dataset, prompt_id, sample_idx, turn);
-CREATE TABLE IF NOT EXISTS responses (
-  dataset TEXT NOT NULL, prompt_id TEXT NOT NULL, sample_idx INTEGER NOT NULL,
-  turn INTEGER NOT NULL, attempt_id INTEGER NOT NULL, backend TEXT NOT NULL,
-  response_json TEXT NOT NULL, output_ids_json TEXT, prompt_ids_json TEXT,
-  finish_reason TEXT NOT NULL, prompt_tokens INTEGER, completion_tokens INTEGER,
-  cost_usd REAL NOT NULL DEFAULT 0, prompt_drift INTEGER, created_at REAL NOT NULL,
-  our_prompt_ids_json TEXT, problem TEXT,
-  PRIMARY KEY (dataset, prompt_id, sample_idx, turn));
-CREATE TABLE IF NOT EXISTS samples (
-  dataset TEXT NOT NULL, prompt_id TEXT NOT NULL, sample_idx INTEGER NOT NULL,
-  turn INTEGER NOT NULL, token_source TEXT NOT NULL, finish_reason TEXT NOT NULL,
-  input_ids_json TEXT NOT NULL, loss_mask_json TEXT NOT NULL, prompt_len INTEGER NOT NULL,
-  warnings_json TEXT NOT NULL, tokenizer_sha256 TEXT NOT NULL, format_name TEXT NOT NULL,
-  format_version TEXT NOT NULL, draftdata_version TEXT NOT NULL,
-  PRIMARY KEY (dataset, prompt_id, sample_idx, turn));
-CREATE TABLE IF NOT EXISTS scores (
-  dataset TEXT NOT NULL, prompt_id TEXT NOT NULL, sample_idx INTEGER NOT NULL,
-  turn INTEGER NOT NULL, model TEXT NOT NULL, threshold REAL NOT NULL,
-  token_source TEXT NOT NULL, trained INTEGER NOT NULL, sum_logprob REAL NOT NULL,
-  min_logprob REAL NOT NULL, flags_json TEXT NOT NULL, repairs_json TEXT NOT NULL,
-  created_at REAL NOT NULL,
-  PRIMARY KEY (dataset, prompt_id, sample_idx, turn));
-CREATE TABLE IF NOT EXISTS drops (
-  dataset TEXT NOT NULL, prompt_id TEXT NOT NULL, sample_idx INTEGER NOT NULL,
-  turn INTEGER NOT NULL, stage TEXT NOT NULL, reason TEXT NOT NULL,
-  PRIMARY KEY (dataset, prompt_id, sample_idx, turn, stage));
-"""
 
 _KEY = "dataset=? AND prompt_id=? AND sample_idx=? AND turn=?"
 
@@ -86,6 +39,7 @@ class Ledger(ScoresMixin):
     def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.path = path
         self.readonly = readonly
+        self._prompts: dict[str, list[Prompt]] = {}
         if readonly and not path.is_file():
             raise LedgerError(
                 f"{path}: no ledger here; pass the run's output folder (the one holding "
@@ -104,6 +58,8 @@ class Ledger(ScoresMixin):
                     path.resolve().as_uri() + "?mode=ro", uri=True, timeout=30
                 )
                 version = self._version()
+                if version in schema.MIGRATES_FROM:
+                    schema.views_of_old_columns(self.db)
             else:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self.db = sqlite3.connect(str(path), timeout=30, isolation_level=None)
@@ -114,11 +70,11 @@ class Ledger(ScoresMixin):
                     bad = self.db.execute("PRAGMA quick_check(1)").fetchone()[0]
                     if bad != "ok":
                         raise sqlite3.DatabaseError(f"damaged: {bad}")
-                if version in MIGRATES_FROM:
+                if version in schema.MIGRATES_FROM:
                     self._migrate(version)
-                    version = SCHEMA_VERSION
-                if version is None or version == SCHEMA_VERSION:
-                    self.db.executescript(_SCHEMA)
+                    version = schema.VERSION
+                if version is None or version == schema.VERSION:
+                    self.db.executescript(schema.SCHEMA)
         except sqlite3.DatabaseError as e:
             if readonly:
                 raise LedgerError(f"{path}: not a readable draftdata ledger ({e})") from e
@@ -126,17 +82,18 @@ class Ledger(ScoresMixin):
                 f"{path}: not a usable SQLite ledger ({e}); move it aside to start a fresh run"
             ) from e
         if version is None and not readonly:
-            self.set_meta("schema_version", SCHEMA_VERSION)
+            self.set_meta("schema_version", schema.VERSION)
         elif (
             version is not None
-            and version != SCHEMA_VERSION
+            and version != schema.VERSION
             and not (
-                readonly and version in MIGRATES_FROM  # read as it is; the next writer migrates it
+                readonly
+                and version in schema.MIGRATES_FROM  # read as it is; the next writer migrates it
             )
         ):
             raise LedgerError(
-                f"{path}: ledger schema {version}, this draftdata reads {SCHEMA_VERSION} "
-                f"(and migrates {', '.join(map(str, MIGRATES_FROM))}); use the draftdata "
+                f"{path}: ledger schema {version}, this draftdata reads {schema.VERSION} "
+                f"(and migrates {', '.join(map(str, schema.MIGRATES_FROM))}); use the draftdata "
                 f"version that made it, or move {path.parent} aside to start the run afresh"
             )
 
@@ -155,14 +112,15 @@ class Ledger(ScoresMixin):
 
     def _migrate(self, version: int) -> None:
         """2 -> 3: samples gain provenance and their mask. The old rows carry neither, so they
-        are set aside and the tokens stage makes them again from the stored responses."""
-        samples = next(s for s in _SCHEMA.split(";") if "TABLE IF NOT EXISTS samples" in s)
+        are set aside and the tokens stage makes them again from the stored responses.
+        3 -> 4: ids become int32 BLOBs and raw bodies compressed, row by row."""
         with self.tx():
-            self.db.execute("ALTER TABLE responses ADD COLUMN problem TEXT")
-            self.db.execute("DROP TABLE IF EXISTS samples")
-            self.db.execute("DELETE FROM drops WHERE stage='tokens'")
-            self.db.execute(samples)
-            self.set_meta("schema_version", SCHEMA_VERSION)
+            if version == 2:
+                self.db.execute("ALTER TABLE responses ADD COLUMN problem TEXT")
+                self.db.execute("DROP TABLE IF EXISTS samples")
+                self.db.execute("DELETE FROM drops WHERE stage='tokens'")
+            schema.convert_columns(self.db)
+            self.set_meta("schema_version", schema.VERSION)
             self.set_meta("migrated_from", version)
 
     def close(self) -> None:
@@ -183,6 +141,7 @@ class Ledger(ScoresMixin):
     def add_prompts(
         self, dataset: str, prompts: Iterable[Prompt], samples: int, turns: Callable[[Prompt], int]
     ) -> None:
+        self._prompts.pop(dataset, None)
         with self.tx():
             self._insert_prompts(dataset, prompts, 0, samples, turns)
 
@@ -223,6 +182,7 @@ class Ledger(ScoresMixin):
             for r in self.db.execute("SELECT prompt_id FROM prompts WHERE dataset=?", (dataset,))
         }
         new_ids = {p.id for p in prompts}
+        self._prompts.pop(dataset, None)
         gone = sorted(existing - answered - new_ids)
         fresh = [p for p in prompts if p.id not in existing]
         (top,) = self.db.execute(
@@ -238,12 +198,20 @@ class Ledger(ScoresMixin):
         return len(existing & answered), len(gone), len(fresh)
 
     def prompts(self, dataset: str) -> list[Prompt]:
+        """A dataset's prompts in order. A writer reads them once and keeps them (it holds the
+        run's lock: nobody else adds prompts); a reader reads them each time."""
+        cached = self._prompts.get(dataset)
+        if cached is not None:
+            return list(cached)
         rows = self.db.execute(
             "SELECT prompt_id, messages_json, tools_json, metadata_json FROM "
             "prompts WHERE dataset=? ORDER BY idx",
             (dataset,),
         ).fetchall()
-        return [codec.prompt_of(r[0], dataset, r[1], r[2], r[3]) for r in rows]
+        out = [codec.prompt_of(r[0], dataset, r[1], r[2], r[3]) for r in rows]
+        if not self.readonly:
+            self._prompts[dataset] = out
+        return list(out)
 
     def prompt_ids(self, exclude: str | None = None) -> set[str]:
         rows = self.db.execute(
@@ -260,25 +228,29 @@ class Ledger(ScoresMixin):
         return {Key(*r) for r in rows}
 
     def responses(self, dataset: str) -> dict[Key, StoredResponse]:
+        """Every stored answer of a dataset. A response body is kept once, in its attempt;
+        ``response_json`` holds only what was not a body (an engine's own record)."""
         rows = self.db.execute(
-            "SELECT dataset, prompt_id, sample_idx, turn, backend, response_json, "
-            "output_ids_json, prompt_ids_json, finish_reason, cost_usd, our_prompt_ids_json, "
-            "problem FROM responses WHERE dataset=?",
+            "SELECT r.dataset, r.prompt_id, r.sample_idx, r.turn, r.backend, r.response_json, "
+            "a.response, r.output_ids, r.prompt_ids, r.finish_reason, r.cost_usd, "
+            "r.our_prompt_ids, r.problem FROM responses r LEFT JOIN attempts a ON "
+            "a.id = r.attempt_id WHERE r.dataset=?",
             (dataset,),
         ).fetchall()
         out = {}
         for r in rows:
             key = Key(*r[:4])
+            body = r[5] if r[5] is not None else codec.unpack_text(r[6])
             out[key] = StoredResponse(
                 key,
                 r[4],
-                json.loads(r[5]),
-                codec.ids_of(r[6]),
-                codec.ids_of(r[7]),
-                r[8],
+                json.loads(body) if body else {},
+                codec.unpack_ids(r[7]),
+                codec.unpack_ids(r[8]),
                 r[9],
-                codec.ids_of(r[10]),
-                r[11],
+                r[10],
+                codec.unpack_ids(r[11]),
+                r[12],
             )
         return out
 
@@ -326,16 +298,16 @@ class Ledger(ScoresMixin):
                     *key.tuple(),
                     attempt,
                     backend,
-                    codec.dumps(c.response),
-                    codec.ids_to_json(c.output_ids),
-                    codec.ids_to_json(c.prompt_ids),
+                    None if c.response_is_body else codec.dumps(c.response),
+                    codec.pack_ids(c.output_ids),
+                    codec.pack_ids(c.prompt_ids),
                     c.finish_reason,
                     c.prompt_tokens,
                     c.completion_tokens,
                     c.cost_usd,
                     drift,
                     time.time(),
-                    codec.ids_to_json(our_prompt_ids),
+                    codec.pack_ids(our_prompt_ids),
                     c.problem,
                 ),
             )
@@ -352,12 +324,12 @@ class Ledger(ScoresMixin):
         http_status: int | None,
         started_at: float,
         latency_s: float,
-        request: dict[str, Any] | None,
+        request: dict[str, Any] | str | None,
         response_text: str | None,
     ) -> int:
         cur = self.db.execute(
             "INSERT INTO attempts (dataset, prompt_id, sample_idx, turn, backend, ok, reason,"
-            " http_status, started_at, latency_s, request_json, response_text) "
+            " http_status, started_at, latency_s, request, response) "
             "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 *key.tuple(),
@@ -367,8 +339,10 @@ class Ledger(ScoresMixin):
                 http_status,
                 started_at,
                 latency_s,
-                codec.dumps(request) if request is not None else None,
-                response_text,
+                codec.pack_text(request if isinstance(request, str) else codec.dumps(request))
+                if request is not None
+                else None,
+                codec.pack_text(response_text),
             ),
         )
         return int(cur.lastrowid or 0)
