@@ -28,6 +28,8 @@ from .config import OpenAIBackendCfg, redact_url
 from .reach import reachable
 from .retry import AUTH_STATUSES, PROBE_REFUSED, retry_after, retry_delay, will_retry
 
+_JSON = {"Content-Type": "application/json"}
+
 
 class BackendConfigError(DraftdataError):
     """A backend cannot start as configured."""
@@ -170,7 +172,8 @@ class OpenAIBackend(Backend):
         attempt = 0
         while True:
             with_ids = bool(self.token_ids) or probing
-            body = self.body(req, with_ids)
+            # serialized once: the same text is sent and kept in the ledger
+            body = json.dumps(self.body(req, with_ids), ensure_ascii=False)
             if self.rpm:
                 await self.rpm.acquire(1)
             if self.tpm:
@@ -180,7 +183,9 @@ class OpenAIBackend(Backend):
             headers: dict[str, str] = {}
             text: str | None = None
             try:
-                async with self.session.post(self.url, json=body) as r:
+                async with self.session.post(
+                    self.url, data=body.encode("utf-8"), headers=_JSON
+                ) as r:
                     status, headers = r.status, dict(r.headers)
                     text = (await r.read()).decode("utf-8", errors="replace")
                 reason = None if status == 200 else f"http_{status}"
@@ -232,7 +237,7 @@ class OpenAIBackend(Backend):
     def _parse(
         self,
         req: GenRequest,
-        body: dict[str, Any],
+        body: str,
         text: str,
         t0: float,
         latency: float,
@@ -288,12 +293,13 @@ class OpenAIBackend(Backend):
             problem=problem,
             output_ids=_int_ids(out_ids),
             prompt_ids=_int_ids(prompt_ids),
+            is_body=True,
         )
 
     def _completion(
         self,
         req: GenRequest,
-        body: dict[str, Any],
+        body: str,
         text: str,
         t0: float,
         latency: float,
@@ -304,6 +310,7 @@ class OpenAIBackend(Backend):
         problem: str | None = None,
         output_ids: tuple[int, ...] | None = None,
         prompt_ids: tuple[int, ...] | None = None,
+        is_body: bool = False,
     ) -> Completion:
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
         pt = usage.get("prompt_tokens") if usage else None
@@ -342,6 +349,7 @@ class OpenAIBackend(Backend):
             started_at=t0,
             latency_s=latency,
             problem=problem,
+            response_is_body=is_body,
         )
 
     def _count(self, view: ApiView, text: str) -> int:
