@@ -49,6 +49,10 @@ def stored_manifest(m: Manifest) -> dict[str, Any]:
     return doc
 
 
+#: conversations whose first prompts are rendered in one batched encode
+PROMPT_WINDOW = 512
+
+
 @dataclass(frozen=True)
 class Answered:
     """One stored answer with the conversation it answered."""
@@ -193,24 +197,38 @@ class Runner:
         return prompts
 
     def request(
-        self, d: DatasetCfg, p: Prompt, s: int, turn: int, msgs: tuple[Message, ...]
+        self,
+        d: DatasetCfg,
+        p: Prompt,
+        s: int,
+        turn: int,
+        msgs: tuple[Message, ...],
+        prompt_ids: list[int] | None = None,
     ) -> GenRequest:
         return GenRequest(
             Key(d.name, p.id, s, turn),
             msgs,
             p.tools,
-            self.tokens.render_prompt(msgs, p),
+            prompt_ids if prompt_ids is not None else self.tokens.render_prompt(msgs, p),
             d.sampling,
             sample_seed(d.sampling.seed, p.id, s, turn),
         )
 
     def safe_request(
-        self, d: DatasetCfg, p: Prompt, s: int, turn: int, own: list[Message]
+        self,
+        d: DatasetCfg,
+        p: Prompt,
+        s: int,
+        turn: int,
+        own: list[Message],
+        prompt_ids: list[int] | None = None,
     ) -> GenRequest | None:
         """The request, or None when its prompt cannot be rendered: the key is quarantined with
-        the reason, so this run and every rerun go on past it."""
+        the reason, so this run and every rerun go on past it. ``prompt_ids``: the prompt's ids
+        when they were rendered ahead (in a batch)."""
         try:
-            return self.request(d, p, s, turn, turn_messages(p, d.turns, turn, own))
+            msgs = turn_messages(p, d.turns, turn, own)
+            return self.request(d, p, s, turn, msgs, prompt_ids)
         except (DraftdataError, TypeError, ValueError, AttributeError) as e:
             why = f"unrenderable_prompt: {type(e).__name__}: {e}"
             self.ledger.quarantine(Key(d.name, p.id, s, turn), why[:500])
@@ -279,16 +297,34 @@ class Runner:
         if backend.batches_turns:
             await self.rounds(d, chains, backend, answers, bars)
             return
-        # a pool of workers pulls conversations: memory stays O(concurrency), and requests
-        # start streaming at once instead of after every prompt has been rendered
+        # a pool of workers pulls conversations: memory stays O(concurrency + one window), and
+        # requests start streaming at once instead of after every prompt has been rendered;
+        # first-turn prompts are rendered a window at a time in one batched encode, not one by
+        # one on the request path
         queue = deque(chains)
+        ready: deque[tuple[Prompt, int, list[int] | None]] = deque()
 
         async def worker() -> None:
-            while queue and not self.budget.hit and not backend.fatal:
-                p, s = queue.popleft()
-                await self.chain(d, p, s, backend, answers, bars)
+            while (queue or ready) and not self.budget.hit and not backend.fatal:
+                if not ready:
+                    ready.extend(self.first_prompts(d, queue, answers))
+                p, s, ids = ready.popleft()
+                await self.chain(d, p, s, backend, answers, bars, ids)
 
         await asyncio.gather(*(worker() for _ in range(min(backend.concurrency, len(chains)))))
+
+    def first_prompts(
+        self, d: DatasetCfg, queue: deque[tuple[Prompt, int]], answers: dict[Key, StoredResponse]
+    ) -> list[tuple[Prompt, int, list[int] | None]]:
+        """The next window of conversations, each with its first turn's prompt ids where that
+        turn is still to ask (one batched render; the prompt's samples share it)."""
+        window = [queue.popleft() for _ in range(min(PROMPT_WINDOW, len(queue)))]
+        todo = {p.id: p for p, s in window if Key(d.name, p.id, s, 0) not in answers}
+        got = self.tokens.render_prompts(
+            [(turn_messages(p, d.turns, 0, []), p) for p in todo.values()]
+        )
+        ids = dict(zip(todo, got, strict=True))
+        return [(p, s, ids.get(p.id)) for p, s in window]
 
     async def chain(
         self,
@@ -298,15 +334,17 @@ class Runner:
         backend: Backend,
         answers: dict[Key, StoredResponse],
         bars: Bars,
+        first_ids: list[int] | None = None,
     ) -> None:
-        """One conversation, turn by turn (each turn waits for the model's previous answer)."""
+        """One conversation, turn by turn (each turn waits for the model's previous answer).
+        ``first_ids``: the first turn's prompt ids, rendered ahead."""
         own: list[Message] = []
         for t in range(n_turns(p, d.turns)):
             key = Key(d.name, p.id, s, t)
             if key in answers:
                 own.append(answer_message(self.view(answers[key])))
                 continue
-            req = self.safe_request(d, p, s, t, own)
+            req = self.safe_request(d, p, s, t, own, first_ids if t == 0 else None)
             if req is None:
                 return  # quarantined: later turns cannot be asked without this one
             estimate = backend.max_cost(req)

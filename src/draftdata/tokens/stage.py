@@ -21,7 +21,7 @@ from typing import Any
 from ..errors import DraftdataError, ReconstructError
 from ..formats import BoundFormat
 from ..records import ApiView, Key, Message, Prompt, Sample, StoredResponse
-from .reconstruct import WINDOW, Item, TextIds, provenance, reconstruct_many
+from .reconstruct import WINDOW, Item, TextIds, prompt_ids_many, provenance, reconstruct_many
 
 #: one stored answer and what it answered: key, prompt, messages, stored response, view
 Answer = tuple[Key, Prompt, Sequence[Message], StoredResponse, ApiView]
@@ -57,6 +57,14 @@ class TokensStage:
 
     def render_prompt(self, messages: Sequence[Message], prompt: Prompt) -> list[int]:
         return self.bound.prompt_ids(messages, prompt.tools, **self.prompt_opts())
+
+    def render_prompts(
+        self, todo: Sequence[tuple[Sequence[Message], Prompt]]
+    ) -> list[list[int] | None]:
+        """``render_prompt`` for many prompts in one batched encode; None where one cannot be
+        rendered (its caller renders it alone, to quarantine it with the reason)."""
+        got = prompt_ids_many(self.bound, [(m, p.tools) for m, p in todo], self.prompt_opts())
+        return [None if isinstance(g, DraftdataError) else g for g in got]
 
     def sample(
         self,
