@@ -113,6 +113,15 @@ def reconstruct(
     prefs: PrefsOpt = None,
     thinking: ThinkingOpt = None,
     chat_template: Annotated[Path | None, typer.Option(help="override the chat template")] = None,
+    all_turns: Annotated[
+        bool,
+        typer.Option(
+            "--all-turns",
+            help="train every assistant turn of each conversation in one sequence (formats "
+            "that show history as the model wrote it; others drop the record: "
+            "history_not_verbatim)",
+        ),
+    ] = False,
 ) -> None:
     """Turn API text back into the model's exact token ids (input_ids + loss_mask)."""
     from ..export.shards import SampleFile
@@ -124,7 +133,7 @@ def reconstruct(
     drops: dict[str, int] = {}
     by_source: dict[str, int] = {}
     ticker = Ticker("reconstructing", None)
-    items = _items(read_jsonl(input, skipped), drops)
+    items = _items(read_jsonl(input, skipped), drops, all_turns)
     with SampleFile(output) as f:
         for got in reconstruct_many(bound, items, thinking=thinking, text_ids=text_ids):
             ticker.tick()
@@ -142,7 +151,9 @@ def reconstruct(
     _print_skipped(skipped)
 
 
-def _items(records: Iterator[dict[str, Any]], drops: dict[str, int]) -> Iterator[Any]:
+def _items(
+    records: Iterator[dict[str, Any]], drops: dict[str, int], all_turns: bool = False
+) -> Iterator[Any]:
     """The answers of an input file as reconstruct items, in file order; a record that is not an
     answer is counted in ``drops`` by its reason."""
     from ..errors import ReconstructError
@@ -162,6 +173,7 @@ def _items(records: Iterator[dict[str, Any]], drops: dict[str, int]) -> Iterator
                 tools=rec.get("tools") or (),
                 record_id=str(rec.get("id", i)),
                 dataset=str(rec.get("source") or rec.get("dataset") or ""),
+                all_turns=all_turns,
             )
         except ReconstructError as e:
             drops[e.reason] = drops.get(e.reason, 0) + 1

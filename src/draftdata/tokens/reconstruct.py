@@ -14,7 +14,7 @@ from itertools import islice
 from typing import Any
 
 from .. import __version__
-from ..errors import DraftdataError, ReconstructError
+from ..errors import DraftdataError, FormatError, ReconstructError
 from ..formats import BoundFormat, Segment, Special, Text, merge_text
 from ..records import FINISHED, ApiView, Message, Provenance, Sample, TokenSource
 from .logprobs import ids_from_logprobs
@@ -40,14 +40,16 @@ def response_segments(
         thinking = th is not None
     if th is not None:
         open_t, close_t = fmt.markers[th.open].text, fmt.markers[th.close].text
-        if reasoning is None and close_t in content:
+        # reasoning left inline in the content is looked for only where the prompt let the
+        # model think: with thinking off, marker text in an answer is the answer's text
+        if thinking and reasoning is None and close_t in content:
             head, _, content = content.partition(close_t)
             stripped = head.lstrip()
             if stripped.startswith(open_t):
                 head = stripped[len(open_t) :]
             reasoning = head
             warnings.append("reasoning_inline_in_content")
-        elif reasoning is None and content.lstrip().startswith(open_t):
+        elif thinking and reasoning is None and content.lstrip().startswith(open_t):
             if view.finish_reason in FINISHED:
                 raise ReconstructError(
                     f"content opens {open_t} but never closes it although the answer finished",
@@ -238,6 +240,33 @@ def encode_response(
     return _assemble(bound, layout, enc, text_ids, texts)
 
 
+def prompt_ids_many(
+    bound: BoundFormat,
+    prompts: Sequence[tuple[Sequence[Message], Sequence[dict[str, Any]]]],
+    prompt_opts: dict[str, Any] | None = None,
+) -> list[list[int] | DraftdataError]:
+    """The ids of many prompts (messages, tools) in one batched encode: each the same as
+    ``bound.prompt_ids``, or the error that stopped that one."""
+    enc = PieceEncoder(bound.tokenizer)
+    layouts: list[Sequence[int | str] | DraftdataError] = []
+    for messages, tools in prompts:
+        try:
+            segs = bound.format.render_prompt(messages, tools, **(prompt_opts or {}))
+            layouts.append(_layout(bound, segs, enc, False))
+        except DraftdataError as e:
+            layouts.append(e)
+        except (TypeError, ValueError, AttributeError) as e:  # a malformed prompt record
+            layouts.append(FormatError(f"{type(e).__name__}: {e}"))
+    enc.run()
+    out: list[list[int] | DraftdataError] = []
+    for lay in layouts:
+        try:
+            out.append(lay if isinstance(lay, DraftdataError) else _assemble(bound, lay, enc))
+        except DraftdataError as e:
+            out.append(e)
+    return out
+
+
 @dataclass(frozen=True)
 class Item:
     """One answer to reconstruct: the conversation it answers and the server's view of it.
@@ -249,6 +278,8 @@ class Item:
     record_id: str = ""
     dataset: str = ""
     prompt_ids: Sequence[int] | None = None
+    #: train every assistant turn of ``messages`` too, in one sequence (``tokens.turns``)
+    all_turns: bool = False
 
 
 #: records encoded per batched call: large enough that the tokenizer's batch pays, small enough
@@ -304,6 +335,8 @@ class _Plan:
     texts: list[str]
     source: TokenSource
     warnings: list[str]
+    #: the trained flag of each piece, where the whole sequence is one layout (all turns)
+    flags: list[bool] | None = None
 
     def sample(
         self,
@@ -313,6 +346,8 @@ class _Plan:
         text_ids: TextIds | None,
         prov: Provenance,
     ) -> Sample:
+        if self.flags is not None and self.response is not None:
+            return self._joined(bound, item, enc, text_ids, prov, self.response, self.flags)
         prompt = (
             list(item.prompt_ids)
             if item.prompt_ids is not None
@@ -334,6 +369,41 @@ class _Plan:
             warnings=tuple(self.warnings),
         )
 
+    def _joined(
+        self,
+        bound: BoundFormat,
+        item: Item,
+        enc: PieceEncoder,
+        text_ids: TextIds | None,
+        prov: Provenance,
+        layout: Sequence[int | str],
+        flags: Sequence[bool],
+    ) -> Sample:
+        ids: list[int] = []
+        mask: list[bool] = []
+        texts = iter(self.texts)
+        for p, trained in zip(layout, flags, strict=True):
+            if isinstance(p, str):
+                piece = [bound.ids[p]]
+            else:
+                piece = enc.ids(p)
+                text = next(texts)
+                if trained and text_ids is not None:
+                    piece = text_ids(text, piece)
+            ids += piece
+            mask += [trained] * len(piece)
+        return Sample(
+            id=item.record_id,
+            dataset=item.dataset,
+            input_ids=ids,
+            loss_mask=mask,
+            prompt_len=mask.index(True) if True in mask else len(ids),
+            token_source=self.source,
+            finish_reason=item.view.finish_reason,
+            provenance=prov,
+            warnings=tuple(self.warnings),
+        )
+
 
 def _plan(
     bound: BoundFormat,
@@ -343,6 +413,15 @@ def _plan(
     thinking: bool | None,
     use_logprobs: bool,
 ) -> _Plan:
+    if item.all_turns:
+        from .turns import joined_turns
+
+        segs, warns = joined_turns(bound, item.messages, item.view, item.tools, opts, thinking)
+        merged = merge_text(segs)
+        texts = [s.text for s in merged if isinstance(s, Text)]
+        layout = _layout(bound, merged, enc, item.view.finish_reason == "length")
+        flags = [s.trained for s in merged]
+        return _Plan(None, layout, None, texts, "reconstructed", list(warns), flags)
     prompt = None
     if item.prompt_ids is None:
         prompt = _layout(
