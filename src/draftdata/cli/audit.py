@@ -133,6 +133,7 @@ def _print_audit(report: Any, skipped: dict[str, int]) -> None:
         f"{tk['special_tokens']} special, {tk['added_tokens']} added, sha256 "
         f"{tk['sha256'][:12]}…)"
     )
+    out.print(f"[bold]encoder[/] {esc(tk['encoder'])}")
     out.print(f"[bold]format[/] {esc(fm['name'])} v{esc(fm['version'])}: {esc(fm['description'])}")
     t = Table(
         "marker",

@@ -96,6 +96,7 @@ def audit(
             "added_tokens": sum(1 for t in tokenizer.control_tokens.values() if t.kind == "added"),
             "unrepresentable_bytes": sorted(tokenizer.unrepresentable_bytes),
             "chat_template_sha256": tokenizer.chat_template_sha256,
+            "encoder": tokenizer.encoder,
         },
         format={
             "name": fmt.name,

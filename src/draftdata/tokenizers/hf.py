@@ -12,6 +12,7 @@ from tokenizers import Tokenizer as HFCore
 
 from ..errors import TokenizerError
 from .base import TokenInfo, Tokenizer, file_sha256
+from .fast_bpe import FastBPE, fast_bpe
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -72,6 +73,7 @@ class HFTokenizer(Tokenizer):
             ) from e
         self._byte_level = _uses_byte_level(spec)
         self._added = list(spec.get("added_tokens") or [])
+        self._spec = spec
 
     # --- constructors --------------------------------------------------------------------
     @classmethod
@@ -104,13 +106,36 @@ class HFTokenizer(Tokenizer):
             config=config,
         )
 
+    # --- the encoder --------------------------------------------------------------------
+    @cached_property
+    def _fast_and_why(self) -> tuple[FastBPE | None, str]:
+        if not self._byte_level:
+            return None, "tokenizers (not a byte-level BPE)"
+        fast, why = fast_bpe(
+            self._spec, self.sha256, set(self._control), _BYTE_DECODER, self._plain
+        )
+        self._spec = {}  # only the checks needed the document
+        return fast, why
+
+    @property
+    def encoder(self) -> str:
+        """Which library encodes ordinary text here, and why (the fast path's verdict)."""
+        return self._fast_and_why[1]
+
     # --- protocol ------------------------------------------------------------------------
     def _encode_ordinary(self, text: str) -> list[int]:
+        fast = self._fast_and_why[0]
+        if fast is not None:
+            return fast.encode(text)
         return list(self._plain.encode(text, add_special_tokens=False).ids)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:  # type: ignore[override]
-        encs = self._plain.encode_batch(list(texts), add_special_tokens=False)
-        out = [list(e.ids) for e in encs]
+        fast = self._fast_and_why[0]
+        if fast is not None:
+            out = fast.encode_batch(texts)
+        else:
+            encs = self._plain.encode_batch(list(texts), add_special_tokens=False)
+            out = [list(e.ids) for e in encs]
         for ids in out:
             if not self.control_ids.isdisjoint(ids):
                 return [self.encode(t) for t in texts]  # raises with the precise message

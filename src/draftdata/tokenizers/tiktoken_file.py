@@ -22,7 +22,7 @@ from typing import Any
 import tiktoken
 
 from ..errors import TokenizerError
-from .base import TokenInfo, Tokenizer, file_sha256
+from .base import TokenInfo, Tokenizer, encode_threaded, file_sha256
 
 
 def builtin_profiles() -> dict[str, dict[str, Any]]:
@@ -115,7 +115,7 @@ class TiktokenTokenizer(Tokenizer):
         return self._enc.encode_ordinary(self._prep(text))
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:  # type: ignore[override]
-        return self._enc.encode_ordinary_batch([self._prep(t) for t in texts])
+        return encode_threaded(self._encode_ordinary, texts)
 
     def encode_as_stock(self, text: str) -> list[int]:
         # Kimi's and Qwen's own code encode with allowed_special="all".

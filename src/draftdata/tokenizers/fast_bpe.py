@@ -1,0 +1,327 @@
+"""A tiktoken fast path for byte-level BPE ``tokenizer.json`` files (Llama 3, Qwen3, SmolLM2).
+
+tiktoken runs the same algorithm as a byte-level BPE in HF ``tokenizers`` when the two agree on
+everything around it; it is used only where that is shown, else the tokenizer stays on
+``tokenizers`` and the reason is kept (``HFTokenizer.encoder``):
+
+- the pipeline: no normalizer or NFC (applied before tiktoken), a pre-tokenizer that is one
+  regex (one isolating ``Split`` followed by a ``ByteLevel`` that does not split again, or a
+  ``ByteLevel`` that splits with GPT-2's pattern), a BPE model with no dropout, byte fallback
+  or word prefixes/suffixes, and all 256 bytes in the vocabulary;
+- the ranks: a token's id is its rank. tiktoken merges the adjacent pair whose joined bytes have
+  the lowest rank; HF merges the pair listed first among the merges. Those agree when the merges
+  are listed in the order of the ids they produce (several merges may produce one token), and
+  when every token is what BPE makes of its own bytes (tiktoken takes a whole piece that is a
+  token at once; HF runs the merges, unless the model says ``ignore_merges``);
+- the result: both encoders on a built-in corpus (code, many scripts, whitespace runs, digits,
+  contractions) give the same ids.
+
+The verdict is cached by the file's sha256, so the checks (a second or two) run once per file.
+Set ``DRAFTDATA_FAST_BPE=0`` to stay on ``tokenizers``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import unicodedata
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .base import encode_threaded
+
+log = logging.getLogger("draftdata.tokenizers")
+
+#: bump when the checks change: cached verdicts of older checks are made again
+CHECKS_VERSION = 1
+
+#: the pattern GPT-2's byte-level pre-tokenizer splits with (``ByteLevel(use_regex=true)``)
+GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
+#: text both encoders must agree on before the fast one is used
+CORPUS = [
+    "Hello, world! It's a test: we'll see, they've done it, I'M SURE, you'd say so.",
+    "def f(x):\n    return {'a': [1, 2, 3], \"b\": x ** 2}  # comment\n\n\tpass\n",
+    "for (int i = 0; i < n; ++i) { sum += a[i] * 3.14159; }\r\n",
+    "    leading spaces, trailing spaces    \n\n\n  \t \n x",
+    "1234567890 12 345 6789 0.5 -42 1e-9 3,000,000 ２０２６年",
+    "Ünïcödé: café naïve façade São Paulo Zürich Ελληνικά русский язык",
+    "中文文本测试，包括标点。日本語のテキスト、カタカナ。한국어 텍스트입니다.",
+    "العربية نص تجريبي हिन्दी पाठ ภาษาไทย עברית",
+    "emoji 🙂👍🏽👨‍👩‍👧 and symbols ™ © ® ∑ ∫ √ → ⇒ ≠ ≤",
+    "e\u0301 a\u0308 n\u0303 (combining marks) \u00e9 \u00e4",
+    '<|im_start|>user\n<think>\n\n</think>\n\n<tool_call>{"name": "f"}</tool_call>',
+    "a" * 300 + " " * 50 + "\n" * 20 + "!" * 40 + "ab" * 100,
+    "MixedCASE camelCase snake_case kebab-case SCREAMING_SNAKE 'quoted' \"double\"",
+    "\u00a0non-breaking\u2009thin\u3000ideographic space\u200bzero-width",
+    "control \x00\x04\x06\x13\x1b\x7f bytes, rare planes \U00040000\U0008ffff\U000e0001 end",
+]
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("DRAFTDATA_CACHE")
+    base = Path(root).expanduser() if root else Path.home() / ".cache" / "draftdata"
+    return base / "tokenizers"
+
+
+def pattern_of(spec: dict[str, Any]) -> tuple[str | None, str]:
+    """The one regex the pre-tokenizer splits with, or None and why it is not one."""
+    pre = spec.get("pre_tokenizer") or {}
+    kind = pre.get("type")
+    if kind == "ByteLevel":
+        if pre.get("add_prefix_space") or not pre.get("use_regex", True):
+            return None, "ByteLevel pre-tokenizer adds a prefix space or does not split"
+        return GPT2_PATTERN, ""
+    if kind == "Sequence":
+        parts = pre.get("pretokenizers") or []
+        if (
+            len(parts) == 2
+            and parts[0].get("type") == "Split"
+            and parts[1].get("type") == "ByteLevel"
+        ):
+            split, byte_level = parts
+            regex = (split.get("pattern") or {}).get("Regex")
+            if (
+                isinstance(regex, str)
+                and split.get("behavior") == "Isolated"
+                and not split.get("invert")
+                and not byte_level.get("add_prefix_space")
+                and not byte_level.get("use_regex", True)
+            ):
+                return regex, ""
+        return None, f"the pre-tokenizer is a sequence of {len(parts)} steps, not one regex"
+    return None, f"pre-tokenizer {kind!r} is not a byte-level regex split"
+
+
+def normalizer_of(spec: dict[str, Any]) -> tuple[Callable[[str], str] | None, str]:
+    """The normalization to apply before tiktoken (identity or NFC), or None and why not."""
+    norm = spec.get("normalizer")
+    if norm is None or (norm.get("type") == "Sequence" and not norm.get("normalizers")):
+        return (lambda t: t), ""
+    if norm.get("type") == "NFC":
+        return (
+            lambda t: t if unicodedata.is_normalized("NFC", t) else unicodedata.normalize("NFC", t)
+        ), ""
+    return None, f"normalizer {norm.get('type')!r} has no tiktoken equivalent"
+
+
+def _merges(model: dict[str, Any]) -> list[tuple[str, str]]:
+    return [
+        tuple(m.split(" ", 1)) if isinstance(m, str) else (m[0], m[1])  # type: ignore[misc]
+        for m in model.get("merges") or []
+    ]
+
+
+def ranks_of(
+    spec: dict[str, Any], control: set[int], byte_decoder: dict[str, int], plain: Any
+) -> tuple[dict[bytes, int] | None, str]:
+    """tiktoken ranks (bytes -> id) of the ordinary vocabulary, or None and why they would not
+    give HF's ids. ``plain`` is the HF tokenizer without its added vocabulary."""
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE":
+        return None, f"model {model.get('type')!r} is not BPE"
+    for flag in ("dropout", "continuing_subword_prefix", "end_of_word_suffix"):
+        if model.get(flag):
+            return None, f"the BPE model sets {flag}"
+    if model.get("byte_fallback"):
+        return None, "the BPE model falls back to bytes"
+    vocab: dict[str, int] = model.get("vocab") or {}
+    ranks: dict[bytes, int] = {}
+    for text, i in vocab.items():
+        if i in control:
+            continue  # control tokens enter only as ids chosen by a format
+        try:
+            raw = bytes(byte_decoder[c] for c in text)
+        except KeyError:
+            return None, f"vocabulary entry {text!r} is not in the byte-level alphabet"
+        if raw in ranks:
+            return None, f"two vocabulary entries stand for the bytes {raw!r}"
+        ranks[raw] = i
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if any(0x80 <= b < 0xC0 for b in missing):
+        return None, "a UTF-8 continuation byte has no token of its own"
+    produced: dict[str, int] = {}
+    last = -1
+    for n, (a, b) in enumerate(_merges(model)):
+        t = vocab.get(a + b)
+        if t is None:
+            return None, f"merge {n} ({a!r}, {b!r}) makes a token the vocabulary lacks"
+        if t < last:
+            return None, f"merge {n} makes id {t}, listed after a merge that made id {last}"
+        last = t
+        produced.setdefault(a + b, n)
+    if not model.get("ignore_merges"):
+        bpe = plain.model
+        for text, i in vocab.items():
+            if len(text) < 2 or i in control:
+                continue
+            got = bpe.tokenize(text)
+            if len(got) != 1 or got[0].id != i:
+                return None, (
+                    f"token {i} is not what BPE makes of its own bytes (tiktoken would take "
+                    "it whole)"
+                )
+    return ranks, ""
+
+
+def verify(fast: Callable[[str], list[int]], plain: Any, corpus: Sequence[str]) -> str:
+    """'' when both encoders give the same ids on ``corpus``, else the first difference."""
+    want = [list(e.ids) for e in plain.encode_batch(list(corpus), add_special_tokens=False)]
+    for text, ids in zip(corpus, want, strict=True):
+        got = fast(text)
+        if got != ids:
+            return f"ids differ from tokenizers' on {text[:40]!r}"
+    return ""
+
+
+def byte_guard(missing: Sequence[int]) -> re.Pattern[str] | None:
+    """A pattern matching the characters whose UTF-8 holds one of the ``missing`` bytes (HF
+    drops such a byte and may merge across the gap; tiktoken cannot), None when there are none.
+    A missing ASCII byte is its character; a missing lead byte, the code points it starts;
+    bytes that never occur in UTF-8 (C0, C1, F5-FF) match nothing."""
+    parts = []
+    for b in missing:
+        if b < 0x80:
+            lo = hi = b
+        elif 0xC2 <= b <= 0xDF:
+            lo = (b & 0x1F) << 6
+            hi = lo + 0x3F
+        elif 0xE0 <= b <= 0xEF:
+            lo = max((b & 0x0F) << 12, 0x800)
+            hi = ((b & 0x0F) << 12) + 0xFFF
+        elif 0xF0 <= b <= 0xF4:
+            lo = max((b & 0x07) << 18, 0x10000)
+            hi = min(((b & 0x07) << 18) + 0x3FFFF, 0x10FFFF)
+        else:
+            continue
+        parts.append(f"{re.escape(chr(lo))}-{re.escape(chr(hi))}")
+    return re.compile(f"[{''.join(parts)}]") if parts else None
+
+
+class FastBPE:
+    """tiktoken encoding ordinary text for one tokenizer.json, with its normalizer. Text with a
+    character whose bytes have no token (``guard``) goes to ``tokenizers`` instead."""
+
+    def __init__(
+        self,
+        name: str,
+        pattern: str,
+        ranks: dict[bytes, int],
+        norm: Callable[[str], str],
+        plain: Any,
+    ):
+        import tiktoken
+
+        self.enc = tiktoken.Encoding(
+            name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={}
+        )
+        self.norm = norm
+        self.plain = plain
+        self.guard = byte_guard([b for b in range(256) if bytes([b]) not in ranks])
+
+    def _slow(self, text: str) -> bool:
+        return self.guard is not None and self.guard.search(text) is not None
+
+    def encode(self, text: str) -> list[int]:
+        if self._slow(text):
+            return list(self.plain.encode(text, add_special_tokens=False).ids)
+        return self.enc.encode_ordinary(self.norm(text))
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        slow = [i for i, t in enumerate(texts) if self._slow(t)]
+        enc = self.enc.encode_ordinary
+        out = encode_threaded(
+            lambda t: enc(self.norm(t)),
+            texts if not slow else ["" if self._slow(t) else t for t in texts],
+        )
+        if slow:
+            encs = self.plain.encode_batch([texts[i] for i in slow], add_special_tokens=False)
+            for i, e in zip(slow, encs, strict=True):
+                out[i] = list(e.ids)
+        return out
+
+
+def fast_bpe(
+    spec: dict[str, Any],
+    sha256: str,
+    control: set[int],
+    byte_decoder: dict[str, int],
+    plain: Any,
+) -> tuple[FastBPE | None, str]:
+    """The fast encoder for this tokenizer.json, or None; and a line saying which and why."""
+    if os.environ.get("DRAFTDATA_FAST_BPE", "1") == "0":
+        return None, "tokenizers (DRAFTDATA_FAST_BPE=0)"
+    try:
+        import tiktoken  # noqa: F401
+    except ImportError:
+        return None, "tokenizers (tiktoken is not installed)"
+    cached = _read_verdict(sha256)
+    if cached is not None and not cached["fast"]:
+        return None, f"tokenizers ({cached['reason']})"
+    pattern, why = pattern_of(spec)
+    norm, why_norm = normalizer_of(spec)
+    if pattern is None or norm is None:
+        return _refused(sha256, why or why_norm)
+    ranks, why = (
+        ranks_of(spec, control, byte_decoder, plain)
+        if cached is None
+        else (
+            _ranks_only(spec, control, byte_decoder),
+            "",
+        )
+    )
+    if ranks is None:
+        return _refused(sha256, why)
+    try:
+        fast = FastBPE(f"draftdata-{sha256[:12]}", pattern, ranks, norm, plain)
+    except ValueError as e:  # a pattern tiktoken's regex engine does not take
+        return _refused(sha256, f"tiktoken refuses the pattern ({e})")
+    why = verify(fast.encode, plain, CORPUS)  # cheap: on every load, whatever the cache says
+    if why:
+        return _refused(sha256, why)
+    if cached is None:
+        _write_verdict(sha256, True, "verified")
+    return fast, "tiktoken (verified equal to tokenizers)"
+
+
+def _ranks_only(
+    spec: dict[str, Any], control: set[int], byte_decoder: dict[str, int]
+) -> dict[bytes, int]:
+    vocab: dict[str, int] = (spec.get("model") or {}).get("vocab") or {}
+    return {bytes(byte_decoder[c] for c in t): i for t, i in vocab.items() if i not in control}
+
+
+def _refused(sha256: str, reason: str) -> tuple[None, str]:
+    log.info("tokenizer %s stays on tokenizers: %s", sha256[:12], reason)
+    _write_verdict(sha256, False, reason)
+    return None, f"tokenizers ({reason})"
+
+
+def _verdict_path(sha256: str) -> Path:
+    return cache_dir() / f"{sha256}.fast-bpe.json"
+
+
+def _read_verdict(sha256: str) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(_verdict_path(sha256).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("checks") != CHECKS_VERSION:
+        return None
+    return doc
+
+
+def _write_verdict(sha256: str, fast: bool, reason: str) -> None:
+    path = _verdict_path(sha256)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(
+            json.dumps({"checks": CHECKS_VERSION, "fast": fast, "reason": reason}), encoding="utf-8"
+        )
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache: the checks run again next time
+        pass
