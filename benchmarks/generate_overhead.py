@@ -86,6 +86,16 @@ sampling = {{ temperature = 0.0, max_tokens = 256 }}
 """
 
 
+def ledger_size(path: Path) -> int:
+    """The ledger's bytes on disk once its write-ahead log is folded in."""
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=10000)
@@ -140,11 +150,13 @@ def main() -> None:
         )["datasets"]["bench"]
         assert st["done"] == args.prompts, st
         rps, base_rps = args.prompts / wall, args.prompts / base_s
+        ledger_mb = ledger_size(out / "ledger.sqlite") / 1e6
         print(
             f"concurrency {conc}: draftdata {rps:.0f} req/s (wall {wall:.1f}s incl. startup "
             f"and samples), baseline raw client {base_rps:.0f} req/s, ratio "
             f"{rps / base_rps:.2f}; draftdata CPU {1000 * cpu / args.prompts:.2f} ms/request; "
-            f"peak RSS {peak_mb:.0f} MB"
+            f"peak RSS {peak_mb:.0f} MB; ledger {ledger_mb * 1000 / args.prompts:.2f} MB per "
+            "1k responses"
         )
     server.terminate()
 

@@ -86,6 +86,13 @@ def test_the_verdict_is_cached_by_sha256_and_the_switch_turns_it_off(tmp_path, m
     tok_of(spec, "test-cache").encoder  # noqa: B018
     verdict = tmp_path / "tokenizers" / "test-cache.fast-bpe.json"
     assert json.loads(verdict.read_text())["fast"] is True
+    # loaded again on the cached verdict (ranks built the quick way): the same ids
+    again = tok_of(spec, "test-cache")
+    assert again.encoder.startswith("tiktoken")
+    batch = texts()
+    assert again.encode_batch(batch) == [
+        e.ids for e in library(spec).encode_batch(batch, add_special_tokens=False)
+    ]
     # a cached refusal is taken as it is (the checks are not run again)
     verdict.write_text(json.dumps({"checks": 1, "fast": False, "reason": "refused earlier"}))
     assert tok_of(spec, "test-cache").encoder == "tokenizers (refused earlier)"

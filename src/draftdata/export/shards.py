@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
+from array import array
 from collections.abc import Iterable
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -86,6 +88,33 @@ def shard_row(s: Sample, metadata: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _flat_lists(values: list[Any], t: pa.ListType) -> pa.Array:
+    """Lists of ints (int32) or bools as one Arrow list array, its values and offsets filled
+    from C arrays (``array`` copies a Python list without a per-item Python call)."""
+    offsets = array("i", [0])
+    n = 0
+    boolean = pa.types.is_boolean(t.value_type)
+    flat: Any = bytearray() if boolean else array("i")
+    for v in values:
+        flat.extend(v)
+        n += len(v)
+        offsets.append(n)
+    if sys.byteorder == "big" and not boolean:  # Arrow buffers are little-endian here
+        flat.byteswap()
+        offsets.byteswap()
+    if boolean:
+        items = pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(flat)]).cast(pa.bool_())
+    else:
+        items = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(flat)])
+        if t.value_type != pa.int32():
+            items = items.cast(t.value_type)
+    return pa.ListArray.from_arrays(
+        pa.Array.from_buffers(pa.int32(), len(values) + 1, [None, pa.py_buffer(offsets)]),
+        items,
+        type=t,
+    )
+
+
 def table_of(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     """Rows as an Arrow table, the id and mask lists built as flat arrays with offsets (the
     generic ``from_pylist`` walks every id as a Python object: several times slower)."""
@@ -96,16 +125,7 @@ def table_of(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
         if pa.types.is_list(t) and (
             pa.types.is_integer(t.value_type) or pa.types.is_boolean(t.value_type)
         ):
-            offsets = [0]
-            flat: list[Any] = []
-            for v in values:
-                flat.extend(v)
-                offsets.append(len(flat))
-            cols.append(
-                pa.ListArray.from_arrays(
-                    pa.array(offsets, pa.int32()), pa.array(flat, t.value_type), type=t
-                )
-            )
+            cols.append(_flat_lists(values, t))
         else:
             cols.append(pa.array(values, t))
     return pa.Table.from_arrays(cols, schema=schema)

@@ -290,8 +290,11 @@ def fast_bpe(
 def _ranks_only(
     spec: dict[str, Any], control: set[int], byte_decoder: dict[str, int]
 ) -> dict[bytes, int]:
+    """The ranks of a file whose checks passed before (its cached verdict): every entry is in
+    the byte-level alphabet, so a translation table maps it at C speed."""
     vocab: dict[str, int] = (spec.get("model") or {}).get("vocab") or {}
-    return {bytes(byte_decoder[c] for c in t): i for t, i in vocab.items() if i not in control}
+    table = str.maketrans({c: chr(b) for c, b in byte_decoder.items()})
+    return {t.translate(table).encode("latin-1"): i for t, i in vocab.items() if i not in control}
 
 
 def _refused(sha256: str, reason: str) -> tuple[None, str]:
