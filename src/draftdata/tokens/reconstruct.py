@@ -347,22 +347,27 @@ class _Plan:
         prov: Provenance,
     ) -> Sample:
         if self.flags is not None and self.response is not None:
-            return self._joined(bound, item, enc, text_ids, prov, self.response, self.flags)
-        prompt = (
-            list(item.prompt_ids)
-            if item.prompt_ids is not None
-            else _assemble(bound, self.prompt or (), enc)
-        )
-        if self.response is not None:
-            response = _assemble(bound, self.response, enc, text_ids, self.texts)
+            ids, mask = self._joined(bound, enc, text_ids, self.response, self.flags)
+            prompt_len = mask.index(True) if True in mask else len(ids)
         else:
-            response = self.ids or []
+            prompt = (
+                list(item.prompt_ids)
+                if item.prompt_ids is not None
+                else _assemble(bound, self.prompt or (), enc)
+            )
+            if self.response is not None:
+                response = _assemble(bound, self.response, enc, text_ids, self.texts)
+            else:
+                response = self.ids or []
+            ids = prompt + response
+            mask = [False] * len(prompt) + [True] * len(response)
+            prompt_len = len(prompt)
         return Sample(
             id=item.record_id,
             dataset=item.dataset,
-            input_ids=prompt + response,
-            loss_mask=[False] * len(prompt) + [True] * len(response),
-            prompt_len=len(prompt),
+            input_ids=ids,
+            loss_mask=mask,
+            prompt_len=prompt_len,
             token_source=self.source,
             finish_reason=item.view.finish_reason,
             provenance=prov,
@@ -372,13 +377,13 @@ class _Plan:
     def _joined(
         self,
         bound: BoundFormat,
-        item: Item,
         enc: PieceEncoder,
         text_ids: TextIds | None,
-        prov: Provenance,
         layout: Sequence[int | str],
         flags: Sequence[bool],
-    ) -> Sample:
+    ) -> tuple[list[int], list[bool]]:
+        """Ids and mask of a layout whose pieces carry their own trained flags (all turns);
+        split preferences apply to the trained text."""
         ids: list[int] = []
         mask: list[bool] = []
         texts = iter(self.texts)
@@ -392,17 +397,7 @@ class _Plan:
                     piece = text_ids(text, piece)
             ids += piece
             mask += [trained] * len(piece)
-        return Sample(
-            id=item.record_id,
-            dataset=item.dataset,
-            input_ids=ids,
-            loss_mask=mask,
-            prompt_len=mask.index(True) if True in mask else len(ids),
-            token_source=self.source,
-            finish_reason=item.view.finish_reason,
-            provenance=prov,
-            warnings=tuple(self.warnings),
-        )
+        return ids, mask
 
 
 def _plan(
