@@ -35,7 +35,7 @@ def conversations(n: int) -> list[list[dict]]:
         if (
             msgs
             and msgs[0]["role"] == "user"
-            and sum(m["role"] == "assistant" for m in msgs) >= 2
+            and 2 <= sum(m["role"] == "assistant" for m in msgs) <= 4
             and all(m["content"] for m in msgs)
         ):
             out.append(msgs)
@@ -64,7 +64,7 @@ def test_every_turn_is_trained_where_the_template_puts_it(bound, key):
     b = bound(key)
     template = b.tokenizer.chat_template
     items, want = [], []
-    for i, msgs in enumerate(conversations(6)):
+    for i, msgs in enumerate(conversations(4)):
         *history, last = msgs
         view = ApiView(last["content"], "stop")
         items.append(Item(messages_of(history), view, record_id=str(i), all_turns=True))

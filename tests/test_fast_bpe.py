@@ -32,9 +32,16 @@ def tok_of(spec: dict, sha: str) -> HFTokenizer:
     return HFTokenizer(spec, path=TOKENIZERS, sha256=sha, kind="tokenizer.json")
 
 
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("fast-bpe-cache")
+
+
 @pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DRAFTDATA_CACHE", str(tmp_path))
+def own_cache(cache, monkeypatch):
+    """A cache of this module's own, so each verdict here is made by these tests (once per
+    name: the checks take a second or two per file)."""
+    monkeypatch.setenv("DRAFTDATA_CACHE", str(cache))
     monkeypatch.delenv("DRAFTDATA_FAST_BPE", raising=False)
 
 
@@ -81,10 +88,10 @@ def test_bytes_without_a_token_go_to_the_library():
     assert [tok.encode(t) for t in batch] == want
 
 
-def test_the_verdict_is_cached_by_sha256_and_the_switch_turns_it_off(tmp_path, monkeypatch):
-    spec = spec_of("qwen3")
+def test_the_verdict_is_cached_by_sha256_and_the_switch_turns_it_off(cache, monkeypatch):
+    spec = spec_of("smollm2")
     tok_of(spec, "test-cache").encoder  # noqa: B018
-    verdict = tmp_path / "tokenizers" / "test-cache.fast-bpe.json"
+    verdict = cache / "tokenizers" / "test-cache.fast-bpe.json"
     assert json.loads(verdict.read_text())["fast"] is True
     # loaded again on the cached verdict (ranks built the quick way): the same ids
     again = tok_of(spec, "test-cache")

@@ -205,7 +205,7 @@ def test_plain_encoding_is_the_library_tokenizer_without_its_added_vocabulary(lo
     reference = Library.from_str(json.dumps({**spec, "added_tokens": []}))
     tok = load(key)
     convs = json.loads((PROMPTS / "sharegpt_v3_first1000.json").read_text())
-    texts = [t["value"] for c in convs[:60] for t in c["conversations"]]
+    texts = [t["value"] for c in convs[:25] for t in c["conversations"]]
     texts += [m + " x\n\n " for m in tok.control_by_text] + [
         "\u00e9\u0301  \t\n\n12345 \u4f60\u597d"
     ]
