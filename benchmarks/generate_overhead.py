@@ -21,7 +21,6 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -86,6 +85,14 @@ sampling = {{ temperature = 0.0, max_tokens = 256 }}
 """
 
 
+#: runs argv as its only child and prints the child's CPU seconds and peak RSS (KB)
+PEAK = (
+    "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, "
+    "stdout=subprocess.DEVNULL); u = resource.getrusage(resource.RUSAGE_CHILDREN); "
+    "print(u.ru_utime + u.ru_stime, u.ru_maxrss)"
+)
+
+
 def ledger_size(path: Path) -> int:
     """The ledger's bytes on disk once its write-ahead log is folded in."""
     import sqlite3
@@ -129,17 +136,27 @@ def main() -> None:
                 out=out, tok=SHARED / "tokenizers" / "smollm2", url=url + "/v1", conc=conc, src=src
             )
         )
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "draftdata", "generate", str(m), "-q"],
+        # through a bare parent: a child's ru_maxrss starts from its parent's peak at fork, and
+        # this process holds every request body of the baseline
+        got = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                PEAK,
+                sys.executable,
+                "-m",
+                "draftdata",
+                "generate",
+                str(m),
+                "-q",
+            ],
             check=True,
-            stdout=subprocess.DEVNULL,
-        )
+            capture_output=True,
+            text=True,
+        ).stdout.split()
         wall = time.perf_counter() - t0
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-        peak_mb = after.ru_maxrss / 1024
+        cpu, peak_mb = float(got[-2]), int(got[-1]) / 1024
         st = json.loads(
             subprocess.run(
                 [sys.executable, "-m", "draftdata", "status", str(m), "--json"],

@@ -11,6 +11,7 @@ import asyncio
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Any
 
 from rich.console import Console
@@ -432,10 +433,12 @@ class Runner:
     def conversations(self, d: DatasetCfg) -> Iterator[Answered]:
         """Every stored answer with the conversation it answered (on-policy history rebuilt)."""
         prompts = {p.id: p for p in self.ledger.prompts(d.name)}
-        by_chain: dict[tuple[str, int], dict[int, StoredResponse]] = {}
-        for k, stored in self.ledger.responses(d.name).items():
-            by_chain.setdefault((k.prompt_id, k.sample_idx), {})[k.turn] = stored
-        for (pid, s), turns in sorted(by_chain.items()):
+        # streamed from the ledger in chain order: memory holds one conversation's answers
+        chains = groupby(
+            self.ledger.iter_responses(d.name), key=lambda r: (r.key.prompt_id, r.key.sample_idx)
+        )
+        for (pid, s), rows in chains:
+            turns = {r.key.turn: r for r in rows}
             p = prompts[pid]
             own: list[Message] = []
             for t in range(n_turns(p, d.turns)):

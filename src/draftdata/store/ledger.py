@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -227,32 +227,27 @@ class Ledger(ScoresMixin):
         ).fetchall()
         return {Key(*r) for r in rows}
 
+    _RESPONSE = (
+        "SELECT r.dataset, r.prompt_id, r.sample_idx, r.turn, r.backend, r.response_json, "
+        "a.response, r.output_ids, r.prompt_ids, r.finish_reason, r.cost_usd, "
+        "r.our_prompt_ids, r.problem FROM responses r LEFT JOIN attempts a ON "
+        "a.id = r.attempt_id WHERE r.dataset=?"
+    )
+
     def responses(self, dataset: str) -> dict[Key, StoredResponse]:
         """Every stored answer of a dataset. A response body is kept once, in its attempt;
         ``response_json`` holds only what was not a body (an engine's own record)."""
-        rows = self.db.execute(
-            "SELECT r.dataset, r.prompt_id, r.sample_idx, r.turn, r.backend, r.response_json, "
-            "a.response, r.output_ids, r.prompt_ids, r.finish_reason, r.cost_usd, "
-            "r.our_prompt_ids, r.problem FROM responses r LEFT JOIN attempts a ON "
-            "a.id = r.attempt_id WHERE r.dataset=?",
-            (dataset,),
-        ).fetchall()
-        out = {}
-        for r in rows:
-            key = Key(*r[:4])
-            body = r[5] if r[5] is not None else codec.unpack_text(r[6])
-            out[key] = StoredResponse(
-                key,
-                r[4],
-                json.loads(body) if body else {},
-                codec.unpack_ids(r[7]),
-                codec.unpack_ids(r[8]),
-                r[9],
-                r[10],
-                codec.unpack_ids(r[11]),
-                r[12],
-            )
-        return out
+        rows = self.db.execute(self._RESPONSE, (dataset,)).fetchall()
+        return {s.key: s for s in map(_stored, rows)}
+
+    def iter_responses(self, dataset: str) -> Iterator[StoredResponse]:
+        """The stored answers of a dataset one at a time, by prompt, sample and turn (a cursor:
+        memory holds one answer, not the dataset's)."""
+        cur = self.db.execute(
+            self._RESPONSE + " ORDER BY r.prompt_id, r.sample_idx, r.turn", (dataset,)
+        )
+        while rows := cur.fetchmany(256):
+            yield from map(_stored, rows)
 
     # --- the write that matters ------------------------------------------------------------
     def record_failure(self, key: Key, backend: str, f: FailedAttempt) -> None:
@@ -447,6 +442,21 @@ for _name in (
     "sample_keys",
 ):
     setattr(Ledger, _name, guarded(getattr(Ledger, _name)))
+
+
+def _stored(r: Sequence[Any]) -> StoredResponse:
+    body = r[5] if r[5] is not None else codec.unpack_text(r[6])
+    return StoredResponse(
+        Key(*r[:4]),
+        r[4],
+        json.loads(body) if body else {},
+        codec.unpack_ids(r[7]),
+        codec.unpack_ids(r[8]),
+        r[9],
+        r[10],
+        codec.unpack_ids(r[11]),
+        r[12],
+    )
 
 
 class _Tx:
