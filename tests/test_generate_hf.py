@@ -95,7 +95,7 @@ def test_ctrl_c_stops_the_hf_engine_between_decode_steps(tmp_path):
     for line in proc.stderr:  # the model is loaded once the dataset's first progress line shows
         if line.startswith("mt: 0/1"):
             break
-    time.sleep(3)  # decoding
+    time.sleep(1)  # decoding (the progress line shows once the model is loaded)
     proc.send_signal(signal.SIGINT)
     t0 = time.time()
     _, err = proc.communicate(timeout=300)

@@ -304,3 +304,4 @@ backend = "paid"
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["scored_now"] == 0 and doc["samples"] == 6
+    assert "Loading weights" not in r.stderr  # nothing left to score: the model is not loaded

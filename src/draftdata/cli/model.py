@@ -89,7 +89,11 @@ def score(
         return load_scorer(model, device=device)
 
     if is_run:
-        doc = _score_run(target, load, threshold, repair)
+        from ..model.load import model_folder
+
+        # the model's key (its folder) without loading it: a run with nothing left to score
+        # never loads the model
+        doc = _score_run(target, (str(model_folder(model)[0]), load), threshold, repair)
     else:
         doc = _score_files(
             target, load, tokenizer or "", threshold, repair, output, temperature, top_p
@@ -113,7 +117,7 @@ def _score_run(run: Path, load: Any, threshold: float, repair: bool) -> dict[str
         ticker = Ticker("score", sum(len(led.sample_keys(d.name)) for d in m.datasets))
         doc = score_run_to_file(
             led,
-            load(),
+            load,
             runner.bound.tokenizer,
             m,
             threshold=threshold,

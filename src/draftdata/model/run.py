@@ -30,9 +30,18 @@ class DatasetDecoding:
     decoding: Decoding
 
 
+#: a loaded scorer, or what loads one: (the model's key, a function that loads it), so a run with
+#: nothing left to score never loads the model
+ScorerSource = Scorer | tuple[str, Callable[[], Scorer]]
+
+
+def _key(scorer: ScorerSource) -> str:
+    return scorer[0] if isinstance(scorer, tuple) else str(scorer.lm.folder)
+
+
 def score_run(
     ledger: Ledger,
-    scorer: Scorer,
+    scorer: ScorerSource,
     tok: Tokenizer,
     datasets: Sequence[DatasetDecoding],
     *,
@@ -42,12 +51,17 @@ def score_run(
     on_sample: Callable[[object], None] | None = None,
 ) -> tuple[int, int]:
     """Score (and repair) what is not scored yet; returns (samples scored now, samples repaired)."""
-    model = str(scorer.lm.folder)
+    model = _key(scorer)
     scored = repaired = 0
     for d in datasets:
         done = ledger.scored(d.name, model)
         # keys first: the samples are read one by one while repaired ones are written back
-        todo = ledger.samples_for([k for k in ledger.sample_keys(d.name) if k not in done])
+        keys = [k for k in ledger.sample_keys(d.name) if k not in done]
+        if not keys:
+            continue
+        if isinstance(scorer, tuple):
+            scorer = scorer[1]()  # the first dataset with something to score loads the model
+        todo = ledger.samples_for(keys)
         batch: list[Scored] = []
         dec = d.decoding
 
@@ -111,7 +125,7 @@ def datasets_of(m: Manifest) -> list[DatasetDecoding]:
 
 def score_run_to_file(
     ledger: Ledger,
-    scorer: Scorer,
+    scorer: ScorerSource,
     tok: Tokenizer,
     m: Manifest,
     *,
@@ -135,7 +149,7 @@ def score_run_to_file(
         text_ids=text_ids,
         on_sample=on_sample,
     )
-    rep = run_report(ledger, str(scorer.lm.folder))
+    rep = run_report(ledger, _key(scorer))
     doc: dict[str, Any] = rep.to_json() if rep is not None else {"samples": 0, "groups": []}
     doc.update(extra)
     doc.update(
