@@ -3,6 +3,10 @@ offline layout, on one device or data-parallel on Ray."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,6 +33,22 @@ def _control_ids(target: Path, tokenizer: str | None, model_folder: Path) -> fro
     if spec is None and (model_folder / "tokenizer.json").is_file():
         spec = str(model_folder)
     return load_tokenizer(spec).control_ids if spec else frozenset()
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """File descriptor 1 pointed at stderr for the block (Ray prints its workers' and raylet's
+    lines to the driver's stdout, which would break ``--json -``); put back after, once the
+    capture has shut Ray down."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 @app.command(
@@ -105,21 +125,22 @@ def hidden_states(
         from ..hidden.ray_data import capture_ray
         from ..model.load import model_folder
 
-        doc = capture_ray(
-            files,
-            dest,
-            model,
-            layers_spec=layers,
-            layout=layout,
-            dtype=dtype,
-            device=device,
-            threshold=threshold,
-            control_ids=_control_ids(target, tokenizer, model_folder(model)[0]),
-            address=ray,
-            actors=actors,
-            gpus_per_actor=gpus_per_actor,
-            cpus_per_actor=cpus_per_actor,
-        )
+        with _stdout_to_stderr():  # Ray's own lines ("(raylet) WARNING ...") reach stdout
+            doc = capture_ray(
+                files,
+                dest,
+                model,
+                layers_spec=layers,
+                layout=layout,
+                dtype=dtype,
+                device=device,
+                threshold=threshold,
+                control_ids=_control_ids(target, tokenizer, model_folder(model)[0]),
+                address=ray,
+                actors=actors,
+                gpus_per_actor=gpus_per_actor,
+                cpus_per_actor=cpus_per_actor,
+            )
     else:
         doc = _capture_here(
             target, files, dest, model, layers, layout, dtype, device, threshold, tokenizer
