@@ -91,20 +91,29 @@ def old_columns(db: sqlite3.Connection, table: str) -> set[str]:
     return {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
 
 
+def sources(table: str, have: set[str]) -> list[tuple[str, str]]:
+    """Each schema-4 column of ``table`` with the column of an older table that holds it (its
+    own name, its schema-3 name, or NULL where the older table has neither)."""
+    out = []
+    for c in columns(table_sql(table)):
+        old = RENAMED[table].get(c, c)
+        out.append((c, c if c in have else old if old in have else "NULL"))
+    return out
+
+
 def views_of_old_columns(db: sqlite3.Connection) -> None:
     """Read-only on an older ledger: temporary views (they shadow the tables) that give its
     columns today's names; the codec reads JSON ids where it finds text."""
-    for table, renamed in RENAMED.items():
+    for table in RENAMED:
         have = old_columns(db, table)
         if not have:
             continue
-        cols = []
-        for c in columns(table_sql(table)):
-            old = renamed.get(c, c)
-            cols.append(
-                f"{c} AS {c}" if c in have else f"{old} AS {c}" if old in have else f"NULL AS {c}"
-            )
-        db.execute(f"CREATE TEMP VIEW {table} AS SELECT {', '.join(cols)} FROM main.{table}")
+        cols = ", ".join(f"{src} AS {c}" for c, src in sources(table, have))
+        db.execute(f"CREATE TEMP VIEW {table} AS SELECT {cols} FROM main.{table}")
+
+
+def _repack_ids(v: Any) -> bytes | None:
+    return codec.pack_ids(codec.unpack_ids(v))
 
 
 def convert_columns(db: sqlite3.Connection) -> None:
@@ -113,18 +122,17 @@ def convert_columns(db: sqlite3.Connection) -> None:
     packers: dict[str, Callable[[Any], Any]] = {
         "request": codec.pack_text,
         "response": codec.pack_text,
-        "output_ids": lambda v: codec.pack_ids(codec.unpack_ids(v)),
-        "prompt_ids": lambda v: codec.pack_ids(codec.unpack_ids(v)),
-        "our_prompt_ids": lambda v: codec.pack_ids(codec.unpack_ids(v)),
-        "input_ids": lambda v: codec.pack_ids(codec.unpack_ids(v)),
+        "output_ids": _repack_ids,
+        "prompt_ids": _repack_ids,
+        "our_prompt_ids": _repack_ids,
+        "input_ids": _repack_ids,
         "loss_mask": lambda v: codec.pack_mask(codec.unpack_mask(v)),
     }
     for table, renamed in RENAMED.items():
         have = old_columns(db, table)
         if not have:
             continue  # samples set aside by 2 -> 3: made again
-        cols = columns(table_sql(table))
-        select = [renamed.get(c, c) if renamed.get(c, c) in have else "NULL" for c in cols]
+        cols, select = zip(*sources(table, have), strict=True)
         db.execute(f"ALTER TABLE {table} RENAME TO {table}_v3")
         db.execute(table_sql(table))
         rows = db.execute(f"SELECT {', '.join(select)} FROM {table}_v3")
@@ -140,6 +148,4 @@ def convert_columns(db: sqlite3.Connection) -> None:
                 out.append(row)
             db.executemany(f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({marks})", out)
         db.execute(f"DROP TABLE {table}_v3")
-    db.execute(
-        "CREATE INDEX IF NOT EXISTS attempts_key ON attempts (dataset, prompt_id, sample_idx, turn)"
-    )
+    # the attempts index went with the old table; the ledger runs SCHEMA after a migration
