@@ -112,13 +112,7 @@ OPEN_END_PROBE = "a"
 def open_ended_ids(tok: Any, text: str, probe: str = OPEN_END_PROBE) -> list[int]:
     """Encode ``text`` as the prefix of ``text + probe``: the ids whose bytes end exactly where
     the text ends. Falls back to the plain encoding when the probe merges into the last token."""
-    return _cut_probe(tok, text, tok.encode(text + probe), probe)
-
-
-def _cut_probe(tok: Any, text: str, ids: Sequence[int], probe: str = OPEN_END_PROBE) -> list[int]:
-    """``ids`` (the encoding of ``text + probe``) without the probe's tokens; the plain encoding
-    of ``text`` where the probe merged into the text's last token."""
-    cut = _without_probe(tok, ids, probe)
+    cut = _without_probe(tok, tok.encode(text + probe), probe)
     return list(tok.encode(text)) if cut is None else cut
 
 
@@ -182,6 +176,9 @@ class PieceEncoder:
                     out.append(e)
             return out
 
+    def text(self, j: int) -> str:
+        return self._todo[j][0]
+
     def ids(self, j: int) -> list[int]:
         got = self._ids[j]
         if isinstance(got, DraftdataError):
@@ -209,18 +206,15 @@ def _assemble(
     layout: Sequence[int | str],
     enc: PieceEncoder,
     text_ids: TextIds | None = None,
-    texts: Sequence[str] = (),
 ) -> list[int]:
     out: list[int] = []
-    k = 0
     for p in layout:
         if isinstance(p, str):
             out.append(bound.ids[p])
             continue
         ids = enc.ids(p)
         if text_ids is not None:
-            ids = text_ids(texts[k], ids)
-        k += 1
+            ids = text_ids(enc.text(p), ids)
         out.extend(ids)
     return out
 
@@ -236,8 +230,7 @@ def encode_response(
     enc = PieceEncoder(bound.tokenizer)
     layout = _layout(bound, segs, enc, finish_reason == "length")
     enc.run()
-    texts = [s.text for s in merge_text(segs) if isinstance(s, Text)]
-    return _assemble(bound, layout, enc, text_ids, texts)
+    return _assemble(bound, layout, enc, text_ids)
 
 
 def prompt_ids_many(
@@ -332,7 +325,6 @@ class _Plan:
     prompt: Sequence[int | str] | None
     response: Sequence[int | str] | None  # None: ``ids`` came from logprobs
     ids: list[int] | None
-    texts: list[str]
     source: TokenSource
     warnings: list[str]
     #: the trained flag of each piece, where the whole sequence is one layout (all turns)
@@ -356,7 +348,7 @@ class _Plan:
                 else _assemble(bound, self.prompt or (), enc)
             )
             if self.response is not None:
-                response = _assemble(bound, self.response, enc, text_ids, self.texts)
+                response = _assemble(bound, self.response, enc, text_ids)
             else:
                 response = self.ids or []
             ids = prompt + response
@@ -386,15 +378,13 @@ class _Plan:
         split preferences apply to the trained text."""
         ids: list[int] = []
         mask: list[bool] = []
-        texts = iter(self.texts)
         for p, trained in zip(layout, flags, strict=True):
             if isinstance(p, str):
                 piece = [bound.ids[p]]
             else:
                 piece = enc.ids(p)
-                text = next(texts)
                 if trained and text_ids is not None:
-                    piece = text_ids(text, piece)
+                    piece = text_ids(enc.text(p), piece)
             ids += piece
             mask += [trained] * len(piece)
         return ids, mask
@@ -413,10 +403,9 @@ def _plan(
 
         segs, warns = joined_turns(bound, item.messages, item.view, item.tools, opts, thinking)
         merged = merge_text(segs)
-        texts = [s.text for s in merged if isinstance(s, Text)]
         layout = _layout(bound, merged, enc, item.view.finish_reason == "length")
         flags = [s.trained for s in merged]
-        return _Plan(None, layout, None, texts, "reconstructed", list(warns), flags)
+        return _Plan(None, layout, None, "reconstructed", list(warns), flags)
     prompt = None
     if item.prompt_ids is None:
         prompt = _layout(
@@ -427,13 +416,12 @@ def _plan(
     if use_logprobs and view.logprobs:
         ids, reason = ids_from_logprobs(bound, view)
         if ids is not None:
-            return _Plan(prompt, None, ids, [], "logprobs", warnings)
+            return _Plan(prompt, None, ids, "logprobs", warnings)
         warnings.append(f"logprob_fallback:{reason}")
     segs, warns = response_segments(bound, view, thinking=thinking)
     warnings += warns
-    texts = [s.text for s in merge_text(segs) if isinstance(s, Text)]
     response = _layout(bound, segs, enc, view.finish_reason == "length")
-    return _Plan(prompt, response, None, texts, "reconstructed", warnings)
+    return _Plan(prompt, response, None, "reconstructed", warnings)
 
 
 def reconstruct(
