@@ -8,10 +8,12 @@ project's replay server in its own process, then measures, at each concurrency:
 - baseline: a minimal asyncio HTTP/1.1 keep-alive client sending the same requests to the same
   server and discarding the answers (what the server alone can do).
 
-Reported: requests/s of each and their ratio, CPU seconds per request of the draftdata process,
-and its peak RSS.
+Reported: requests/s of each and their ratio, for the whole command (start-up and the tokens
+stage included) and for its generation phase alone (from the first request sent to the last
+answer committed, read from the ledger's own timestamps: attempts.started_at and
+responses.created_at); CPU seconds per request of the draftdata process, and its peak RSS.
 
-    python benchmarks/generate_overhead.py [--prompts 10000] [--concurrency 64 256]
+    python benchmarks/generate_overhead.py [--prompts 10000] [--concurrency 64 256] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -103,10 +106,22 @@ def ledger_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
 
 
+def generation_s(path: Path) -> float:
+    """First request sent to last answer committed, from the ledger's own timestamps."""
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    (first,) = db.execute("SELECT min(started_at) FROM attempts").fetchone()
+    (last,) = db.execute("SELECT max(created_at) FROM responses").fetchone()
+    db.close()
+    return float(last - first)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=10000)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="draftdata-bench-"))
     gt, src, bodies = build(tmp, args.prompts)
@@ -127,53 +142,67 @@ def main() -> None:
         f"{os.cpu_count()} cpus"
     )
     for conc in args.concurrency:
-        base_s, ok = asyncio.run(_run_raw(url, args.prompts, conc, bodies))
-        assert ok == args.prompts, ok
-        out = tmp / f"run-{conc}"
-        m = tmp / f"m-{conc}.toml"
-        m.write_text(
-            MANIFEST.format(
-                out=out, tok=SHARED / "tokenizers" / "smollm2", url=url + "/v1", conc=conc, src=src
+        whole, phase = [], []
+        for rep in range(args.repeats):
+            base_s, ok = asyncio.run(_run_raw(url, args.prompts, conc, bodies))
+            assert ok == args.prompts, ok
+            out = tmp / f"run-{conc}-{rep}"
+            m = tmp / f"m-{conc}-{rep}.toml"
+            m.write_text(
+                MANIFEST.format(
+                    out=out,
+                    tok=SHARED / "tokenizers" / "smollm2",
+                    url=url + "/v1",
+                    conc=conc,
+                    src=src,
+                )
             )
-        )
-        t0 = time.perf_counter()
-        # through a bare parent: a child's ru_maxrss starts from its parent's peak at fork, and
-        # this process holds every request body of the baseline
-        got = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                PEAK,
-                sys.executable,
-                "-m",
-                "draftdata",
-                "generate",
-                str(m),
-                "-q",
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.split()
-        wall = time.perf_counter() - t0
-        cpu, peak_mb = float(got[-2]), int(got[-1]) / 1024
-        st = json.loads(
-            subprocess.run(
-                [sys.executable, "-m", "draftdata", "status", str(m), "--json"],
+            t0 = time.perf_counter()
+            # through a bare parent: a child's ru_maxrss starts from its parent's peak at fork, and
+            # this process holds every request body of the baseline
+            got = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    PEAK,
+                    sys.executable,
+                    "-m",
+                    "draftdata",
+                    "generate",
+                    str(m),
+                    "-q",
+                ],
                 check=True,
                 capture_output=True,
                 text=True,
-            ).stdout
-        )["datasets"]["bench"]
-        assert st["done"] == args.prompts, st
-        rps, base_rps = args.prompts / wall, args.prompts / base_s
-        ledger_mb = ledger_size(out / "ledger.sqlite") / 1e6
+            ).stdout.split()
+            wall = time.perf_counter() - t0
+            cpu, peak_mb = float(got[-2]), int(got[-1]) / 1024
+            st = json.loads(
+                subprocess.run(
+                    [sys.executable, "-m", "draftdata", "status", str(m), "--json"],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
+            )["datasets"]["bench"]
+            assert st["done"] == args.prompts, st
+            rps, base_rps = args.prompts / wall, args.prompts / base_s
+            ledger_mb = ledger_size(out / "ledger.sqlite") / 1e6
+            gen_rps = args.prompts / generation_s(out / "ledger.sqlite")
+            print(
+                f"concurrency {conc}: draftdata {rps:.0f} req/s (wall {wall:.1f}s incl. startup "
+                f"and samples), baseline raw client {base_rps:.0f} req/s, ratio "
+                f"{rps / base_rps:.2f}; generation phase {gen_rps:.0f} req/s, ratio "
+                f"{gen_rps / base_rps:.2f}; draftdata CPU {1000 * cpu / args.prompts:.2f} ms/request; "
+                f"peak RSS {peak_mb:.0f} MB; ledger {ledger_mb * 1000 / args.prompts:.2f} MB per "
+                "1k responses"
+            )
+            whole.append(rps / base_rps)
+            phase.append(gen_rps / base_rps)
         print(
-            f"concurrency {conc}: draftdata {rps:.0f} req/s (wall {wall:.1f}s incl. startup "
-            f"and samples), baseline raw client {base_rps:.0f} req/s, ratio "
-            f"{rps / base_rps:.2f}; draftdata CPU {1000 * cpu / args.prompts:.2f} ms/request; "
-            f"peak RSS {peak_mb:.0f} MB; ledger {ledger_mb * 1000 / args.prompts:.2f} MB per "
-            "1k responses"
+            f"concurrency {conc}: median of {args.repeats}: ratio {statistics.median(whole):.2f} "
+            f"(whole command), {statistics.median(phase):.2f} (generation phase)"
         )
     server.terminate()
 

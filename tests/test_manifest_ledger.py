@@ -165,3 +165,60 @@ def test_on_policy_turns_use_the_models_own_answers():
         "Q2",
     ]
     assert [m.content for m in turn_messages(p, "first", 0, [])] == ["S", "Q1"]
+
+
+def test_answers_are_committed_in_groups_and_each_is_durable_before_it_returns(tmp_path):
+    """64 answers arriving together: a handful of transactions, not 64; when an answer's
+    ``put`` returns, a second connection (another process's view) already sees it done; a
+    commit that fails reaches every answer of its group."""
+    import asyncio
+
+    from draftdata.generate.commits import GroupCommit
+    from draftdata.store.ledger import LedgerError
+
+    led = Ledger(tmp_path / "l.sqlite")
+    ps = [Prompt(f"p{i}", "d", (Message("user", f"q{i}"),)) for i in range(64)]
+    led.add_prompts("d", ps, samples=1, turns=lambda _: 1)
+    answer = Completion(
+        request={"x": 1},
+        response={"choices": []},
+        response_text="{}",
+        finish_reason="stop",
+        view=ApiView("hi", "stop"),
+        http_status=200,
+    )
+    commits = []
+    real = led.record_answers
+    led.record_answers = lambda group: (commits.append(len(group)), real(group))[1]  # type: ignore[method-assign]
+    other = sqlite3.connect(tmp_path / "l.sqlite")
+
+    def done(pid: str) -> bool:
+        q = "SELECT state FROM work WHERE prompt_id=?"
+        return other.execute(q, (pid,)).fetchone()[0] == "done"
+
+    async def go(group: GroupCommit) -> list[bool]:
+        async def one(i: int) -> bool:
+            await asyncio.sleep(0.001 * (i % 4))  # arriving close together, not all at once
+            await group.put((Key("d", f"p{i}", 0, 0), "api", answer, [1]))
+            return done(f"p{i}")
+
+        return await asyncio.gather(*(one(i) for i in range(48)))
+
+    assert all(asyncio.run(go(GroupCommit(led, delay_s=0.005))))
+    assert sum(commits) == 48 and len(commits) <= 8, commits
+
+    def broken(group):
+        raise LedgerError("the disk is full")
+
+    led.record_answers = broken  # type: ignore[method-assign]
+
+    async def failing() -> list[BaseException | None]:
+        g = GroupCommit(led)
+        return await asyncio.gather(
+            *(g.put((Key("d", f"p{i}", 0, 0), "api", answer, [1])) for i in range(48, 52)),
+            return_exceptions=True,
+        )
+
+    got = asyncio.run(failing())
+    assert all(isinstance(e, LedgerError) for e in got), got
+    assert not any(done(f"p{i}") for i in range(48, 52))

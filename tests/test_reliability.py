@@ -193,12 +193,12 @@ def test_credentials_in_base_url_are_redacted_everywhere_stored(tmp_path):
 
 
 def test_a_full_disk_stops_with_one_line_and_loses_nothing(tmp_path):
-    """A run folder on a 5 MB tmpfs that fills mid-run."""
+    """A run folder on a 1 MB tmpfs that fills mid-run."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a tmpfs needs root")
     mnt = tmp_path / "small"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mnt)]).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)]).returncode:
         pytest.skip("mounting a tmpfs is not allowed here")
     try:
         src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:400])

@@ -20,7 +20,16 @@ from rich.text import Text
 from ..errors import DraftdataError, GenerateError, ReconstructError
 from ..formats import BoundFormat, derive_view
 from ..manifest import DatasetCfg, Manifest
-from ..records import ApiView, Completion, FailedAttempt, Key, Message, Prompt, StoredResponse
+from ..records import (
+    ApiView,
+    Completion,
+    FailedAttempt,
+    Key,
+    Message,
+    Prompt,
+    Sample,
+    StoredResponse,
+)
 from ..records.wire import view_from_record
 from ..store.ledger import Ledger
 from ..store.lock import RunLock
@@ -32,6 +41,7 @@ from .backends.base import Backend, GenRequest
 from .backends.config import redact_url
 from .backends.retry import PROBE_REFUSED
 from .budget import Budget
+from .commits import GroupCommit
 from .conversation import answer_message, n_turns, sample_seed, turn_messages
 from .inputs import bind_target, read_dataset
 from .progress import Bars
@@ -49,6 +59,9 @@ def stored_manifest(m: Manifest) -> dict[str, Any]:
             b["base_url"] = redact_url(b["base_url"])
     return doc
 
+
+#: samples written per statement by the tokens stage
+SAMPLE_WRITES = 512
 
 #: conversations whose first prompts are rendered in one batched encode
 PROMPT_WINDOW = 512
@@ -103,6 +116,7 @@ class Runner:
         # one writer per run folder: a second one is refused before it can pay for anything
         self.lock = RunLock(out).acquire(" ".join(command_line or ["draftdata"]))
         self.ledger = Ledger(out / "ledger.sqlite")
+        self.commits = GroupCommit(self.ledger)
         t = manifest.target
         self.bound: BoundFormat = bind_target(manifest)
         tok = self.bound.tokenizer
@@ -247,16 +261,16 @@ class Runner:
                 f"waiting {f.wait_s:.0f} s{capped}"
             )
 
-    def store(
-        self,
-        bars: Bars,
-        req: GenRequest,
-        c: Completion,
-        backend: Backend,
-        estimate: float | None = None,
+    async def store(
+        self, bars: Bars, req: GenRequest, c: Completion, backend: Backend, estimate: float
     ) -> None:
-        self.ledger.record_answer(req.key, backend.name, c, req.prompt_ids)
+        """An answer: charged the moment it arrives (it is paid for), counted done once the
+        group holding it is committed."""
         self.budget.charge(c.cost_usd, estimate)
+        await self.commits.put((req.key, backend.name, c, req.prompt_ids))
+        self.counted(bars, req, c)
+
+    def counted(self, bars: Bars, req: GenRequest, c: Completion) -> None:
         bars.update(req.key.dataset, done=1, tokens=c.completion_tokens or 0, cost=c.cost_usd)
 
     # --- running -------------------------------------------------------------------------------
@@ -271,6 +285,7 @@ class Runner:
                     if fatal:
                         rep.stopped[d.name] = fatal
             finally:
+                self.commits.flush()  # answers that arrived before a stop are kept
                 for b in self.backends.values():
                     await b.aclose()
                 self.backends.clear()  # their locks and sessions belong to this event loop
@@ -373,7 +388,7 @@ class Runner:
         finally:
             self.budget.release(held)
         if c is not None:
-            self.store(bars, req, c, backend, estimate)
+            await self.store(bars, req, c, backend, estimate)
         return c
 
     async def rounds(
@@ -406,10 +421,12 @@ class Runner:
                 outs = await backend.run_batch(
                     batch, lambda r, f: self.on_failure(bars, r, f, backend.name)
                 )
-                for req, c in zip(batch, outs, strict=True):
-                    if c is not None:
-                        self.store(bars, req, c, backend)
-                        own[(req.key.prompt_id, req.key.sample_idx)].append(answer_message(c.view))
+                got = [(r, c) for r, c in zip(batch, outs, strict=True) if c is not None]
+                self.commits.put_now([(r.key, backend.name, c, r.prompt_ids) for r, c in got])
+                for req, c in got:
+                    self.budget.charge(c.cost_usd)
+                    self.counted(bars, req, c)
+                    own[(req.key.prompt_id, req.key.sample_idx)].append(answer_message(c.view))
             turn += 1
             alive = [
                 (p, s)
@@ -468,6 +485,7 @@ class Runner:
             for a in self.conversations(d)
             if a.key not in done
         )
+        made: list[tuple[Key, Sample]] = []
         with self.ledger.tx():
             for key, got in stage.samples(answers):
                 if isinstance(got, ReconstructError):
@@ -478,5 +496,9 @@ class Runner:
                     self.ledger.put_drop(key, "tokens", type(got).__name__)
                 else:
                     counts[got.token_source] += 1
-                    self.ledger.put_sample(key, got)
+                    made.append((key, got))
+                    if len(made) >= SAMPLE_WRITES:
+                        self.ledger.put_samples(made)
+                        made.clear()
+            self.ledger.put_samples(made)
         return Tokenized(dict(counts), dict(drops))

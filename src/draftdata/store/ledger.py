@@ -272,43 +272,50 @@ class Ledger(ScoresMixin):
     def record_answer(
         self, key: Key, backend: str, c: Completion, our_prompt_ids: list[int]
     ) -> None:
-        """One transaction: the attempt (raw request/response verbatim), the canonical
-        response and the work state."""
-        drift = None if c.prompt_ids is None else int(list(c.prompt_ids) != our_prompt_ids)
+        """One answer in its own transaction (see ``record_answers``)."""
+        self.record_answers([(key, backend, c, our_prompt_ids)])
+
+    def record_answers(self, answers: Sequence[tuple[Key, str, Completion, list[int]]]) -> None:
+        """One transaction for a group of answers: for each, the attempt (raw request/response
+        verbatim), the canonical response and the work state. Either every answer of the group
+        is durable or none is: an answer counts as done only after this returns."""
         with self.tx():
-            attempt = self._attempt(
-                key,
+            for key, backend, c, our_prompt_ids in answers:
+                self._answer(key, backend, c, our_prompt_ids)
+
+    def _answer(self, key: Key, backend: str, c: Completion, our_prompt_ids: list[int]) -> None:
+        drift = None if c.prompt_ids is None else int(list(c.prompt_ids) != our_prompt_ids)
+        attempt = self._attempt(
+            key,
+            backend,
+            True,
+            None,
+            c.http_status,
+            c.started_at,
+            c.latency_s,
+            c.request,
+            c.response_text,
+        )
+        self.db.execute(
+            "INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                *key.tuple(),
+                attempt,
                 backend,
-                True,
-                None,
-                c.http_status,
-                c.started_at,
-                c.latency_s,
-                c.request,
-                c.response_text,
-            )
-            self.db.execute(
-                "INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    *key.tuple(),
-                    attempt,
-                    backend,
-                    None if c.response_is_body else codec.dumps(c.response),
-                    codec.pack_ids(c.output_ids),
-                    codec.pack_ids(c.prompt_ids),
-                    c.finish_reason,
-                    c.prompt_tokens,
-                    c.completion_tokens,
-                    c.cost_usd,
-                    drift,
-                    time.time(),
-                    codec.pack_ids(our_prompt_ids),
-                    c.problem,
-                ),
-            )
-            self.db.execute(
-                f"UPDATE work SET state='done', last_error=NULL WHERE {_KEY}", key.tuple()
-            )
+                None if c.response_is_body else codec.dumps(c.response),
+                codec.pack_ids(c.output_ids),
+                codec.pack_ids(c.prompt_ids),
+                c.finish_reason,
+                c.prompt_tokens,
+                c.completion_tokens,
+                c.cost_usd,
+                drift,
+                time.time(),
+                codec.pack_ids(our_prompt_ids),
+                c.problem,
+            ),
+        )
+        self.db.execute(f"UPDATE work SET state='done', last_error=NULL WHERE {_KEY}", key.tuple())
 
     def _attempt(
         self,
@@ -374,11 +381,16 @@ class Ledger(ScoresMixin):
 
     # --- samples ---------------------------------------------------------------------------
     def put_sample(self, key: Key, sample: Sample) -> None:
-        self.db.execute(
+        self.put_samples([(key, sample)])
+
+    def put_samples(self, samples: Sequence[tuple[Key, Sample]]) -> None:
+        """Samples replacing whatever the tokens stage decided for their keys before."""
+        keys = [k.tuple() for k, _ in samples]
+        self.db.executemany(
             "INSERT OR REPLACE INTO samples VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (*key.tuple(), *codec.sample_row(sample)),
+            [(*k.tuple(), *codec.sample_row(s)) for k, s in samples],
         )
-        self.db.execute(f"DELETE FROM drops WHERE {_KEY} AND stage='tokens'", key.tuple())
+        self.db.executemany(f"DELETE FROM drops WHERE {_KEY} AND stage='tokens'", keys)
 
     def put_drop(self, key: Key, stage: str, reason: str) -> None:
         self.db.execute(
@@ -431,9 +443,11 @@ for _name in (
     "responses",
     "record_failure",
     "record_answer",
+    "record_answers",
     "quarantine",
     "failed",
     "put_sample",
+    "put_samples",
     "put_drop",
     "tokenized",
     "untokenized",

@@ -42,6 +42,8 @@ class OpenAIBackendCfg(_Strict):
     empty_retries: int = Field(2, ge=0, le=100)
     #: an answer body larger than this is stored, quarantined as oversized and not tokenized
     max_answer_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    #: the HTTP client: "auto" is the lean HTTP/1.1 client for http:// and aiohttp for https://
+    http: Literal["auto", "lean", "aiohttp"] = "auto"
 
     @field_validator("base_url")
     @classmethod

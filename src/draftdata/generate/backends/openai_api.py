@@ -1,7 +1,9 @@
 """Any OpenAI-compatible chat-completions endpoint (OpenRouter, vLLM, SGLang, transformers serve).
 
-Async HTTP (aiohttp: httpx's connection pool costs O(connections) per request, which at
-concurrency 64 made the client, not the server, the bottleneck) with bounded concurrency, a timeout per request, retries (Retry-After honoured,
+Async HTTP with bounded concurrency: the lean HTTP/1.1 client (``http11``) for `http://` servers,
+where the client's CPU is what limits a fast local server; aiohttp for `https://` (TLS, CDNs).
+httpx was dropped before either: its connection pool costs O(connections) per request. A timeout
+per request, retries (Retry-After honoured,
 otherwise exponential backoff with jitter), requests- and tokens-per-minute limits, ``extra_body``
 passed through, and a capability probe: where the server returns exact token ids (vLLM
 ``return_token_ids``), they are asked for and stored."""
@@ -25,10 +27,36 @@ from ...records import ApiView
 from ...records.wire import messages_to_wire, view_from_message
 from .base import Backend, Completion, FailedAttempt, GenRequest, OnFailure
 from .config import OpenAIBackendCfg, redact_url
+from .http11 import LeanHttp, Reply, TransportError
 from .reach import reachable
 from .retry import AUTH_STATUSES, PROBE_REFUSED, retry_after, retry_delay, will_retry
 
 _JSON = {"Content-Type": "application/json"}
+
+
+class _Aiohttp:
+    """aiohttp behind the lean client's interface (for `https://`, or ``http = "aiohttp"``)."""
+
+    def __init__(
+        self, url: str, headers: dict[str, str], timeout_s: float, concurrency: int
+    ) -> None:
+        self.url = url
+        self.session = aiohttp.ClientSession(
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+            connector=aiohttp.TCPConnector(limit=concurrency, ttl_dns_cache=300),
+        )
+
+    async def post(self, body: bytes) -> Reply:
+        try:
+            async with self.session.post(self.url, data=body, headers=_JSON) as r:
+                got = {k.lower(): v for k, v in r.headers.items()}
+                return Reply(r.status, got, await r.read())
+        except aiohttp.ClientError as e:
+            raise TransportError(type(e).__name__, str(e)) from e
+
+    async def aclose(self) -> None:
+        await self.session.close()
 
 
 class BackendConfigError(DraftdataError):
@@ -107,7 +135,7 @@ class OpenAIBackend(Backend):
                 "sent (`draftdata plan MANIFEST` checks every backend before a run)"
             )
         self.url = cfg.base_url + "/chat/completions"
-        self._session: aiohttp.ClientSession | None = None
+        self._transport: LeanHttp | _Aiohttp | None = None
         self.sem = asyncio.Semaphore(cfg.concurrency)
         self.rpm = RateLimiter(cfg.rpm) if cfg.rpm else None
         self.tpm = RateLimiter(cfg.tpm) if cfg.tpm else None
@@ -116,20 +144,22 @@ class OpenAIBackend(Backend):
         self._probe = asyncio.Lock()
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:  # created inside the running event loop
-            self._session = aiohttp.ClientSession(
-                headers=self.headers,
-                timeout=aiohttp.ClientTimeout(total=self.cfg.timeout_s),
-                connector=aiohttp.TCPConnector(limit=self.cfg.concurrency, ttl_dns_cache=300),
-                json_serialize=lambda o: json.dumps(o, ensure_ascii=False),
+    def transport(self) -> LeanHttp | _Aiohttp:
+        if self._transport is None:  # created inside the running event loop
+            lean = self.cfg.http == "lean" or (
+                self.cfg.http == "auto" and self.url.startswith("http://")
             )
-        return self._session
+            self._transport = (
+                LeanHttp(self.url, headers=self.headers, timeout_s=self.cfg.timeout_s)
+                if lean
+                else _Aiohttp(self.url, self.headers, self.cfg.timeout_s, self.cfg.concurrency)
+            )
+        return self._transport
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._transport is not None:
+            await self._transport.aclose()
+            self._transport = None
 
     def body(self, req: GenRequest, with_ids: bool) -> dict[str, Any]:
         s = req.sampling
@@ -183,16 +213,14 @@ class OpenAIBackend(Backend):
             headers: dict[str, str] = {}
             text: str | None = None
             try:
-                async with self.session.post(
-                    self.url, data=body.encode("utf-8"), headers=_JSON
-                ) as r:
-                    status, headers = r.status, dict(r.headers)
-                    text = (await r.read()).decode("utf-8", errors="replace")
+                reply = await self.transport.post(body.encode("utf-8"))
+                status, headers = reply.status, reply.headers
+                text = reply.body.decode("utf-8", errors="replace")
                 reason = None if status == 200 else f"http_{status}"
             except TimeoutError:
                 reason = "timeout"
-            except aiohttp.ClientError as e:
-                reason = f"connection_error:{type(e).__name__}"
+            except TransportError as e:
+                reason = f"connection_error:{e.reason}"
             latency = time.time() - t0
             if reason is None and text is not None:
                 done = self._parse(req, body, text, t0, latency, probing)

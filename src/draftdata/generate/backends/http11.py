@@ -1,0 +1,238 @@
+"""A lean HTTP/1.1 client for the generation hot path: one POST endpoint, kept-alive connections,
+one write per request, bodies by Content-Length, chunked or read to the close.
+
+On a local server (vLLM, SGLang, transformers serve) answering hundreds of requests a second the
+client's own CPU is the limit: aiohttp's request path cost about a third of `generate`'s time
+there. This client does only what the chat endpoint needs. What it does not do is said here:
+no redirects (a 3xx is a failed attempt with its status, like any non-200), no proxies (aiohttp
+was run without them too), no cookies. Servers are asked for identity encoding; a gzip or
+deflate body sent anyway is decompressed. `https://` URLs use aiohttp unless the backend asks
+for this client (`http = "lean"`).
+
+A connection the server closed while it sat idle fails at once on reuse, before any byte of an
+answer: the request is sent again on a fresh connection, without counting as an attempt. Any
+other failure is a ``TransportError`` whose ``reason`` names it (`body_cut`, `disconnected`,
+`reset`, `refused`, `bad_response`, `os_error`)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ssl
+import sys
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
+
+from ... import __version__
+
+#: the most header bytes a response may have
+HEAD_LIMIT = 1 << 20
+
+
+class TransportError(Exception):
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+class _Stale(Exception):
+    """The server closed a kept connection before answering on it."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    #: header names lower-cased; a repeated header's values joined with ", "
+    headers: dict[str, str]
+    body: bytes
+
+
+class _Conn:
+    __slots__ = ("reader", "writer")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class LeanHttp:
+    """POSTs to one URL. ``headers`` go on every request (an Authorization header, say)."""
+
+    def __init__(self, url: str, *, headers: Mapping[str, str], timeout_s: float) -> None:
+        u = urlsplit(url)
+        self.tls = u.scheme == "https"
+        self.host = u.hostname or ""
+        self.port = u.port or (443 if self.tls else 80)
+        self.timeout_s = timeout_s
+        self.ssl = ssl.create_default_context() if self.tls else None
+        path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+        host = self.host if u.port is None else f"{self.host}:{u.port}"
+        if ":" in self.host:  # an IPv6 literal goes in brackets
+            host = f"[{self.host}]" + (f":{u.port}" if u.port else "")
+        lines = [
+            f"POST {path} HTTP/1.1",
+            f"Host: {host}",
+            "Content-Type: application/json",
+            "Accept: application/json",
+            "Accept-Encoding: identity",
+            f"User-Agent: draftdata/{__version__}",
+        ]
+        if u.username is not None:  # credentials in the URL: basic auth, as aiohttp sends them
+            pair = f"{unquote(u.username)}:{unquote(u.password or '')}"
+            lines.append("Authorization: Basic " + base64.b64encode(pair.encode()).decode())
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        self._head = ("\r\n".join(lines) + "\r\n").encode("latin-1")
+        self._idle: list[_Conn] = []
+
+    async def post(self, body: bytes) -> Reply:
+        """One request and its whole answer, within ``timeout_s`` (TimeoutError past it)."""
+        if sys.version_info >= (3, 11):
+            async with asyncio.timeout(self.timeout_s):
+                return await self._post(body)
+        return await asyncio.wait_for(self._post(body), self.timeout_s)  # pragma: no cover
+
+    async def _post(self, body: bytes) -> Reply:
+        while True:
+            while self._idle and self._idle[-1].reader.at_eof():
+                self._idle.pop().close()  # closed by the server while it sat idle
+            reused = bool(self._idle)
+            conn = self._idle.pop() if reused else await self._open()
+            try:
+                reply, keep = await self._exchange(conn, body, reused)
+            except _Stale:
+                conn.close()
+                continue  # only a reused connection is stale: the next try opens one
+            except BaseException:
+                conn.close()
+                raise
+            if keep:
+                self._idle.append(conn)
+            else:
+                conn.close()
+            return reply
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, []
+        for c in idle:
+            c.close()
+
+    async def _open(self) -> _Conn:
+        try:
+            r, w = await asyncio.open_connection(
+                self.host,
+                self.port,
+                ssl=self.ssl,
+                server_hostname=self.host if self.tls else None,
+                limit=HEAD_LIMIT,
+            )
+        except ConnectionRefusedError as e:
+            raise TransportError("refused", str(e)) from e
+        except (ssl.SSLError, OSError) as e:
+            raise TransportError("os_error", str(e)) from e
+        return _Conn(r, w)
+
+    async def _exchange(self, conn: _Conn, body: bytes, reused: bool) -> tuple[Reply, bool]:
+        r, w = conn.reader, conn.writer
+        answered = False
+        try:
+            w.write(self._head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            await w.drain()
+            while True:  # 1xx answers (100 Continue) come before the real one
+                try:
+                    head = await r.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError as e:
+                    if reused and not e.partial:
+                        raise _Stale from e
+                    raise TransportError("disconnected", "no answer before the close") from e
+                answered = True
+                status, version, headers = _head(head)
+                if not 100 <= status < 200:
+                    break
+            payload, to_close = await _body(r, status, headers)
+        except (ConnectionResetError, BrokenPipeError) as e:
+            if reused and not answered:
+                raise _Stale from e
+            raise TransportError("reset", str(e)) from e
+        except asyncio.LimitOverrunError as e:
+            raise TransportError("bad_response", f"headers over {HEAD_LIMIT} bytes") from e
+        except ssl.SSLError as e:
+            raise TransportError("os_error", str(e)) from e
+        conn_hdr = headers.get("connection", "").lower()
+        keep = not to_close and (
+            "keep-alive" in conn_hdr if version == "HTTP/1.0" else "close" not in conn_hdr
+        )
+        return Reply(status, headers, _decoded(payload, headers)), keep
+
+
+def _head(head: bytes) -> tuple[int, str, dict[str, str]]:
+    lines = head[:-4].decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise TransportError("bad_response", f"status line {lines[0][:80]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise TransportError("bad_response", f"header line {line[:80]!r}")
+        name, value = name.strip().lower(), value.strip()
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return int(parts[1]), parts[0], headers
+
+
+async def _body(
+    r: asyncio.StreamReader, status: int, headers: Mapping[str, str]
+) -> tuple[bytes, bool]:
+    """The body, and whether the connection ends with it."""
+    try:
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            return await _chunks(r), False
+        length = headers.get("content-length")
+        if length is not None:
+            if not length.isdigit():
+                raise TransportError("bad_response", f"Content-Length {length[:40]!r}")
+            return await r.readexactly(int(length)), False
+        if status in (204, 304):
+            return b"", False
+        return await r.read(), True  # neither: the body runs to the close
+    except asyncio.IncompleteReadError as e:
+        raise TransportError(
+            "body_cut", f"{len(e.partial)} of {e.expected or '?'} bytes arrived"
+        ) from e
+
+
+async def _chunks(r: asyncio.StreamReader) -> bytes:
+    out = bytearray()
+    while True:
+        line = await r.readuntil(b"\r\n")
+        size_hex = line.split(b";", 1)[0].strip()
+        try:
+            size = int(size_hex, 16)
+        except ValueError:
+            raise TransportError("bad_response", f"chunk size {size_hex[:20]!r}") from None
+        if size == 0:
+            while await r.readuntil(b"\r\n") != b"\r\n":  # trailers, then the blank line
+                pass
+            return bytes(out)
+        out += await r.readexactly(size)
+        if await r.readexactly(2) != b"\r\n":
+            raise TransportError("bad_response", "a chunk not followed by CRLF")
+
+
+def _decoded(body: bytes, headers: Mapping[str, str]) -> bytes:
+    enc = headers.get("content-encoding", "identity").lower()
+    try:
+        if enc == "gzip":
+            return zlib.decompress(body, 16 + zlib.MAX_WBITS)
+        if enc == "deflate":
+            try:
+                return zlib.decompress(body)
+            except zlib.error:
+                return zlib.decompress(body, -zlib.MAX_WBITS)  # raw deflate, as some send
+    except zlib.error as e:
+        raise TransportError("bad_response", f"a {enc} body that does not decompress") from e
+    return body

@@ -1,0 +1,66 @@
+"""Grouped commits: the answers that arrive close together are written in one transaction.
+
+A transaction per answer cost as much CPU as the HTTP request that brought it. Here an answer is
+queued and its caller waits; the group is committed when it holds ``most`` answers or ``delay_s``
+after its first one, whichever comes first. The guarantee is the same as one transaction each:
+an answer counts as done (progress, budget, the conversation's next turn) only once the
+transaction holding it has committed. A SIGKILL loses at most the answers of the last
+``delay_s``, none of which had been counted; the next run asks for them again."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from ..records import Completion, Key
+from ..store.ledger import Ledger
+
+Answer = tuple[Key, str, Completion, list[int]]
+
+
+class GroupCommit:
+    def __init__(self, ledger: Ledger, *, delay_s: float = 0.005, most: int = 256) -> None:
+        self.ledger = ledger
+        self.delay_s = delay_s
+        self.most = most
+        self._group: list[tuple[Answer, asyncio.Future[None]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def put(self, answer: Answer) -> None:
+        """Returns once ``answer`` is durable; raises the ledger's error if its commit failed."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._group.append((answer, done))
+        if len(self._group) >= self.most:
+            self.flush()
+        elif self._timer is None:
+            self._timer = loop.call_later(self.delay_s, self.flush)
+        await done
+
+    def put_now(self, answers: Sequence[Answer]) -> None:
+        """A batch that is already grouped (a local engine's): committed at once, with anything
+        queued before it."""
+        self.flush()
+        self.ledger.record_answers(answers)
+
+    def flush(self) -> None:
+        """Commit what is queued. Also called when the run stops (Ctrl-C, an error): an answer
+        whose waiter was cancelled is still written, since it was paid for."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        group, self._group = self._group, []
+        if not group:
+            return
+        try:
+            self.ledger.record_answers([a for a, _ in group])
+        except Exception as e:
+            waiting = [done for _, done in group if not done.done()]
+            for done in waiting:
+                done.set_exception(e)
+            if not waiting:  # nobody is left to hear it (the run is stopping): say it here
+                raise
+            return
+        for _, done in group:
+            if not done.done():
+                done.set_result(None)
