@@ -4,11 +4,12 @@ each dataset's prompts as the model will see them. `generate`, `run` and `plan` 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 
 from ..formats import BoundFormat, get_format
 from ..manifest import DatasetCfg, Manifest
 from ..records import Prompt
-from ..sources import read_prompts
+from ..sources import iter_prompts
 from ..tokenizers import load_tokenizer
 from .conversation import tools_as_system
 
@@ -25,9 +26,13 @@ def bind_target(m: Manifest) -> BoundFormat:
 def read_dataset(m: Manifest, d: DatasetCfg) -> tuple[list[Prompt], Counter[str]]:
     """The dataset's prompts (tool schemas moved into the system prompt where it says so),
     and what was skipped while reading, by reason."""
-    prompts, drops = read_prompts(
-        m.resolve(d.source), d.reader, d.name, d.columns, d.limit, d.max_prompt_chars
+    drops: Counter[str] = Counter()
+    return list(iter_dataset(m, d, drops)), drops
+
+
+def iter_dataset(m: Manifest, d: DatasetCfg, drops: Counter[str]) -> Iterator[Prompt]:
+    """``read_dataset`` one prompt at a time; what was skipped is counted in ``drops``."""
+    it = iter_prompts(
+        m.resolve(d.source), d.reader, d.name, drops, d.columns, d.limit, d.max_prompt_chars
     )
-    if d.tools_prompt == "system":
-        prompts = [tools_as_system(p) for p in prompts]
-    return prompts, drops
+    return (tools_as_system(p) for p in it) if d.tools_prompt == "system" else it

@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from itertools import groupby
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rich.console import Console
@@ -43,7 +42,7 @@ from .backends.retry import PROBE_REFUSED
 from .budget import Budget
 from .commits import GroupCommit
 from .conversation import answer_message, n_turns, sample_seed, turn_messages
-from .inputs import bind_target, read_dataset
+from .inputs import bind_target, iter_dataset
 from .progress import Bars
 from .settings import check, settings_of
 
@@ -76,6 +75,17 @@ class Answered:
     messages: tuple[Message, ...]
     stored: StoredResponse
     view: ApiView
+
+
+@dataclass(frozen=True)
+class Chain:
+    """One conversation still to finish: its prompt, sample, stored answers by turn (a resumed
+    conversation), and its first turn's prompt ids where they were rendered ahead."""
+
+    prompt: Prompt
+    sample: int
+    answers: dict[int, StoredResponse]
+    first_ids: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -168,25 +178,28 @@ class Runner:
             self.backends[name] = make_backend(name, self.m.backends[name], self.m, self.bound)
         return self.backends[name]
 
-    def prompts(self, d: DatasetCfg) -> list[Prompt]:
-        stored = self.ledger.prompts(d.name)
+    def prompts(self, d: DatasetCfg) -> int:
+        """The dataset's prompts into the ledger (read from its source the first time, streamed:
+        memory holds one prompt); returns how many the ledger holds."""
+        stored = self.ledger.count_prompts(d.name)
         fresh = d.name in self.reread
-        if (
-            stored
-            and not fresh
-            and not (self.extend and (d.limit is None or d.limit > len(stored)))
-        ):
+        if stored and not fresh and not (self.extend and (d.limit is None or d.limit > stored)):
             return stored
-        prompts, drops = read_dataset(self.m, d)
+        drops: Counter[str] = Counter()
         # a prompt already in an earlier dataset of this run is dropped here, and counted
         earlier = self.ledger.prompt_ids(exclude=d.name)
-        kept = [p for p in prompts if p.id not in earlier]
-        if len(kept) < len(prompts):
-            drops["duplicate_across_datasets"] += len(prompts) - len(kept)
-        prompts = kept
+
+        def kept(ps: Iterable[Prompt]) -> Iterator[Prompt]:
+            for p in ps:
+                if p.id in earlier:
+                    drops["duplicate_across_datasets"] += 1
+                else:
+                    yield p
+
+        turns = lambda p: n_turns(p, d.turns)  # noqa: E731
         if fresh:  # the source changed: answered prompts stay, unanswered ones follow the file
             n_kept, gone, added = self.ledger.replace_unanswered(
-                d.name, prompts, d.samples_per_prompt, lambda p: n_turns(p, d.turns)
+                d.name, list(kept(iter_dataset(self.m, d, drops))), d.samples_per_prompt, turns
             )
             self.reread.discard(d.name)
             self.console.print(
@@ -197,19 +210,17 @@ class Runner:
                 )
             )
             self.ledger.set_meta(f"read_drops:{d.name}", dict(drops))
-            return self.ledger.prompts(d.name)
-        if stored:  # --extend: the prompts already there keep their place; new ones follow
-            have = {p.id for p in stored}
-            prompts = stored + [p for p in prompts if p.id not in have]
-        if not prompts:
+            return self.ledger.count_prompts(d.name)
+        # --extend: the prompts already there keep their place; new ones follow
+        have = self.ledger.prompt_ids_of(d.name) if stored else set()
+        new = (p for p in kept(iter_dataset(self.m, d, drops)) if p.id not in have)
+        added = self.ledger.add_prompts(d.name, new, d.samples_per_prompt, turns, start=stored)
+        if not stored + added:
             raise GenerateError(
                 f"dataset {d.name}: {d.source} gave no prompts (skipped: {dict(drops)})"
             )
-        self.ledger.add_prompts(
-            d.name, prompts, d.samples_per_prompt, lambda p: n_turns(p, d.turns)
-        )
         self.ledger.set_meta(f"read_drops:{d.name}", dict(drops))
-        return prompts
+        return stored + added
 
     def request(
         self,
@@ -296,83 +307,81 @@ class Runner:
         return rep
 
     async def run_dataset(self, d: DatasetCfg, bars: Bars) -> None:
-        prompts = self.prompts(d)
-        pending = self.ledger.pending(d.name)
-        total = sum(n_turns(p, d.turns) for p in prompts) * d.samples_per_prompt
-        backend = self.backend(d.backend) if pending else None  # refuses a bad config first
-        bars.add(d.name, total, total - len(pending))
+        self.prompts(d)
+        total, todo = self.ledger.work_counts(d.name)
+        backend = self.backend(d.backend) if todo else None  # refuses a bad config first
+        bars.add(d.name, total, total - todo)
         if backend is None:
             return
-        answers = self.ledger.responses(d.name)
-        chains = [
-            (p, s)
-            for p in prompts
-            for s in range(d.samples_per_prompt)
-            if any(Key(d.name, p.id, s, t) in pending for t in range(n_turns(p, d.turns)))
-        ]
         if backend.batches_turns:
-            await self.rounds(d, chains, backend, answers, bars)
+            chains = [c for page in self.pages(d) for c in page]
+            await self.rounds(d, chains, backend, bars)
             return
-        # a pool of workers pulls conversations: memory stays O(concurrency + one window), and
-        # requests start streaming at once instead of after every prompt has been rendered;
-        # first-turn prompts are rendered a window at a time in one batched encode, not one by
+        # a pool of workers pulls conversations a page at a time from the ledger: memory stays
+        # O(concurrency + one page) whatever the dataset's size, and requests start at once;
+        # first-turn prompts are rendered a page at a time in one batched encode, not one by
         # one on the request path
-        queue = deque(chains)
-        ready: deque[tuple[Prompt, int, list[int] | None]] = deque()
+        pages = self.pages(d)
+        ready: deque[Chain] = deque()
 
         async def worker() -> None:
-            while (queue or ready) and not self.budget.hit and not backend.fatal:
+            while not self.budget.hit and not backend.fatal:
                 if not ready:
-                    ready.extend(self.first_prompts(d, queue, answers))
-                p, s, ids = ready.popleft()
-                await self.chain(d, p, s, backend, answers, bars, ids)
+                    page = next(pages, None)
+                    if page is None:
+                        return
+                    ready.extend(self.first_prompts(d, page))
+                    continue  # another worker may have taken all of it meanwhile: look again
+                await self.chain(d, ready.popleft(), backend, bars)
 
-        await asyncio.gather(*(worker() for _ in range(min(backend.concurrency, len(chains)))))
+        await asyncio.gather(*(worker() for _ in range(min(backend.concurrency, todo))))
 
-    def first_prompts(
-        self, d: DatasetCfg, queue: deque[tuple[Prompt, int]], answers: dict[Key, StoredResponse]
-    ) -> list[tuple[Prompt, int, list[int] | None]]:
-        """The next window of conversations, each with its first turn's prompt ids where that
-        turn is still to ask (one batched render; the prompt's samples share it)."""
-        window = [queue.popleft() for _ in range(min(PROMPT_WINDOW, len(queue)))]
-        todo = {p.id: p for p, s in window if Key(d.name, p.id, s, 0) not in answers}
+    def pages(self, d: DatasetCfg) -> Iterator[list[Chain]]:
+        """The conversations with a turn still to ask, PROMPT_WINDOW prompts at a time, each
+        with its stored answers where it has some (a resumed conversation)."""
+        after = -1
+        while True:
+            got, last = self.ledger.pending_chains(d.name, after, PROMPT_WINDOW)
+            if last is None:
+                return
+            after = last
+            if got:
+                yield [
+                    Chain(p, s, self.ledger.chain_responses(d.name, p.id, s) if n else {})
+                    for p, s, n in got
+                ]
+
+    def first_prompts(self, d: DatasetCfg, page: list[Chain]) -> list[Chain]:
+        """A page of conversations, each with its first turn's prompt ids where that turn is
+        still to ask (one batched render; the prompt's samples share it)."""
+        todo = {c.prompt.id: c.prompt for c in page if 0 not in c.answers}
         got = self.tokens.render_prompts(
             [(turn_messages(p, d.turns, 0, []), p) for p in todo.values()]
         )
         ids = dict(zip(todo, got, strict=True))
-        return [(p, s, ids.get(p.id)) for p, s in window]
+        return [replace(c, first_ids=ids.get(c.prompt.id)) for c in page]
 
-    async def chain(
-        self,
-        d: DatasetCfg,
-        p: Prompt,
-        s: int,
-        backend: Backend,
-        answers: dict[Key, StoredResponse],
-        bars: Bars,
-        first_ids: list[int] | None = None,
-    ) -> None:
-        """One conversation, turn by turn (each turn waits for the model's previous answer).
-        ``first_ids``: the first turn's prompt ids, rendered ahead."""
+    async def chain(self, d: DatasetCfg, c: Chain, backend: Backend, bars: Bars) -> None:
+        """One conversation, turn by turn (each turn waits for the model's previous answer)."""
+        p, s = c.prompt, c.sample
         own: list[Message] = []
         for t in range(n_turns(p, d.turns)):
-            key = Key(d.name, p.id, s, t)
-            if key in answers:
-                own.append(answer_message(self.view(answers[key])))
+            if t in c.answers:
+                own.append(answer_message(self.view(c.answers[t])))
                 continue
-            req = self.safe_request(d, p, s, t, own, first_ids if t == 0 else None)
+            req = self.safe_request(d, p, s, t, own, c.first_ids if t == 0 else None)
             if req is None:
                 return  # quarantined: later turns cannot be asked without this one
             estimate = backend.max_cost(req)
             serial = self.budget.serial_lock(estimate, backend.concurrency)
             if serial is not None:
                 async with serial:  # first answers, and the last before the cap, go one by one
-                    c = await self.ask(bars, req, backend, estimate)
+                    got = await self.ask(bars, req, backend, estimate)
             else:
-                c = await self.ask(bars, req, backend, estimate)
-            if c is None:
+                got = await self.ask(bars, req, backend, estimate)
+            if got is None:
                 return  # failed (recorded) or over budget: later turns wait for this one
-            own.append(answer_message(c.view))
+            own.append(answer_message(got.view))
 
     async def ask(
         self, bars: Bars, req: GenRequest, backend: Backend, estimate: float
@@ -392,25 +401,20 @@ class Runner:
         return c
 
     async def rounds(
-        self,
-        d: DatasetCfg,
-        chains: list[tuple[Prompt, int]],
-        backend: Backend,
-        answers: dict[Key, StoredResponse],
-        bars: Bars,
+        self, d: DatasetCfg, chains: list[Chain], backend: Backend, bars: Bars
     ) -> None:
         """Local engines: every conversation's turn t in batches, then turn t+1."""
-        own: dict[tuple[str, int], list[Message]] = {(p.id, s): [] for p, s in chains}
+        own: dict[tuple[str, int], list[Message]] = {(c.prompt.id, c.sample): [] for c in chains}
         alive = list(chains)
         turn = 0
         while alive:
             todo = []
-            for p, s in alive:
+            for c in alive:
+                p, s = c.prompt, c.sample
                 if turn >= n_turns(p, d.turns):
                     continue
-                key = Key(d.name, p.id, s, turn)
-                if key in answers:
-                    own[(p.id, s)].append(answer_message(self.view(answers[key])))
+                if turn in c.answers:
+                    own[(p.id, s)].append(answer_message(self.view(c.answers[turn])))
                 else:
                     req = self.safe_request(d, p, s, turn, own[(p.id, s)])
                     if req is not None:
@@ -421,17 +425,17 @@ class Runner:
                 outs = await backend.run_batch(
                     batch, lambda r, f: self.on_failure(bars, r, f, backend.name)
                 )
-                got = [(r, c) for r, c in zip(batch, outs, strict=True) if c is not None]
-                self.commits.put_now([(r.key, backend.name, c, r.prompt_ids) for r, c in got])
-                for req, c in got:
-                    self.budget.charge(c.cost_usd)
-                    self.counted(bars, req, c)
-                    own[(req.key.prompt_id, req.key.sample_idx)].append(answer_message(c.view))
+                got = [(r, a) for r, a in zip(batch, outs, strict=True) if a is not None]
+                self.commits.put_now([(r.key, backend.name, a, r.prompt_ids) for r, a in got])
+                for req, a in got:
+                    self.budget.charge(a.cost_usd)
+                    self.counted(bars, req, a)
+                    own[(req.key.prompt_id, req.key.sample_idx)].append(answer_message(a.view))
             turn += 1
             alive = [
-                (p, s)
-                for p, s in alive
-                if turn < n_turns(p, d.turns) and len(own[(p.id, s)]) == turn
+                c
+                for c in alive
+                if turn < n_turns(c.prompt, d.turns) and len(own[(c.prompt.id, c.sample)]) == turn
             ]
 
     # --- tokens stage --------------------------------------------------------------------------
@@ -448,15 +452,10 @@ class Runner:
         raise GenerateError(f"stored response for {r.key} has neither choices nor ids")
 
     def conversations(self, d: DatasetCfg) -> Iterator[Answered]:
-        """Every stored answer with the conversation it answered (on-policy history rebuilt)."""
-        prompts = {p.id: p for p in self.ledger.prompts(d.name)}
-        # streamed from the ledger in chain order: memory holds one conversation's answers
-        chains = groupby(
-            self.ledger.iter_responses(d.name), key=lambda r: (r.key.prompt_id, r.key.sample_idx)
-        )
-        for (pid, s), rows in chains:
+        """Every stored answer with the conversation it answered (on-policy history rebuilt),
+        streamed from the ledger a conversation at a time."""
+        for p, s, rows in self.ledger.iter_chains(d.name):
             turns = {r.key.turn: r for r in rows}
-            p = prompts[pid]
             own: list[Message] = []
             for t in range(n_turns(p, d.turns)):
                 r = turns.get(t)
@@ -468,7 +467,7 @@ class Runner:
                 except (DraftdataError, AttributeError, TypeError, ValueError):
                     view = ApiView(content=None, finish_reason=r.finish_reason)
                 own.append(answer_message(view))
-                yield Answered(Key(d.name, pid, s, t), p, msgs, r, view)
+                yield Answered(Key(d.name, p.id, s, t), p, msgs, r, view)
 
     def make_samples(self, d: DatasetCfg, *, only_missing: bool = False) -> Tokenized:
         """Every stored answer through the tokens stage: a sample, or a drop with its reason.

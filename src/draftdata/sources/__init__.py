@@ -197,13 +197,27 @@ def read_prompts(
 ) -> tuple[list[Prompt], Counter[str]]:
     """The prompts of one dataset, duplicates dropped; a prompt whose text (messages and tool
     schemas) passes ``max_chars`` is skipped as ``prompt_too_large`` (counted)."""
+    counter: Counter[str] = Counter()
+    out = list(iter_prompts(path, reader_name, dataset, counter, columns, limit, max_chars))
+    return out, counter
+
+
+def iter_prompts(
+    path: Path,
+    reader_name: str,
+    dataset: str,
+    counter: Counter[str],
+    columns: Mapping[str, str] | None = None,
+    limit: int | None = None,
+    max_chars: int | None = None,
+) -> Iterator[Prompt]:
+    """``read_prompts`` one prompt at a time (what was skipped is counted in ``counter``): a
+    run reads a dataset of any size into its ledger holding one prompt, not the dataset."""
     fn = READERS.get(reader_name)
     if fn is None:
         raise InputError(
             f"unknown reader {reader_name!r}; choose one of {', '.join(sorted(READERS))}"
         )
-    counter: Counter[str] = Counter()
-    out: list[Prompt] = []
     seen: set[str] = set()
     for p in fn(path, dataset, columns or {}, counter):
         if max_chars is not None and prompt_chars(p) > max_chars:
@@ -213,10 +227,9 @@ def read_prompts(
             counter["duplicate"] += 1
             continue
         seen.add(p.id)
-        out.append(p)
-        if limit is not None and len(out) >= limit:
-            break
-    return out, counter
+        yield p
+        if limit is not None and len(seen) >= limit:
+            return
 
 
 from . import native, tabular  # noqa: E402,F401  (register their readers)

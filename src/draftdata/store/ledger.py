@@ -139,11 +139,18 @@ class Ledger(ScoresMixin):
 
     # --- prompts and work ----------------------------------------------------------------
     def add_prompts(
-        self, dataset: str, prompts: Iterable[Prompt], samples: int, turns: Callable[[Prompt], int]
-    ) -> None:
+        self,
+        dataset: str,
+        prompts: Iterable[Prompt],
+        samples: int,
+        turns: Callable[[Prompt], int],
+        start: int = 0,
+    ) -> int:
+        """Prompts (a stream is read one at a time) from position ``start`` on, each with its
+        work keys, in one transaction. Returns how many were given."""
         self._prompts.pop(dataset, None)
         with self.tx():
-            self._insert_prompts(dataset, prompts, 0, samples, turns)
+            return self._insert_prompts(dataset, prompts, start, samples, turns)
 
     def _insert_prompts(
         self,
@@ -152,9 +159,11 @@ class Ledger(ScoresMixin):
         start: int,
         samples: int,
         turns: Callable[[Prompt], int],
-    ) -> None:
+    ) -> int:
         """Prompts from position ``start`` on, each with its work keys (inside a transaction)."""
+        n = 0
         for i, p in enumerate(prompts, start=start):
+            n += 1
             self.db.execute(
                 "INSERT OR IGNORE INTO prompts VALUES (?,?,?,?,?,?)",
                 (dataset, p.id, i, *codec.prompt_row(p)),
@@ -164,6 +173,7 @@ class Ledger(ScoresMixin):
                 "VALUES (?,?,?,?)",
                 [(dataset, p.id, s, t) for s in range(samples) for t in range(turns(p))],
             )
+        return n
 
     def replace_unanswered(
         self, dataset: str, prompts: list[Prompt], samples: int, turns: Callable[[Prompt], int]
@@ -212,6 +222,89 @@ class Ledger(ScoresMixin):
         if not self.readonly:
             self._prompts[dataset] = out
         return list(out)
+
+    def count_prompts(self, dataset: str) -> int:
+        (n,) = self.db.execute(
+            "SELECT count(*) FROM prompts WHERE dataset=?", (dataset,)
+        ).fetchone()
+        return int(n)
+
+    def prompt_ids_of(self, dataset: str) -> set[str]:
+        rows = self.db.execute("SELECT prompt_id FROM prompts WHERE dataset=?", (dataset,))
+        return {r[0] for r in rows}
+
+    def work_counts(self, dataset: str) -> tuple[int, int]:
+        """(every work key, those still to ask) of a dataset."""
+        total, todo = self.db.execute(
+            "SELECT count(*), coalesce(sum(state NOT IN ('done', 'quarantined')), 0) FROM work "
+            "WHERE dataset=?",
+            (dataset,),
+        ).fetchone()
+        return int(total), int(todo)
+
+    def pending_chains(
+        self, dataset: str, after: int, limit: int
+    ) -> tuple[list[tuple[Prompt, int, int]], int | None]:
+        """The conversations (prompt, sample) with a turn still to ask among the ``limit``
+        prompts after position ``after``, in order, each with how many of its turns are
+        answered; and the position to ask from next (None past the last prompt). A run pages
+        through its dataset this way: memory holds one page, not the dataset."""
+        rows = self.db.execute(
+            "SELECT p.idx, p.prompt_id, p.messages_json, p.tools_json, p.metadata_json, "
+            "w.sample_idx, sum(w.state NOT IN ('done', 'quarantined')), sum(w.state = 'done') "
+            "FROM (SELECT * FROM prompts WHERE dataset=? AND idx > ? ORDER BY idx LIMIT ?) p "
+            "JOIN work w ON w.dataset = p.dataset AND w.prompt_id = p.prompt_id "
+            "GROUP BY p.idx, w.sample_idx ORDER BY p.idx, w.sample_idx",
+            (dataset, after, limit),
+        ).fetchall()
+        out: list[tuple[Prompt, int, int]] = []
+        last: Prompt | None = None
+        for r in rows:
+            if r[6]:
+                if last is None or last.id != r[1]:
+                    last = codec.prompt_of(r[1], dataset, r[2], r[3], r[4])
+                out.append((last, r[5], r[7]))
+        return out, (rows[-1][0] if rows else None)
+
+    def chain_responses(
+        self, dataset: str, prompt_id: str, sample: int
+    ) -> dict[int, StoredResponse]:
+        """The stored answers of one conversation, by turn."""
+        rows = self.db.execute(
+            self._RESPONSE + " AND r.prompt_id=? AND r.sample_idx=?", (dataset, prompt_id, sample)
+        ).fetchall()
+        return {s.key.turn: s for s in map(_stored, rows)}
+
+    def iter_chains(self, dataset: str) -> Iterator[tuple[Prompt, int, list[StoredResponse]]]:
+        """Every answered conversation of a dataset with its prompt and stored answers (turn
+        order), one at a time (a cursor: memory holds one conversation)."""
+        cur = self.db.execute(
+            "SELECT r.dataset, r.prompt_id, r.sample_idx, r.turn, r.backend, r.response_json, "
+            "a.response, r.output_ids, r.prompt_ids, r.finish_reason, r.cost_usd, "
+            "r.our_prompt_ids, r.problem, p.messages_json, p.tools_json, p.metadata_json "
+            "FROM responses r LEFT JOIN attempts a ON a.id = r.attempt_id JOIN prompts p ON "
+            "p.dataset = r.dataset AND p.prompt_id = r.prompt_id WHERE r.dataset=? "
+            "ORDER BY r.prompt_id, r.sample_idx, r.turn",
+            (dataset,),
+        )
+        chain: list[StoredResponse] = []
+        prompt: Prompt | None = None
+        while rows := cur.fetchmany(256):
+            for r in rows:
+                got = _stored(r)
+                if chain and (got.key.prompt_id, got.key.sample_idx) != (
+                    chain[0].key.prompt_id,
+                    chain[0].key.sample_idx,
+                ):
+                    assert prompt is not None
+                    yield prompt, chain[0].key.sample_idx, chain
+                    chain = []
+                if prompt is None or prompt.id != got.key.prompt_id:
+                    prompt = codec.prompt_of(got.key.prompt_id, dataset, r[13], r[14], r[15])
+                chain.append(got)
+        if chain:
+            assert prompt is not None
+            yield prompt, chain[0].key.sample_idx, chain
 
     def prompt_ids(self, exclude: str | None = None) -> set[str]:
         rows = self.db.execute(
@@ -439,6 +532,11 @@ for _name in (
     "replace_unanswered",
     "prompts",
     "prompt_ids",
+    "count_prompts",
+    "prompt_ids_of",
+    "work_counts",
+    "pending_chains",
+    "chain_responses",
     "pending",
     "responses",
     "record_failure",

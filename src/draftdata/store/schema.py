@@ -18,6 +18,7 @@ CREATE TABLE IF NOT EXISTS prompts (
   dataset TEXT NOT NULL, prompt_id TEXT NOT NULL, idx INTEGER NOT NULL,
   messages_json TEXT NOT NULL, tools_json TEXT NOT NULL, metadata_json TEXT NOT NULL,
   PRIMARY KEY (dataset, prompt_id));
+CREATE INDEX IF NOT EXISTS prompts_order ON prompts (dataset, idx);
 CREATE TABLE IF NOT EXISTS work (
   dataset TEXT NOT NULL, prompt_id TEXT NOT NULL, sample_idx INTEGER NOT NULL,
   turn INTEGER NOT NULL, state TEXT NOT NULL DEFAULT 'pending',
