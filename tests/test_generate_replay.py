@@ -70,6 +70,17 @@ def test_on_policy_multi_turn(tmp_path):
         m = manifest(tmp_path, url, src, limit=12, reader="mtbench", turns="all")
         r = run("generate", str(m), "--quiet")
         st = status_json(m)
+        # resumed mid-conversation: second turns forgotten, asked again from the stored first
+        # answers (the server answers only a history holding the model's exact first answer)
+        db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
+        with db:
+            db.execute("DELETE FROM responses WHERE turn=1")
+            db.execute("UPDATE work SET state='pending' WHERE turn=1")
+        db.close()
+        again = run("generate", str(m), "--quiet")
+        assert status_json(m)["datasets"]["gt"]["done"] == st["datasets"]["gt"]["done"], (
+            again.stderr
+        )
     d = st["datasets"]["gt"]
     assert d["total"] == 24  # two turns per question
     # every question whose turn-2 record exists in the ground truth got both turns answered

@@ -222,3 +222,43 @@ def test_answers_are_committed_in_groups_and_each_is_durable_before_it_returns(t
     got = asyncio.run(failing())
     assert all(isinstance(e, LedgerError) for e in got), got
     assert not any(done(f"p{i}") for i in range(48, 52))
+
+
+def test_pending_conversations_page_through_the_dataset_in_source_order(tmp_path):
+    """A run pages through its dataset: every conversation with a turn left comes once, in
+    the order the source gave the prompts (not their ids' order), with its answered turns
+    counted; finished ones never come back."""
+    led = Ledger(tmp_path / "l.sqlite")
+    ids = [f"p{(i * 7) % 20:02d}" for i in range(20)]  # source order is not id order
+    ps = [Prompt(pid, "d", (Message("user", pid),)) for pid in ids]
+    n = led.add_prompts("d", iter(ps), samples=2, turns=lambda _: 2)
+    assert n == 20 and led.count_prompts("d") == 20
+    answer = Completion(
+        request={},
+        response={"choices": []},
+        response_text="{}",
+        finish_reason="stop",
+        view=ApiView("a", "stop"),
+        http_status=200,
+    )
+    # conversation (p00, 0) finished; (p07, 1) half done
+    led.record_answers(
+        [
+            (Key("d", "p00", 0, 0), "api", answer, [1]),
+            (Key("d", "p00", 0, 1), "api", answer, [1]),
+            (Key("d", "p07", 1, 0), "api", answer, [1]),
+        ]
+    )
+    assert led.work_counts("d") == (80, 77)
+    got, after = [], -1
+    while True:
+        page, last = led.pending_chains("d", after, 7)
+        if last is None:
+            break
+        got += [(p.id, s, k) for p, s, k in page]
+        after = last
+    want = [(pid, s) for pid in ids for s in range(2) if (pid, s) != ("p00", 0)]
+    assert [(pid, s) for pid, s, _ in got] == want
+    assert [k for pid, s, k in got if (pid, s) == ("p07", 1)] == [1]
+    assert sum(k for *_, k in got) == 1
+    assert set(led.chain_responses("d", "p07", 1)) == {0}
