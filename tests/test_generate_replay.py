@@ -246,3 +246,55 @@ def test_rate_limiter_spaces_requests(monkeypatch):
     asyncio.run(go())
     assert len(slept) == 2 and all(abs(s - 1.0) < 1e-9 for s in slept)
     assert clock["t"] == 2.0
+
+
+def test_joined_turns_train_every_answer_in_one_sequence(tmp_path):
+    """``turns = "joined"``: MT-Bench asked on-policy, one sample per conversation. Checked
+    against the engine's own ids for turn 2 (its prompt holds the model's turn-1 answer as the
+    engine rendered it): the sample's ids are that prompt and answer, and exactly the two
+    answers are trained. A conversation whose turn-1 answer was cut by length is dropped."""
+    rows = [
+        json.loads(line) for line in (PROMPTS / "mt_bench_question.jsonl").read_text().splitlines()
+    ]
+    src = tmp_path / "mt.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    greedy = [r for r in GT if r["id"].endswith("-greedy")]
+    first = {r["messages"][0]["content"]: r for r in greedy if r["source"] == "mtbench"}
+    second = {r["messages"][0]["content"]: r for r in greedy if r["source"] == "mtbench_turn2"}
+    with replay_server(GROUNDTRUTH) as url:
+        m = manifest(tmp_path, url, src, limit=len(rows), reader="mtbench", turns="joined")
+        r = run("generate", str(m), "--quiet")
+    assert "Traceback" not in r.stderr, r.stderr
+    from draftdata.store.ledger import Ledger
+
+    led = Ledger.read(tmp_path / "run" / "ledger.sqlite")
+    text_of = {p.id: p.messages[0].content for p in led.prompts("gt")}
+    samples = {text_of[s.key.prompt_id]: s for s in led.samples("gt")}
+    # earlier turns have no sample of their own: one per conversation, keyed by its last turn
+    assert len(samples) == len(list(led.samples("gt")))
+    checked = exact = truncated = 0
+    for text, t2 in second.items():
+        t1 = first.get(text)
+        if t1 is None:
+            continue
+        if t1["finish_reason"] == "length":
+            truncated += 1
+            assert text not in samples
+            continue
+        s = samples[text]
+        assert s.key.turn == 1
+        checked += 1
+        if s.input_ids != t2["prompt_ids"] + t2["output_ids"]:
+            continue
+        exact += 1
+        a1 = len(t1["prompt_ids"])
+        spans = [(a1, a1 + len(t1["output_ids"])), (len(t2["prompt_ids"]), len(s.input_ids))]
+        want = [any(a <= i < b for a, b in spans) for i in range(len(s.input_ids))]
+        assert s.loss_mask == want
+    assert checked >= 10 and exact >= 8, (checked, exact)
+    dropped = [
+        text_of[pid]
+        for (pid,) in led.db.execute("SELECT prompt_id FROM drops WHERE reason='history_truncated'")
+    ]
+    assert truncated > 0 and len(dropped) >= truncated, (dropped, truncated)
+    assert all(first[t]["finish_reason"] == "length" for t in dropped), dropped

@@ -67,7 +67,9 @@ class DatasetCfg(_Strict):
     backend: str
     limit: int | None = Field(None, ge=1)
     samples_per_prompt: int = Field(1, ge=1, le=1000)
-    turns: Literal["all", "first", "last"] = "all"
+    #: all: every user turn answered on-policy, a sample per turn; joined: asked the same way,
+    #: one sample per conversation with every answer trained; first / last: one turn
+    turns: Literal["all", "joined", "first", "last"] = "all"
     sampling: Sampling = Sampling()
     columns: dict[str, str] = {}
     ground_truth: bool | None = None

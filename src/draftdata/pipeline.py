@@ -17,7 +17,8 @@ from rich.console import Console
 from .errors import ReconstructError
 from .export.run import export_run
 from .export.shards import write_json
-from .generate.runner import Runner, Tokenized
+from .generate.runner import Runner
+from .generate.samples import Tokenized
 from .manifest import DatasetCfg, Manifest, ModelCfg
 from .measure.gate import Gate, GateError, decide, is_ground_truth
 from .measure.validate import ValidationReport, validate

@@ -65,7 +65,7 @@ source = "question.jsonl"         # a file or folder in the reader's native form
 reader = "mtbench"                # {{readers}}
 backend = "{dataset_backend}"
 limit = 20                        # the first N prompts (remove for all)
-turns = "all"                     # all | first | last  (all: on-policy, the model's own answers)
+turns = "all"                     # all | joined | first | last  (all: on-policy; joined: one sample per conversation)
 samples_per_prompt = 1
 sampling = {{ temperature = 0.0, top_p = 1.0, max_tokens = 512, seed = 0 }}
 """

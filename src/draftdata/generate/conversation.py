@@ -17,15 +17,19 @@ def user_turns(p: Prompt) -> list[int]:
     return [i for i, m in enumerate(p.messages) if m.role == "user"]
 
 
+#: the turns modes asked on-policy, every user turn answered given the model's own answers
+ON_POLICY = ("all", "joined")
+
+
 def n_turns(p: Prompt, mode: str) -> int:
-    return len(user_turns(p)) if mode == "all" else 1
+    return len(user_turns(p)) if mode in ON_POLICY else 1
 
 
 def turn_messages(
     p: Prompt, mode: str, turn: int, answers: Sequence[Message]
 ) -> tuple[Message, ...]:
-    """The conversation the model answers at ``turn``: with ``all``, earlier assistant turns are
-    the model's own ``answers``; with ``last``, the dataset's conversation up to its last user
+    """The conversation the model answers at ``turn``: with ``all`` (and ``joined``), earlier
+    assistant turns are the model's own ``answers``; with ``last``, the dataset's conversation up to its last user
     message; with ``first``, up to the first user message."""
     ut = user_turns(p)
     if not ut:

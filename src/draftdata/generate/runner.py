@@ -16,20 +16,17 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from ..errors import DraftdataError, GenerateError, ReconstructError
-from ..formats import BoundFormat, derive_view
+from ..errors import DraftdataError, GenerateError
+from ..formats import BoundFormat
 from ..manifest import DatasetCfg, Manifest
 from ..records import (
-    ApiView,
     Completion,
     FailedAttempt,
     Key,
     Message,
     Prompt,
-    Sample,
     StoredResponse,
 )
-from ..records.wire import view_from_record
 from ..store.ledger import Ledger
 from ..store.lock import RunLock
 from ..store.stats import status
@@ -44,6 +41,7 @@ from .commits import GroupCommit
 from .conversation import answer_message, n_turns, sample_seed, turn_messages
 from .inputs import bind_target, iter_dataset
 from .progress import Bars
+from .samples import SamplesMixin, Tokenized
 from .settings import check, settings_of
 
 #: a Retry-After this long is said in the progress output
@@ -59,22 +57,8 @@ def stored_manifest(m: Manifest) -> dict[str, Any]:
     return doc
 
 
-#: samples written per statement by the tokens stage
-SAMPLE_WRITES = 512
-
 #: conversations whose first prompts are rendered in one batched encode
 PROMPT_WINDOW = 512
-
-
-@dataclass(frozen=True)
-class Answered:
-    """One stored answer with the conversation it answered."""
-
-    key: Key
-    prompt: Prompt
-    messages: tuple[Message, ...]
-    stored: StoredResponse
-    view: ApiView
 
 
 @dataclass(frozen=True)
@@ -88,14 +72,6 @@ class Chain:
     first_ids: list[int] | None = None
 
 
-@dataclass(frozen=True)
-class Tokenized:
-    """What the tokens stage made of one dataset's answers in this pass."""
-
-    samples: dict[str, int]  # token source -> samples
-    drops: dict[str, int]  # reason -> answers
-
-
 @dataclass
 class RunReport:
     datasets: dict[str, Tokenized] = field(default_factory=dict)
@@ -105,7 +81,7 @@ class RunReport:
     stopped: dict[str, str] = field(default_factory=dict)
 
 
-class Runner:
+class Runner(SamplesMixin):
     def __init__(
         self,
         manifest: Manifest,
@@ -437,67 +413,3 @@ class Runner:
                 for c in alive
                 if turn < n_turns(c.prompt, d.turns) and len(own[(c.prompt.id, c.sample)]) == turn
             ]
-
-    # --- tokens stage --------------------------------------------------------------------------
-    def view(self, r: StoredResponse) -> ApiView:
-        """The answer as text: from the stored API response, or derived from exact engine ids."""
-        if r.problem is not None:  # quarantined: its body is not parsed again
-            return ApiView(None, r.finish_reason)
-        if "choices" in r.response:
-            v = view_from_record(r.response)
-            if v is not None:
-                return v
-        if r.output_ids is not None:
-            return derive_view(self.bound, r.output_ids, r.finish_reason)
-        raise GenerateError(f"stored response for {r.key} has neither choices nor ids")
-
-    def conversations(self, d: DatasetCfg) -> Iterator[Answered]:
-        """Every stored answer with the conversation it answered (on-policy history rebuilt),
-        streamed from the ledger a conversation at a time."""
-        for p, s, rows in self.ledger.iter_chains(d.name):
-            turns = {r.key.turn: r for r in rows}
-            own: list[Message] = []
-            for t in range(n_turns(p, d.turns)):
-                r = turns.get(t)
-                if r is None:
-                    break
-                msgs = turn_messages(p, d.turns, t, own)
-                try:
-                    view = self.view(r)
-                except (DraftdataError, AttributeError, TypeError, ValueError):
-                    view = ApiView(content=None, finish_reason=r.finish_reason)
-                own.append(answer_message(view))
-                yield Answered(Key(d.name, p.id, s, t), p, msgs, r, view)
-
-    def make_samples(self, d: DatasetCfg, *, only_missing: bool = False) -> Tokenized:
-        """Every stored answer through the tokens stage: a sample, or a drop with its reason.
-        ``only_missing`` keeps the samples and drops already made (export uses it, so a sample
-        keeps the provenance it was made under)."""
-        counts: Counter[str] = Counter()
-        drops: Counter[str] = Counter()
-        if only_missing and self.ledger.untokenized(d.name) == 0:
-            return Tokenized({}, {})  # every answer has its sample or drop: nothing to walk
-        stage = self.tokens
-        done = self.ledger.tokenized(d.name) if only_missing else set()
-        answers = (
-            (a.key, a.prompt, a.messages, a.stored, a.view)
-            for a in self.conversations(d)
-            if a.key not in done
-        )
-        made: list[tuple[Key, Sample]] = []
-        with self.ledger.tx():
-            for key, got in stage.samples(answers):
-                if isinstance(got, ReconstructError):
-                    drops[got.reason] += 1
-                    self.ledger.put_drop(key, "tokens", got.reason)
-                elif isinstance(got, DraftdataError):
-                    drops[type(got).__name__] += 1
-                    self.ledger.put_drop(key, "tokens", type(got).__name__)
-                else:
-                    counts[got.token_source] += 1
-                    made.append((key, got))
-                    if len(made) >= SAMPLE_WRITES:
-                        self.ledger.put_samples(made)
-                        made.clear()
-            self.ledger.put_samples(made)
-        return Tokenized(dict(counts), dict(drops))

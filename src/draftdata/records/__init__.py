@@ -54,6 +54,10 @@ class Prompt:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+#: a conversation of a run: (dataset, prompt id, sample index)
+ChainKey = tuple[str, str, int]
+
+
 @dataclass(frozen=True)
 class Key:
     """One unit of work: a (dataset, prompt, sample, turn) answer."""
@@ -65,6 +69,11 @@ class Key:
 
     def tuple(self) -> tuple[str, str, int, int]:
         return (self.dataset, self.prompt_id, self.sample_idx, self.turn)
+
+    @property
+    def chain(self) -> ChainKey:
+        """The conversation this answer belongs to: (dataset, prompt, sample)."""
+        return (self.dataset, self.prompt_id, self.sample_idx)
 
     @property
     def sample_id(self) -> str:

@@ -53,6 +53,8 @@ class TokensStage:
     bound: BoundFormat
     thinking: bool | None = None
     text_ids: TextIds | None = None
+    #: every assistant turn of the answer's conversation trained in its sample (``tokens.turns``)
+    joined: bool = False
 
     def prompt_opts(self) -> dict[str, Any]:
         return {} if self.thinking is None else {"thinking": self.thinking}
@@ -106,11 +108,27 @@ class TokensStage:
                     window=max(len(items), 1),
                 )
             )
-            for (key, *_), x in zip(chunk, first, strict=True):
+            for (key, _, _, stored, _), x in zip(chunk, first, strict=True):
                 if isinstance(x, Item):
-                    yield key, self._checked(key, next(made))
+                    yield key, self._as_engine(stored, self._checked(key, next(made)))
                 else:
                     yield key, x
+
+    def _as_engine(
+        self, stored: StoredResponse, s: Sample | DraftdataError
+    ) -> Sample | DraftdataError:
+        """A joined sample of exact engine answers: kept only where its ids are the engine's
+        own (its last prompt and answer), and then labelled so."""
+        if stored.output_ids is None or isinstance(s, DraftdataError):
+            return s
+        prompt = stored.server_prompt_ids or stored.our_prompt_ids or ()
+        exact = list(prompt) + self.bound.closed(list(stored.output_ids), stored.finish_reason)
+        if s.input_ids != exact:
+            return ReconstructError(
+                "the joined conversation's ids are not the engine's own ids for its last turn",
+                "joined_not_engine_exact",
+            )
+        return replace(s, token_source="engine")
 
     def _engine_or_item(
         self,
@@ -128,10 +146,12 @@ class TokensStage:
             if stored.our_prompt_ids is not None
             else self.render_prompt(messages, prompt)
         )
-        if stored.output_ids is not None:
+        if stored.output_ids is not None and not self.joined:
             return self._engine(key, prompt, ours, stored, stored.output_ids)
         if not (view.content or view.reasoning or view.tool_calls):
             raise ReconstructError("the API returned an empty answer", "empty_response")
+        if self.joined:  # the whole conversation is laid out: no prompt ids are taken as given
+            return Item(messages, view, prompt.tools, key.sample_id, prompt.dataset, None, True)
         return Item(messages, view, prompt.tools, key.sample_id, prompt.dataset, ours)
 
     def _checked(self, key: Key, s: Sample | DraftdataError) -> Sample | DraftdataError:

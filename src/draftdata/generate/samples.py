@@ -1,0 +1,133 @@
+"""The tokens stage of a run: every stored answer, with the conversation it answered (its
+on-policy history rebuilt from the model's own answers), made into a sample or a drop. A mixin
+of :class:`~draftdata.generate.runner.Runner`."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from itertools import groupby
+
+from ..errors import DraftdataError, GenerateError, ReconstructError
+from ..formats import BoundFormat, derive_view
+from ..manifest import DatasetCfg
+from ..records import ApiView, Key, Message, Prompt, Sample, StoredResponse
+from ..records.wire import view_from_record
+from ..store.ledger import Ledger
+from ..tokens.stage import TokensStage
+from .conversation import answer_message, n_turns, turn_messages
+
+#: samples written per statement by the tokens stage
+SAMPLE_WRITES = 512
+
+
+@dataclass(frozen=True)
+class Answered:
+    """One stored answer with the conversation it answered."""
+
+    key: Key
+    prompt: Prompt
+    messages: tuple[Message, ...]
+    stored: StoredResponse
+    view: ApiView
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """What the tokens stage made of one dataset's answers in this pass."""
+
+    samples: dict[str, int]  # token source -> samples
+    drops: dict[str, int]  # reason -> answers
+
+
+class SamplesMixin:
+    ledger: Ledger
+    bound: BoundFormat
+
+    @property
+    def tokens(self) -> TokensStage:
+        raise NotImplementedError
+
+    # --- tokens stage --------------------------------------------------------------------------
+    def view(self, r: StoredResponse) -> ApiView:
+        """The answer as text: from the stored API response, or derived from exact engine ids."""
+        if r.problem is not None:  # quarantined: its body is not parsed again
+            return ApiView(None, r.finish_reason)
+        if "choices" in r.response:
+            v = view_from_record(r.response)
+            if v is not None:
+                return v
+        if r.output_ids is not None:
+            return derive_view(self.bound, r.output_ids, r.finish_reason)
+        raise GenerateError(f"stored response for {r.key} has neither choices nor ids")
+
+    def conversations(self, d: DatasetCfg) -> Iterator[Answered]:
+        """Every stored answer with the conversation it answered (on-policy history rebuilt),
+        streamed from the ledger a conversation at a time."""
+        for p, s, rows in self.ledger.iter_chains(d.name):
+            turns = {r.key.turn: r for r in rows}
+            own: list[Message] = []
+            for t in range(n_turns(p, d.turns)):
+                r = turns.get(t)
+                if r is None:
+                    break
+                msgs = turn_messages(p, d.turns, t, own)
+                try:
+                    view = self.view(r)
+                except (DraftdataError, AttributeError, TypeError, ValueError):
+                    view = ApiView(content=None, finish_reason=r.finish_reason)
+                own.append(answer_message(view))
+                yield Answered(Key(d.name, p.id, s, t), p, msgs, r, view)
+
+    def joined_conversations(self, d: DatasetCfg, drops: Counter[str]) -> Iterator[Answered]:
+        """``turns = "joined"``: each conversation's last stored answer, whose sample trains
+        every answer before it too. The samples of its earlier turns (made when it was shorter)
+        are removed. A conversation with an earlier answer cut by ``length`` is dropped as
+        ``history_truncated``: the history closes that answer with an end of turn the model
+        never wrote, and it would be trained."""
+        for _, chain in groupby(self.conversations(d), key=lambda a: a.key.chain):
+            turns = list(chain)
+            last = turns[-1]
+            self.ledger.forget_tokens([a.key for a in turns[:-1]])
+            if any(a.stored.finish_reason == "length" for a in turns[:-1]):
+                drops["history_truncated"] += 1
+                self.ledger.put_drop(last.key, "tokens", "history_truncated")
+                continue
+            yield last
+
+    def make_samples(self, d: DatasetCfg, *, only_missing: bool = False) -> Tokenized:
+        """Every stored answer through the tokens stage: a sample, or a drop with its reason.
+        ``only_missing`` keeps the samples and drops already made (export uses it, so a sample
+        keeps the provenance it was made under)."""
+        counts: Counter[str] = Counter()
+        drops: Counter[str] = Counter()
+        if only_missing and self.ledger.untokenized(d.name) == 0:
+            return Tokenized({}, {})  # every answer has its sample or drop: nothing to walk
+        stage = self.tokens
+        done = self.ledger.tokenized(d.name) if only_missing else set()
+        joined = d.turns == "joined"
+        if joined:
+            stage = replace(stage, joined=True)
+        answers = (
+            (a.key, a.prompt, a.messages, a.stored, a.view)
+            for a in (self.joined_conversations(d, drops) if joined else self.conversations(d))
+            if a.key not in done
+        )
+        made: list[tuple[Key, Sample]] = []
+        with self.ledger.tx():
+            for key, got in stage.samples(answers):
+                if isinstance(got, ReconstructError):
+                    drops[got.reason] += 1
+                    self.ledger.put_drop(key, "tokens", got.reason)
+                elif isinstance(got, DraftdataError):
+                    drops[type(got).__name__] += 1
+                    self.ledger.put_drop(key, "tokens", type(got).__name__)
+                else:
+                    counts[got.token_source] += 1
+                    made.append((key, got))
+                    if len(made) >= SAMPLE_WRITES:
+                        self.ledger.put_samples(made)
+                        made.clear()
+            self.ledger.put_samples(made)
+        return Tokenized(dict(counts), dict(drops))

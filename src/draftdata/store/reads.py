@@ -1,0 +1,144 @@
+"""The ledger's reads of prompts, work and stored answers, as a run pages through them. A mixin
+of :class:`~draftdata.store.ledger.Ledger` (same connection, same rules)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ..records import Key, Prompt, StoredResponse
+from . import codec
+
+
+class ReadsMixin:
+    db: sqlite3.Connection
+
+    def count_prompts(self, dataset: str) -> int:
+        (n,) = self.db.execute(
+            "SELECT count(*) FROM prompts WHERE dataset=?", (dataset,)
+        ).fetchone()
+        return int(n)
+
+    def prompt_ids_of(self, dataset: str) -> set[str]:
+        rows = self.db.execute("SELECT prompt_id FROM prompts WHERE dataset=?", (dataset,))
+        return {r[0] for r in rows}
+
+    def work_counts(self, dataset: str) -> tuple[int, int]:
+        """(every work key, those still to ask) of a dataset."""
+        total, todo = self.db.execute(
+            "SELECT count(*), coalesce(sum(state NOT IN ('done', 'quarantined')), 0) FROM work "
+            "WHERE dataset=?",
+            (dataset,),
+        ).fetchone()
+        return int(total), int(todo)
+
+    def pending_chains(
+        self, dataset: str, after: int, limit: int
+    ) -> tuple[list[tuple[Prompt, int, int]], int | None]:
+        """The conversations (prompt, sample) with a turn still to ask among the ``limit``
+        prompts after position ``after``, in order, each with how many of its turns are
+        answered; and the position to ask from next (None past the last prompt). A run pages
+        through its dataset this way: memory holds one page, not the dataset."""
+        rows = self.db.execute(
+            "SELECT p.idx, p.prompt_id, p.messages_json, p.tools_json, p.metadata_json, "
+            "w.sample_idx, sum(w.state NOT IN ('done', 'quarantined')), sum(w.state = 'done') "
+            "FROM (SELECT * FROM prompts WHERE dataset=? AND idx > ? ORDER BY idx LIMIT ?) p "
+            "JOIN work w ON w.dataset = p.dataset AND w.prompt_id = p.prompt_id "
+            "GROUP BY p.idx, w.sample_idx ORDER BY p.idx, w.sample_idx",
+            (dataset, after, limit),
+        ).fetchall()
+        out: list[tuple[Prompt, int, int]] = []
+        last: Prompt | None = None
+        for r in rows:
+            if r[6]:
+                if last is None or last.id != r[1]:
+                    last = codec.prompt_of(r[1], dataset, r[2], r[3], r[4])
+                out.append((last, r[5], r[7]))
+        return out, (rows[-1][0] if rows else None)
+
+    def chain_responses(
+        self, dataset: str, prompt_id: str, sample: int
+    ) -> dict[int, StoredResponse]:
+        """The stored answers of one conversation, by turn."""
+        rows = self.db.execute(
+            self._RESPONSE + " AND r.prompt_id=? AND r.sample_idx=?", (dataset, prompt_id, sample)
+        ).fetchall()
+        return {s.key.turn: s for s in map(_stored, rows)}
+
+    def iter_chains(self, dataset: str) -> Iterator[tuple[Prompt, int, list[StoredResponse]]]:
+        """Every answered conversation of a dataset with its prompt and stored answers (turn
+        order), one at a time (a cursor: memory holds one conversation)."""
+        cur = self.db.execute(
+            "SELECT r.dataset, r.prompt_id, r.sample_idx, r.turn, r.backend, r.response_json, "
+            "a.response, r.output_ids, r.prompt_ids, r.finish_reason, r.cost_usd, "
+            "r.our_prompt_ids, r.problem, p.messages_json, p.tools_json, p.metadata_json "
+            "FROM responses r LEFT JOIN attempts a ON a.id = r.attempt_id JOIN prompts p ON "
+            "p.dataset = r.dataset AND p.prompt_id = r.prompt_id WHERE r.dataset=? "
+            "ORDER BY r.prompt_id, r.sample_idx, r.turn",
+            (dataset,),
+        )
+        chain: list[StoredResponse] = []
+        prompt: Prompt | None = None
+        while rows := cur.fetchmany(256):
+            for r in rows:
+                got = _stored(r)
+                if chain and (got.key.prompt_id, got.key.sample_idx) != (
+                    chain[0].key.prompt_id,
+                    chain[0].key.sample_idx,
+                ):
+                    assert prompt is not None
+                    yield prompt, chain[0].key.sample_idx, chain
+                    chain = []
+                if prompt is None or prompt.id != got.key.prompt_id:
+                    prompt = codec.prompt_of(got.key.prompt_id, dataset, r[13], r[14], r[15])
+                chain.append(got)
+        if chain:
+            assert prompt is not None
+            yield prompt, chain[0].key.sample_idx, chain
+
+    def pending(self, dataset: str) -> set[Key]:
+        rows = self.db.execute(
+            "SELECT dataset, prompt_id, sample_idx, turn FROM work WHERE "
+            "dataset=? AND state NOT IN ('done', 'quarantined')",
+            (dataset,),
+        ).fetchall()
+        return {Key(*r) for r in rows}
+
+    _RESPONSE = (
+        "SELECT r.dataset, r.prompt_id, r.sample_idx, r.turn, r.backend, r.response_json, "
+        "a.response, r.output_ids, r.prompt_ids, r.finish_reason, r.cost_usd, "
+        "r.our_prompt_ids, r.problem FROM responses r LEFT JOIN attempts a ON "
+        "a.id = r.attempt_id WHERE r.dataset=?"
+    )
+
+    def responses(self, dataset: str) -> dict[Key, StoredResponse]:
+        """Every stored answer of a dataset. A response body is kept once, in its attempt;
+        ``response_json`` holds only what was not a body (an engine's own record)."""
+        rows = self.db.execute(self._RESPONSE, (dataset,)).fetchall()
+        return {s.key: s for s in map(_stored, rows)}
+
+    def iter_responses(self, dataset: str) -> Iterator[StoredResponse]:
+        """The stored answers of a dataset one at a time, by prompt, sample and turn (a cursor:
+        memory holds one answer, not the dataset's)."""
+        cur = self.db.execute(
+            self._RESPONSE + " ORDER BY r.prompt_id, r.sample_idx, r.turn", (dataset,)
+        )
+        while rows := cur.fetchmany(256):
+            yield from map(_stored, rows)
+
+
+def _stored(r: Sequence[Any]) -> StoredResponse:
+    body = r[5] if r[5] is not None else codec.unpack_text(r[6])
+    return StoredResponse(
+        Key(*r[:4]),
+        r[4],
+        json.loads(body) if body else {},
+        codec.unpack_ids(r[7]),
+        codec.unpack_ids(r[8]),
+        r[9],
+        r[10],
+        codec.unpack_ids(r[11]),
+        r[12],
+    )
