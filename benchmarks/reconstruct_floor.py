@@ -2,7 +2,8 @@
 
 Cases (each a JSONL of answers in the shape `reconstruct` reads):
 
-- ``gt``: the SmolLM2 ground truth (dev file), chatml, SmolLM2's tokenizer;
+- ``gt``: the SmolLM2 ground truth (dev file, 531 short answers), chatml, SmolLM2's tokenizer,
+  ``--copies`` times with the id changed;
 - ``sharegpt-qwen3`` / ``sharegpt-llama3`` / ``sharegpt-kimi-k2``: the first 1,000 ShareGPT
   conversations, the last assistant turn as the answer (``finish_reason: stop``), ``--copies``
   times with the id changed (enough work for start-up to matter only as it does for a user).
@@ -74,7 +75,8 @@ def sharegpt_answers(copies: int) -> list[dict]:
 
 def answers(case: str, copies: int) -> list[dict]:
     if case == "gt":
-        return [json.loads(line) for line in GT.read_text().splitlines() if line.strip()]
+        recs = [json.loads(line) for line in GT.read_text().splitlines() if line.strip()]
+        return [{**r, "id": f"{r['id']}-{c}"} for c in range(copies) for r in recs]
     return sharegpt_answers(copies)
 
 

@@ -146,3 +146,42 @@ def test_learn_refuses_prefs_for_another_tokenizer(tmp_path):
     )
     assert r.returncode == 2 and "learned for tokenizer sha256" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_reconstruct_over_two_processes_writes_what_one_writes(tmp_path):
+    """--jobs 2 on an input of two chunks, with bad lines in both: the same rows in the same
+    order as one process, the same counts of drops and skipped lines; and a tokenizer that does
+    not load is one line from the workers too."""
+    lines = GROUNDTRUTH.read_text().splitlines()
+    bad = ["{not json", json.dumps({"id": "x", "messages": []}), "[1, 2]"]
+    recs = []
+    for c in range(3):  # 3 x 531 records: the workers take 1,024 lines at a time
+        recs += [json.dumps({**json.loads(x), "id": f"{c}-{i}"}) for i, x in enumerate(lines)]
+        recs.insert(len(recs) - 100, bad[c % 3])
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(recs) + "\n")
+    got = {}
+    for jobs in ("1", "2"):
+        out = tmp_path / f"out-{jobs}.parquet"
+        r = run("reconstruct", str(src), *SMOL, "-o", str(out), "--jobs", jobs)
+        assert r.returncode == 0, r.stderr
+        got[jobs] = (pq.read_table(out), r.stdout, r.stderr)
+    assert got["1"][0].num_rows == 3 * len(lines)
+    assert got["1"][0].equals(got["2"][0])
+    assert got["1"][1].replace("out-1", "out-2") == got["2"][1] and got["1"][2] == got["2"][2]
+    assert "malformed_json: 1" in got["2"][2] and "not_an_object: 1" in got["2"][2]
+    assert "no_response: 1" in got["2"][2]
+    r = run(
+        "reconstruct",
+        str(src),
+        "-t",
+        str(tmp_path / "none"),
+        "-f",
+        "chatml",
+        "-o",
+        str(tmp_path / "x.parquet"),
+        "--jobs",
+        "2",
+    )
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1, r.stderr

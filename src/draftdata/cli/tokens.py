@@ -122,27 +122,53 @@ def reconstruct(
             "history_not_verbatim)",
         ),
     ] = False,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            "--jobs",
+            "-j",
+            min=0,
+            help="processes (0: one per core for an input of 8 MB or more, else one); the "
+            "output is in input order whatever the number",
+        ),
+    ] = 0,
 ) -> None:
     """Turn API text back into the model's exact token ids (input_ids + loss_mask)."""
     from ..export.shards import SampleFile
     from ..tokens.reconstruct import reconstruct_many
+    from .jobs import jobs_for, reconstruct_jobs
 
-    bound = _bound(tokenizer, format, chat_template)
-    text_ids = _applier(prefs, bound)
     skipped: dict[str, int] = {}
     drops: dict[str, int] = {}
     by_source: dict[str, int] = {}
     ticker = Ticker("reconstructing", None)
-    items = _items(read_jsonl(input, skipped), drops, all_turns)
-    with SampleFile(output) as f:
-        for got in reconstruct_many(bound, items, thinking=thinking, text_ids=text_ids):
-            ticker.tick()
-            if isinstance(got, DraftdataError):
-                reason = getattr(got, "reason", None) or f"bad_record:{got}"
-                drops[reason] = drops.get(reason, 0) + 1
-                continue
-            f.add(got)
-            by_source[got.token_source] = by_source.get(got.token_source, 0) + 1
+    n_jobs = jobs_for(input, jobs)
+    if n_jobs > 1:
+        setup = {"tokenizer": tokenizer, "format": format, "chat_template": chat_template}
+        with SampleFile(output) as f:
+            for samples, d, sk in reconstruct_jobs(
+                input, {**setup, "prefs": prefs}, n_jobs, all_turns, thinking
+            ):
+                for sample in samples:
+                    ticker.tick()
+                    f.add(sample)
+                    by_source[sample.token_source] = by_source.get(sample.token_source, 0) + 1
+                for part, into in ((d, drops), (sk, skipped)):
+                    for k, v in part.items():
+                        into[k] = into.get(k, 0) + v
+    else:
+        bound = _bound(tokenizer, format, chat_template)
+        text_ids = _applier(prefs, bound)
+        items = _items(read_jsonl(input, skipped), drops, all_turns)
+        with SampleFile(output) as f:
+            for got in reconstruct_many(bound, items, thinking=thinking, text_ids=text_ids):
+                ticker.tick()
+                if isinstance(got, DraftdataError):
+                    reason = getattr(got, "reason", None) or f"bad_record:{got}"
+                    drops[reason] = drops.get(reason, 0) + 1
+                    continue
+                f.add(got)
+                by_source[got.token_source] = by_source.get(got.token_source, 0) + 1
     out.print(
         f"wrote {f.count} samples to {output} ({', '.join(f'{k}: {v}' for k, v in by_source.items()) or 'none'})"
     )

@@ -1,0 +1,114 @@
+"""`reconstruct` over several processes: a large input split into chunks of lines, each chunk
+parsed and reconstructed by a worker, the samples written by this process in input order.
+
+The order is the input's whatever the workers' speed (results are taken in submission order);
+memory is bounded (at most two chunks per worker are in flight, and this process holds only
+the chunk it is writing). Each worker loads the tokenizer and format once. Workers are forked
+where the platform allows it, before this process has loaded a tokenizer (a tokenizer's
+thread pool does not survive a fork)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+from collections import deque
+from collections.abc import Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from ..errors import DraftdataError, InputError
+from ..records import Sample
+
+#: input lines per task
+CHUNK = 1024
+#: an input at least this large is split across processes when ``--jobs`` is left to auto
+AUTO_BYTES = 8 << 20
+
+_state: dict[str, Any] = {}
+
+
+def jobs_for(path: Path, asked: int) -> int:
+    """``asked`` processes, or (0: auto) one per core for an input of AUTO_BYTES or more."""
+    if asked > 0:
+        return asked
+    try:
+        big = path.stat().st_size >= AUTO_BYTES
+    except OSError:
+        return 1  # the reader names a missing file
+    return min(os.cpu_count() or 1, 8) if big else 1
+
+
+def _init(setup: dict[str, Any]) -> None:
+    from .tokens import _applier, _bound
+
+    try:
+        bound = _bound(setup["tokenizer"], setup["format"], setup["chat_template"])
+        _state["bound"] = bound
+        _state["text_ids"] = _applier(setup["prefs"], bound)
+    except DraftdataError as e:
+        _state["error"] = str(e)  # said by the first task, in the parent
+
+
+def _work(
+    lines: list[str], all_turns: bool, thinking: bool | None
+) -> tuple[list[Sample], dict[str, int], dict[str, int]]:
+    """One chunk: (samples in order, drops by reason, skipped lines by reason)."""
+    from ..tokens.reconstruct import reconstruct_many
+    from .tokens import _items
+
+    if "error" in _state:
+        raise InputError(_state["error"])
+    skipped: dict[str, int] = {}
+    drops: dict[str, int] = {}
+    items = _items(_records(lines, skipped), drops, all_turns)
+    samples: list[Sample] = []
+    got = reconstruct_many(_state["bound"], items, thinking=thinking, text_ids=_state["text_ids"])
+    for s in got:
+        if isinstance(s, DraftdataError):
+            reason = getattr(s, "reason", None) or f"bad_record:{s}"
+            drops[reason] = drops.get(reason, 0) + 1
+        else:
+            samples.append(s)
+    return samples, drops, skipped
+
+
+def _records(lines: list[str], skipped: dict[str, int]) -> Iterator[dict[str, Any]]:
+    """``read_jsonl``'s rules on a chunk: a malformed line is skipped and counted."""
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            skipped["malformed_json"] = skipped.get("malformed_json", 0) + 1
+            continue
+        if not isinstance(rec, dict):
+            skipped["not_an_object"] = skipped.get("not_an_object", 0) + 1
+            continue
+        yield rec
+
+
+def reconstruct_jobs(
+    path: Path,
+    setup: dict[str, Any],
+    jobs: int,
+    all_turns: bool,
+    thinking: bool | None,
+) -> Iterator[tuple[list[Sample], dict[str, int], dict[str, int]]]:
+    """Each chunk's (samples, drops, skipped), in input order."""
+    try:
+        f = path.open(encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"{path}: cannot open ({e.strerror}); check the path") from e
+    methods = mp.get_all_start_methods()
+    ctx = mp.get_context("fork" if "fork" in methods else "spawn")
+    with f, ctx.Pool(jobs, initializer=_init, initargs=(setup,)) as pool:
+        pending: deque[Any] = deque()
+        while chunk := list(islice(f, CHUNK)):
+            pending.append(pool.apply_async(_work, (chunk, all_turns, thinking)))
+            if len(pending) >= 2 * jobs:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
