@@ -86,6 +86,19 @@ def test_missing_manifest(tmp_path):
         load_manifest(tmp_path / "none.toml")
 
 
+def _answer(cost_usd: float = 0.0) -> Completion:
+    """A stored answer as a backend hands it over (its content does not matter here)."""
+    return Completion(
+        request={"x": 1},
+        response={"choices": []},
+        response_text="{}",
+        finish_reason="stop",
+        view=ApiView("hi", "stop"),
+        cost_usd=cost_usd,
+        http_status=200,
+    )
+
+
 def test_ledger_stores_once_and_counts(tmp_path):
     led = Ledger(tmp_path / "l.sqlite")
     p = Prompt("p1", "d", (Message("user", "hi"),))
@@ -94,15 +107,7 @@ def test_ledger_stores_once_and_counts(tmp_path):
     led.record_failure(
         k, "api", FailedAttempt("http_429", 429, {"x": 1}, "slow down", 0, 0.1, final=False)
     )
-    answer = Completion(
-        request={"x": 1},
-        response={"choices": []},
-        response_text="{}",
-        finish_reason="stop",
-        view=ApiView("hi", "stop"),
-        cost_usd=0.5,
-        http_status=200,
-    )
+    answer = _answer(cost_usd=0.5)
     led.record_answer(k, "api", answer, [1, 2, 3])
     st = status(led).dataset("d")
     assert (st.total, st.done, st.pending, st.failed) == (2, 1, 1, 0)
@@ -179,14 +184,7 @@ def test_answers_are_committed_in_groups_and_each_is_durable_before_it_returns(t
     led = Ledger(tmp_path / "l.sqlite")
     ps = [Prompt(f"p{i}", "d", (Message("user", f"q{i}"),)) for i in range(64)]
     led.add_prompts("d", ps, samples=1, turns=lambda _: 1)
-    answer = Completion(
-        request={"x": 1},
-        response={"choices": []},
-        response_text="{}",
-        finish_reason="stop",
-        view=ApiView("hi", "stop"),
-        http_status=200,
-    )
+    answer = _answer()
     commits = []
     real = led.record_answers
     led.record_answers = lambda group: (commits.append(len(group)), real(group))[1]  # type: ignore[method-assign]
@@ -233,14 +231,7 @@ def test_pending_conversations_page_through_the_dataset_in_source_order(tmp_path
     ps = [Prompt(pid, "d", (Message("user", pid),)) for pid in ids]
     n = led.add_prompts("d", iter(ps), samples=2, turns=lambda _: 2)
     assert n == 20 and led.count_prompts("d") == 20
-    answer = Completion(
-        request={},
-        response={"choices": []},
-        response_text="{}",
-        finish_reason="stop",
-        view=ApiView("a", "stop"),
-        http_status=200,
-    )
+    answer = _answer()
     # conversation (p00, 0) finished; (p07, 1) half done
     led.record_answers(
         [
