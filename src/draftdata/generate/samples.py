@@ -80,15 +80,20 @@ class SamplesMixin:
                 own.append(answer_message(view))
                 yield Answered(Key(d.name, p.id, s, t), p, msgs, r, view)
 
-    def joined_conversations(self, d: DatasetCfg, drops: Counter[str]) -> Iterator[Answered]:
+    def joined_conversations(
+        self, d: DatasetCfg, drops: Counter[str], done: set[Key]
+    ) -> Iterator[Answered]:
         """``turns = "joined"``: each conversation's last stored answer, whose sample trains
         every answer before it too. The samples of its earlier turns (made when it was shorter)
-        are removed. A conversation with an earlier answer cut by ``length`` is dropped as
+        are removed; one already decided (in ``done``) is passed over. A conversation with an
+        earlier answer cut by ``length`` is dropped as
         ``history_truncated``: the history closes that answer with an end of turn the model
         never wrote, and it would be trained."""
         for _, chain in groupby(self.conversations(d), key=lambda a: a.key.chain):
             turns = list(chain)
             last = turns[-1]
+            if last.key in done:  # decided in an earlier pass (export's only_missing)
+                continue
             self.ledger.forget_tokens([a.key for a in turns[:-1]])
             if any(a.stored.finish_reason == "length" for a in turns[:-1]):
                 drops["history_truncated"] += 1
@@ -111,7 +116,9 @@ class SamplesMixin:
             stage = replace(stage, joined=True)
         answers = (
             (a.key, a.prompt, a.messages, a.stored, a.view)
-            for a in (self.joined_conversations(d, drops) if joined else self.conversations(d))
+            for a in (
+                self.joined_conversations(d, drops, done) if joined else self.conversations(d)
+            )
             if a.key not in done
         )
         made: list[tuple[Key, Sample]] = []

@@ -431,7 +431,6 @@ for _name in (
     "work_counts",
     "pending_chains",
     "chain_responses",
-    "pending",
     "responses",
     "record_failure",
     "record_answer",

@@ -6,10 +6,18 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator, Sequence
+from itertools import groupby
 from typing import Any
 
 from ..records import Key, Prompt, StoredResponse
 from . import codec
+
+#: a stored answer's columns (``_stored`` reads them in this order) and where they come from
+_COLUMNS = (
+    "r.dataset, r.prompt_id, r.sample_idx, r.turn, r.backend, r.response_json, a.response, "
+    "r.output_ids, r.prompt_ids, r.finish_reason, r.cost_usd, r.our_prompt_ids, r.problem"
+)
+_FROM = "FROM responses r LEFT JOIN attempts a ON a.id = r.attempt_id"
 
 
 class ReadsMixin:
@@ -69,64 +77,31 @@ class ReadsMixin:
 
     def iter_chains(self, dataset: str) -> Iterator[tuple[Prompt, int, list[StoredResponse]]]:
         """Every answered conversation of a dataset with its prompt and stored answers (turn
-        order), one at a time (a cursor: memory holds one conversation)."""
+        order), one at a time (a cursor in the responses' key order: memory holds one
+        conversation)."""
         cur = self.db.execute(
-            "SELECT r.dataset, r.prompt_id, r.sample_idx, r.turn, r.backend, r.response_json, "
-            "a.response, r.output_ids, r.prompt_ids, r.finish_reason, r.cost_usd, "
-            "r.our_prompt_ids, r.problem, p.messages_json, p.tools_json, p.metadata_json "
-            "FROM responses r LEFT JOIN attempts a ON a.id = r.attempt_id JOIN prompts p ON "
-            "p.dataset = r.dataset AND p.prompt_id = r.prompt_id WHERE r.dataset=? "
-            "ORDER BY r.prompt_id, r.sample_idx, r.turn",
+            f"SELECT {_COLUMNS}, p.messages_json, p.tools_json, p.metadata_json {_FROM} "
+            "JOIN prompts p ON p.dataset = r.dataset AND p.prompt_id = r.prompt_id "
+            "WHERE r.dataset=? ORDER BY r.prompt_id, r.sample_idx, r.turn",
             (dataset,),
         )
-        chain: list[StoredResponse] = []
-        prompt: Prompt | None = None
-        while rows := cur.fetchmany(256):
-            for r in rows:
-                got = _stored(r)
-                if chain and (got.key.prompt_id, got.key.sample_idx) != (
-                    chain[0].key.prompt_id,
-                    chain[0].key.sample_idx,
-                ):
-                    assert prompt is not None
-                    yield prompt, chain[0].key.sample_idx, chain
-                    chain = []
-                if prompt is None or prompt.id != got.key.prompt_id:
-                    prompt = codec.prompt_of(got.key.prompt_id, dataset, r[13], r[14], r[15])
-                chain.append(got)
-        if chain:
-            assert prompt is not None
-            yield prompt, chain[0].key.sample_idx, chain
+        rows = (r for batch in iter(lambda: cur.fetchmany(256), []) for r in batch)
+        for (pid, s), group in groupby(rows, key=lambda r: (r[1], r[2])):
+            chain = list(group)
+            head = chain[0]
+            yield (
+                codec.prompt_of(pid, dataset, head[13], head[14], head[15]),
+                s,
+                [_stored(r) for r in chain],
+            )
 
-    def pending(self, dataset: str) -> set[Key]:
-        rows = self.db.execute(
-            "SELECT dataset, prompt_id, sample_idx, turn FROM work WHERE "
-            "dataset=? AND state NOT IN ('done', 'quarantined')",
-            (dataset,),
-        ).fetchall()
-        return {Key(*r) for r in rows}
-
-    _RESPONSE = (
-        "SELECT r.dataset, r.prompt_id, r.sample_idx, r.turn, r.backend, r.response_json, "
-        "a.response, r.output_ids, r.prompt_ids, r.finish_reason, r.cost_usd, "
-        "r.our_prompt_ids, r.problem FROM responses r LEFT JOIN attempts a ON "
-        "a.id = r.attempt_id WHERE r.dataset=?"
-    )
+    _RESPONSE = f"SELECT {_COLUMNS} {_FROM} WHERE r.dataset=?"
 
     def responses(self, dataset: str) -> dict[Key, StoredResponse]:
         """Every stored answer of a dataset. A response body is kept once, in its attempt;
         ``response_json`` holds only what was not a body (an engine's own record)."""
         rows = self.db.execute(self._RESPONSE, (dataset,)).fetchall()
         return {s.key: s for s in map(_stored, rows)}
-
-    def iter_responses(self, dataset: str) -> Iterator[StoredResponse]:
-        """The stored answers of a dataset one at a time, by prompt, sample and turn (a cursor:
-        memory holds one answer, not the dataset's)."""
-        cur = self.db.execute(
-            self._RESPONSE + " ORDER BY r.prompt_id, r.sample_idx, r.turn", (dataset,)
-        )
-        while rows := cur.fetchmany(256):
-            yield from map(_stored, rows)
 
 
 def _stored(r: Sequence[Any]) -> StoredResponse:
