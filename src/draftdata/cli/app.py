@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -100,22 +100,30 @@ def read_jsonl(path: Path, counter: dict[str, int] | None = None) -> Iterator[di
     except OSError as e:
         raise InputError(f"{path}: cannot open ({e.strerror}); check the path") from e
     with f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
+        yield from jsonl_records(f, counter, path)
+
+
+def jsonl_records(
+    lines: Iterable[str], counter: dict[str, int] | None = None, path: Path | None = None
+) -> Iterator[dict[str, Any]]:
+    """The JSON objects of ``lines``: with a ``counter``, a malformed line is skipped and
+    counted by reason; without one it is an InputError naming ``path`` and the line."""
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            if counter is not None:
+                counter["malformed_json"] = counter.get("malformed_json", 0) + 1
                 continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                if counter is not None:
-                    counter["malformed_json"] = counter.get("malformed_json", 0) + 1
-                    continue
-                raise InputError(f"{path}:{lineno}: not valid JSON") from None
-            if not isinstance(rec, dict):
-                if counter is not None:
-                    counter["not_an_object"] = counter.get("not_an_object", 0) + 1
-                    continue
-                raise InputError(f"{path}:{lineno}: expected a JSON object per line")
-            yield rec
+            raise InputError(f"{path}:{lineno}: not valid JSON") from None
+        if not isinstance(rec, dict):
+            if counter is not None:
+                counter["not_an_object"] = counter.get("not_an_object", 0) + 1
+                continue
+            raise InputError(f"{path}:{lineno}: expected a JSON object per line")
+        yield rec
 
 
 def command_line() -> list[str]:

@@ -9,11 +9,10 @@ thread pool does not survive a fork)."""
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -55,39 +54,37 @@ def _work(
     lines: list[str], all_turns: bool, thinking: bool | None
 ) -> tuple[list[Sample], dict[str, int], dict[str, int]]:
     """One chunk: (samples in order, drops by reason, skipped lines by reason)."""
-    from ..tokens.reconstruct import reconstruct_many
-    from .tokens import _items
+    from .app import jsonl_records
 
     if "error" in _state:
         raise InputError(_state["error"])
     skipped: dict[str, int] = {}
     drops: dict[str, int] = {}
-    items = _items(_records(lines, skipped), drops, all_turns)
-    samples: list[Sample] = []
-    got = reconstruct_many(_state["bound"], items, thinking=thinking, text_ids=_state["text_ids"])
-    for s in got:
+    records = jsonl_records(lines, skipped)
+    got = samples_of(_state["bound"], records, drops, all_turns, thinking, _state["text_ids"])
+    return list(got), drops, skipped
+
+
+def samples_of(
+    bound: Any,
+    records: Iterable[dict[str, Any]],
+    drops: dict[str, int],
+    all_turns: bool,
+    thinking: bool | None,
+    text_ids: Any,
+) -> Iterator[Sample]:
+    """The samples of ``records`` in order; each record that gives none is counted in
+    ``drops`` by its reason (one process, or one chunk of a worker)."""
+    from ..tokens.reconstruct import reconstruct_many
+    from .tokens import _items
+
+    items = _items(iter(records), drops, all_turns)
+    for s in reconstruct_many(bound, items, thinking=thinking, text_ids=text_ids):
         if isinstance(s, DraftdataError):
             reason = getattr(s, "reason", None) or f"bad_record:{s}"
             drops[reason] = drops.get(reason, 0) + 1
         else:
-            samples.append(s)
-    return samples, drops, skipped
-
-
-def _records(lines: list[str], skipped: dict[str, int]) -> Iterator[dict[str, Any]]:
-    """``read_jsonl``'s rules on a chunk: a malformed line is skipped and counted."""
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            skipped["malformed_json"] = skipped.get("malformed_json", 0) + 1
-            continue
-        if not isinstance(rec, dict):
-            skipped["not_an_object"] = skipped.get("not_an_object", 0) + 1
-            continue
-        yield rec
+            yield s
 
 
 def reconstruct_jobs(

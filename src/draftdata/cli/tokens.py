@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape as esc
 from rich.table import Table
 
-from ..errors import DraftdataError, InputError
+from ..errors import InputError
 from ..records import GroundTruth
 from .app import DeviceOpt, FormatOpt, Ticker, TokenizerOpt, app, err, example, out, read_jsonl, say
 from .show import print_validation
@@ -135,40 +135,34 @@ def reconstruct(
 ) -> None:
     """Turn API text back into the model's exact token ids (input_ids + loss_mask)."""
     from ..export.shards import SampleFile
-    from ..tokens.reconstruct import reconstruct_many
-    from .jobs import jobs_for, reconstruct_jobs
+    from .jobs import jobs_for, reconstruct_jobs, samples_of
 
     skipped: dict[str, int] = {}
     drops: dict[str, int] = {}
     by_source: dict[str, int] = {}
     ticker = Ticker("reconstructing", None)
     n_jobs = jobs_for(input, jobs)
+    chunks: Iterator[tuple[Iterable[Any], dict[str, int], dict[str, int]]]
     if n_jobs > 1:
         setup = {"tokenizer": tokenizer, "format": format, "chat_template": chat_template}
-        with SampleFile(output) as f:
-            for samples, d, sk in reconstruct_jobs(
-                input, {**setup, "prefs": prefs}, n_jobs, all_turns, thinking
-            ):
-                for sample in samples:
-                    ticker.tick()
-                    f.add(sample)
-                    by_source[sample.token_source] = by_source.get(sample.token_source, 0) + 1
-                for part, into in ((d, drops), (sk, skipped)):
-                    for k, v in part.items():
-                        into[k] = into.get(k, 0) + v
-    else:
+        chunks = reconstruct_jobs(input, {**setup, "prefs": prefs}, n_jobs, all_turns, thinking)
+    else:  # one chunk: the whole input, streamed
         bound = _bound(tokenizer, format, chat_template)
         text_ids = _applier(prefs, bound)
-        items = _items(read_jsonl(input, skipped), drops, all_turns)
-        with SampleFile(output) as f:
-            for got in reconstruct_many(bound, items, thinking=thinking, text_ids=text_ids):
+        one_drops: dict[str, int] = {}
+        one_skipped: dict[str, int] = {}
+        records = read_jsonl(input, one_skipped)
+        made = samples_of(bound, records, one_drops, all_turns, thinking, text_ids)
+        chunks = iter([(made, one_drops, one_skipped)])
+    with SampleFile(output) as f:
+        for samples, d, sk in chunks:
+            for sample in samples:
                 ticker.tick()
-                if isinstance(got, DraftdataError):
-                    reason = getattr(got, "reason", None) or f"bad_record:{got}"
-                    drops[reason] = drops.get(reason, 0) + 1
-                    continue
-                f.add(got)
-                by_source[got.token_source] = by_source.get(got.token_source, 0) + 1
+                f.add(sample)
+                by_source[sample.token_source] = by_source.get(sample.token_source, 0) + 1
+            for part, into in ((d, drops), (sk, skipped)):  # complete once its samples are read
+                for k, v in part.items():
+                    into[k] = into.get(k, 0) + v
     out.print(
         f"wrote {f.count} samples to {output} ({', '.join(f'{k}: {v}' for k, v in by_source.items()) or 'none'})"
     )
