@@ -314,3 +314,15 @@ def test_ctrl_c_stops_at_once_and_keeps_what_is_stored(tmp_path):
     ]
     assert "Traceback" not in err
     assert ledger.exists()
+
+
+def test_the_version_is_the_one_pip_installed():
+    """draftdata writes its version as a constant (reading the package metadata cost 80 ms of
+    every start-up); pip's record of the installed project is the independent source."""
+    from importlib.metadata import version
+
+    import draftdata
+
+    assert draftdata.__version__ == version("draftdata")
+    r = run("--version")
+    assert r.returncode == 0 and draftdata.__version__ in r.stdout, r.stdout + r.stderr

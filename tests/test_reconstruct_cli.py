@@ -155,7 +155,7 @@ def test_reconstruct_over_two_processes_writes_what_one_writes(tmp_path):
     lines = GROUNDTRUTH.read_text().splitlines()
     bad = ["{not json", json.dumps({"id": "x", "messages": []}), "[1, 2]"]
     recs = []
-    for c in range(3):  # 3 x 531 records: the workers take 1,024 lines at a time
+    for c in range(3):  # 3 x 531 records: the workers take 512 lines at a time
         recs += [json.dumps({**json.loads(x), "id": f"{c}-{i}"}) for i, x in enumerate(lines)]
         recs.insert(len(recs) - 100, bad[c % 3])
     src = tmp_path / "in.jsonl"

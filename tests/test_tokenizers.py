@@ -183,6 +183,13 @@ def test_tiktoken_profile_beside_the_file(tmp_path):
     assert tok.encode("ab") == [256]
     assert tok.control_by_text["<|end|>"].id == 257
     assert 257 not in tok.encode("<|end|>")
+    # the ranks are read as base64.b64decode reads each line; a bad line is named
+    from draftdata.tokenizers.tiktoken_file import _load_ranks
+
+    assert _load_ranks(rank) == {base64.b64decode(x.split()[0]): int(x.split()[1]) for x in lines}
+    rank.write_text("\n".join([*lines[:5], "YQ== 1 2", *lines[5:]]) + "\n")
+    with pytest.raises(TokenizerError, match=r"tiny\.tiktoken:6: not a tiktoken rank line"):
+        _load_ranks(rank)
 
 
 def test_chat_templates_are_found(load):

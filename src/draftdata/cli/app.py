@@ -146,8 +146,12 @@ class Ticker:
         return self._clock() - self.start
 
     def tick(self, result: Any = None) -> None:
-        self.done += 1
         self.exact += bool(getattr(result, "exact", False))
+        self.advance(1)
+
+    def advance(self, n: int) -> None:
+        """``n`` more records done (a worker's chunk)."""
+        self.done += n
         now = self._clock()
         if now - self._last >= self.every or self.done == self.total:
             self._last = now

@@ -20,8 +20,9 @@ from typing import Any
 from ..errors import DraftdataError, InputError
 from ..records import Sample
 
-#: input lines per task
-CHUNK = 1024
+#: input lines per task: one batched-encode window (`tokens.reconstruct.WINDOW`), small enough
+#: that the last chunks keep every worker busy to the end
+CHUNK = 512
 #: an input at least this large is split across processes when ``--jobs`` is left to auto
 AUTO_BYTES = 8 << 20
 
@@ -45,6 +46,7 @@ def _init(setup: dict[str, Any]) -> None:
     try:
         bound = _bound(setup["tokenizer"], setup["format"], setup["chat_template"])
         _state["bound"] = bound
+        _state["output"] = setup["output"]
         _state["text_ids"] = _applier(setup["prefs"], bound)
     except DraftdataError as e:
         _state["error"] = str(e)  # said by the first task, in the parent
@@ -52,17 +54,27 @@ def _init(setup: dict[str, Any]) -> None:
 
 def _work(
     lines: list[str], all_turns: bool, thinking: bool | None
-) -> tuple[list[Sample], dict[str, int], dict[str, int]]:
-    """One chunk: (samples in order, drops by reason, skipped lines by reason)."""
+) -> tuple[Any, int, dict[str, int], dict[str, int], dict[str, int]]:
+    """One chunk: its samples encoded for the output file (so this process only writes), their
+    number, samples by token source, drops by reason and skipped lines by reason."""
+    from ..export.shards import encode_piece
     from .app import jsonl_records
 
     if "error" in _state:
         raise InputError(_state["error"])
     skipped: dict[str, int] = {}
     drops: dict[str, int] = {}
+    sources: dict[str, int] = {}
     records = jsonl_records(lines, skipped)
     got = samples_of(_state["bound"], records, drops, all_turns, thinking, _state["text_ids"])
-    return list(got), drops, skipped
+    piece, n = encode_piece(_counted(got, sources), _state["output"])
+    return piece, n, sources, drops, skipped
+
+
+def _counted(samples: Iterable[Sample], sources: dict[str, int]) -> Iterator[Sample]:
+    for s in samples:
+        sources[s.token_source] = sources.get(s.token_source, 0) + 1
+        yield s
 
 
 def samples_of(
@@ -93,8 +105,9 @@ def reconstruct_jobs(
     jobs: int,
     all_turns: bool,
     thinking: bool | None,
-) -> Iterator[tuple[list[Sample], dict[str, int], dict[str, int]]]:
-    """Each chunk's (samples, drops, skipped), in input order."""
+) -> Iterator[tuple[Any, int, dict[str, int], dict[str, int], dict[str, int]]]:
+    """Each chunk's ``_work`` result, in input order. ``setup`` names the tokenizer, format,
+    chat template, preferences and the output file (its suffix says how pieces are encoded)."""
     try:
         f = path.open(encoding="utf-8")
     except OSError as e:

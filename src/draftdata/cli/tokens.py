@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -142,27 +142,24 @@ def reconstruct(
     by_source: dict[str, int] = {}
     ticker = Ticker("reconstructing", None)
     n_jobs = jobs_for(input, jobs)
-    chunks: Iterator[tuple[Iterable[Any], dict[str, int], dict[str, int]]]
-    if n_jobs > 1:
-        setup = {"tokenizer": tokenizer, "format": format, "chat_template": chat_template}
-        chunks = reconstruct_jobs(input, {**setup, "prefs": prefs}, n_jobs, all_turns, thinking)
-    else:  # one chunk: the whole input, streamed
-        bound = _bound(tokenizer, format, chat_template)
-        text_ids = _applier(prefs, bound)
-        one_drops: dict[str, int] = {}
-        one_skipped: dict[str, int] = {}
-        records = read_jsonl(input, one_skipped)
-        made = samples_of(bound, records, one_drops, all_turns, thinking, text_ids)
-        chunks = iter([(made, one_drops, one_skipped)])
     with SampleFile(output) as f:
-        for samples, d, sk in chunks:
-            for sample in samples:
+        if n_jobs > 1:  # each chunk comes back encoded for the file, with its counts
+            setup = {"tokenizer": tokenizer, "format": format, "chat_template": chat_template}
+            setup |= {"prefs": prefs, "output": output}
+            for piece, n, *counts in reconstruct_jobs(input, setup, n_jobs, all_turns, thinking):
+                f.add_piece(piece, n)
+                ticker.advance(n)
+                for part, into in zip(counts, (by_source, drops, skipped), strict=True):
+                    for k, v in part.items():
+                        into[k] = into.get(k, 0) + v
+        else:  # the whole input, streamed
+            bound = _bound(tokenizer, format, chat_template)
+            records = read_jsonl(input, skipped)
+            text_ids = _applier(prefs, bound)
+            for sample in samples_of(bound, records, drops, all_turns, thinking, text_ids):
                 ticker.tick()
                 f.add(sample)
                 by_source[sample.token_source] = by_source.get(sample.token_source, 0) + 1
-            for part, into in ((d, drops), (sk, skipped)):  # complete once its samples are read
-                for k, v in part.items():
-                    into[k] = into.get(k, 0) + v
     out.print(
         f"wrote {f.count} samples to {output} ({', '.join(f'{k}: {v}' for k, v in by_source.items()) or 'none'})"
     )

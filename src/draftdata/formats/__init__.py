@@ -6,7 +6,6 @@ from pathlib import Path
 
 from ..errors import FormatError
 from .base import BoundFormat, ChatFormat, MarkerCheck, MarkerSpec, ThinkGrammar, describe_id
-from .declared import load_format_file
 from .families import BUILTIN, TemplateFormat
 from .inverse import derive_view
 from .segments import Segment, Special, Text, encode_segments, merge_text
@@ -40,6 +39,8 @@ def get_format(name: str, relative_to: Path | None = None) -> ChatFormat:
     if name.endswith(".toml") or path.exists():
         if not path.exists():
             raise FormatError(f"{name}: format file not found")
+        from .declared import load_format_file  # pydantic: 0.1 s of start-up, for TOML only
+
         return load_format_file(path, BUILTIN)
     raise FormatError(
         f"unknown format {name!r}; choose one of {', '.join(sorted(BUILTIN))}, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +13,13 @@ from .base import ChatFormat, MarkerSpec, ThinkGrammar, tojson
 from .segments import Segment, Special, Text
 
 
+@functools.lru_cache(maxsize=256)
+def _role_segments(role: str, shown: str) -> tuple[Segment, ...]:
+    """A message's opening (segments are immutable, so one tuple serves every message)."""
+    marker = {"user": "im_user", "assistant": "im_assistant"}.get(role, "im_system")
+    return (Special(marker), Text(shown), Special("im_middle"))
+
+
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class KimiK2Format(ChatFormat):
@@ -20,8 +28,7 @@ class KimiK2Format(ChatFormat):
     unless they come after the last plain assistant turn (``preserve_thinking`` keeps them all)."""
 
     def _role(self, m: Message) -> list[Segment]:
-        role = {"user": "im_user", "assistant": "im_assistant"}.get(m.role, "im_system")
-        return [Special(role), Text(m.name or m.role), Special("im_middle")]
+        return list(_role_segments(m.role, m.name or m.role))
 
     def parse_tool_calls(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
         calls: list[ToolCall] = []

@@ -7,9 +7,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import jinja2
-import jinja2.sandbox
-
 from ..errors import FormatError
 from ..records import Message
 from ..tokenizers import Tokenizer
@@ -86,6 +83,8 @@ def probe_default_system(fmt: TemplateFormat, tokenizer: Tokenizer) -> str | Non
     tpl = tokenizer.chat_template
     if not tpl:
         return None
+    import jinja2.sandbox  # only where a template asks for its default system message
+
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     try:
         rendered = env.from_string(tpl).render(

@@ -11,7 +11,7 @@ are matched by the rank file's sha256; a profile can also sit beside the file as
 
 from __future__ import annotations
 
-import base64
+import binascii
 import json
 import unicodedata
 from collections.abc import Iterable
@@ -35,22 +35,27 @@ def builtin_profiles() -> dict[str, dict[str, Any]]:
 
 
 def _load_ranks(path: Path) -> dict[bytes, int]:
-    ranks: dict[bytes, int] = {}
     try:
-        with path.open("rb") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    tok, rank = line.split()
-                    ranks[base64.b64decode(tok)] = int(rank)
-                except ValueError as e:
-                    raise TokenizerError(
-                        f"{path}:{lineno}: not a tiktoken rank line ('<base64> <rank>')"
-                    ) from e
+        data = path.read_bytes()
     except OSError as e:
         raise TokenizerError(f"{path}: cannot read ({e})") from e
-    return ranks
+    try:  # the whole file at once (base64.b64decode per line was 0.16 s of Kimi's 0.4 s load)
+        pairs = [ln.split() for ln in data.splitlines() if ln.strip()]
+        return {binascii.a2b_base64(tok): int(rank) for tok, rank in pairs}
+    except ValueError:  # binascii.Error is one: find the line to name
+        pass
+    for lineno, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            tok, rank = line.split()
+            binascii.a2b_base64(tok)
+            int(rank)
+        except ValueError as e:
+            raise TokenizerError(
+                f"{path}:{lineno}: not a tiktoken rank line ('<base64> <rank>')"
+            ) from e
+    raise TokenizerError(f"{path}: not a tiktoken rank file ('<base64> <rank>' per line)")
 
 
 class TiktokenTokenizer(Tokenizer):
