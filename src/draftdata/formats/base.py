@@ -86,10 +86,25 @@ class ChatFormat:
         alternatives = "|".join(re.escape(t) for t in sorted(by_text, key=len, reverse=True))
         return by_text, re.compile(alternatives)
 
+    @functools.cached_property
+    def _lits(self) -> dict[tuple[str, bool], tuple[Segment, ...]]:
+        return {}
+
     def lit(self, text: str, trained: bool = False) -> list[Segment]:
-        """Split template literal text at this format's marker texts into segments."""
+        """Split template literal text at this format's marker texts into segments. Template
+        literals are few and recur in every record: each is split once (segments are
+        immutable)."""
         if not text:
             return []
+        cache = self._lits
+        got = cache.get((text, trained))
+        if got is None:
+            got = tuple(self._split_markers(text, trained))
+            if len(cache) < 4096:
+                cache[(text, trained)] = got
+        return list(got)
+
+    def _split_markers(self, text: str, trained: bool) -> list[Segment]:
         by_text, pattern = self._marker_pattern
         out: list[Segment] = []
         pos = 0

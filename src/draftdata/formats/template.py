@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,13 +36,31 @@ class TemplateFormat(ChatFormat):
 
     def fill(self, template: str, **fields: str) -> list[Segment]:
         out: list[Segment] = []
-        pos = 0
-        for m in _FIELD.finditer(template):
-            out += self.lit(template[pos : m.start()])
-            out.append(Text(fields[m.group(1)]))
-            pos = m.end()
-        out += self.lit(template[pos:])
+        for part in self._parsed(template):
+            if isinstance(part, str):
+                out.append(Text(fields[part]))
+            else:
+                out += part
         return out
+
+    @functools.cached_property
+    def _templates(self) -> dict[str, tuple[str | tuple[Segment, ...], ...]]:
+        return {}
+
+    def _parsed(self, template: str) -> tuple[str | tuple[Segment, ...], ...]:
+        """A message template as its literal segments and the names of its fields, split once."""
+        got = self._templates.get(template)
+        if got is None:
+            parts: list[str | tuple[Segment, ...]] = []
+            pos = 0
+            for m in _FIELD.finditer(template):
+                parts += [tuple(self.lit(template[pos : m.start()])), m.group(1)]
+                pos = m.end()
+            parts.append(tuple(self.lit(template[pos:])))
+            got = tuple(parts)
+            if len(self._templates) < 256:
+                self._templates[template] = got
+        return got
 
     def render_prompt(
         self,

@@ -220,6 +220,8 @@ class FastBPE:
         )
         self.norm = norm
         self.plain = plain
+        #: every id tiktoken can give here (the ranks' ids)
+        self.ids = frozenset(ranks.values())
         self.guard = byte_guard([b for b in range(256) if bytes([b]) not in ranks])
 
     def _slow(self, text: str) -> bool:
@@ -231,6 +233,11 @@ class FastBPE:
         return self.enc.encode_ordinary(self.norm(text))
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.encode_batch_marked(texts)[0]
+
+    def encode_batch_marked(self, texts: Sequence[str]) -> tuple[list[list[int]], list[int]]:
+        """The ids of ``texts``, and which of them came from ``tokenizers`` (the rest came from
+        ranks that hold no control id: they cannot contain one)."""
         slow = [i for i, t in enumerate(texts) if self._slow(t)]
         enc = self.enc.encode_ordinary
         out = encode_threaded(
@@ -241,7 +248,7 @@ class FastBPE:
             encs = self.plain.encode_batch([texts[i] for i in slow], add_special_tokens=False)
             for i, e in zip(slow, encs, strict=True):
                 out[i] = list(e.ids)
-        return out
+        return out, slow
 
 
 def fast_bpe(

@@ -132,11 +132,14 @@ class HFTokenizer(Tokenizer):
     def encode_batch(self, texts: list[str]) -> list[list[int]]:  # type: ignore[override]
         fast = self._fast_and_why[0]
         if fast is not None:
-            out = fast.encode_batch(texts)
+            out, from_plain = fast.encode_batch_marked(texts)
+            checked: Iterable[list[int]] = out
+            if self.control_ids.isdisjoint(fast.ids):  # tiktoken's own ids need no check
+                checked = (out[i] for i in from_plain)
         else:
             encs = self._plain.encode_batch(list(texts), add_special_tokens=False)
-            out = [list(e.ids) for e in encs]
-        for ids in out:
+            checked = out = [list(e.ids) for e in encs]
+        for ids in checked:
             if not self.control_ids.isdisjoint(ids):
                 return [self.encode(t) for t in texts]  # raises with the precise message
         return out

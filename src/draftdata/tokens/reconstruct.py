@@ -9,6 +9,7 @@ carries logprobs with token bytes or ids, those give the ids directly (``token_s
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -298,26 +299,47 @@ def reconstruct_many(
         opts["thinking"] = thinking
     prov = provenance(bound)
     it = iter(items)
+    # Pipelined: while one window is encoded (native code, off the GIL, on a thread), the
+    # samples of the window before are assembled and handed out.
+    ahead: tuple[list[Item], PieceEncoder, list[_Plan | DraftdataError], Future[None]] | None
+    ahead = None
     while True:
         chunk = list(islice(it, window))
-        if not chunk:
+        planned = None
+        if chunk:
+            enc = PieceEncoder(bound.tokenizer)
+            plans: list[_Plan | DraftdataError] = []
+            for item in chunk:
+                try:
+                    plans.append(_plan(bound, item, enc, opts, thinking, use_logprobs))
+                except DraftdataError as e:
+                    plans.append(e)
+            planned = (chunk, enc, plans, _encoder().submit(enc.run))
+        if ahead is not None:
+            done, enc_done, plans_done, encoded = ahead
+            encoded.result()
+            for item, plan in zip(done, plans_done, strict=True):
+                if isinstance(plan, DraftdataError):
+                    yield plan
+                    continue
+                try:
+                    yield plan.sample(bound, item, enc_done, text_ids, prov)
+                except DraftdataError as e:
+                    yield e
+        if planned is None:
             return
-        enc = PieceEncoder(bound.tokenizer)
-        plans: list[_Plan | DraftdataError] = []
-        for item in chunk:
-            try:
-                plans.append(_plan(bound, item, enc, opts, thinking, use_logprobs))
-            except DraftdataError as e:
-                plans.append(e)
-        enc.run()
-        for item, plan in zip(chunk, plans, strict=True):
-            if isinstance(plan, DraftdataError):
-                yield plan
-                continue
-            try:
-                yield plan.sample(bound, item, enc, text_ids, prov)
-            except DraftdataError as e:
-                yield e
+        ahead = planned
+
+
+_ENCODER: ThreadPoolExecutor | None = None
+
+
+def _encoder() -> ThreadPoolExecutor:
+    """One thread per process that runs a window's batched encode beside the Python work."""
+    global _ENCODER
+    if _ENCODER is None:
+        _ENCODER = ThreadPoolExecutor(1, thread_name_prefix="draftdata-window")
+    return _ENCODER
 
 
 @dataclass
