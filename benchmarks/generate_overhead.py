@@ -122,6 +122,11 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=10000)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--export",
+        action="store_true",
+        help="also `draftdata export` each run (Parquet shards): its wall time and peak RSS",
+    )
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="draftdata-bench-"))
     gt, src, bodies = build(tmp, args.prompts)
@@ -198,6 +203,17 @@ def main() -> None:
                 f"peak RSS {peak_mb:.0f} MB; ledger {ledger_mb * 1000 / args.prompts:.2f} MB per "
                 "1k responses"
             )
+            if args.export:
+                t0 = time.perf_counter()
+                got = subprocess.run(
+                    [sys.executable, "-c", PEAK, sys.executable, "-m", "draftdata", "export",
+                     str(out)],
+                    check=True, capture_output=True, text=True,
+                ).stdout.split()  # fmt: skip
+                print(
+                    f"  export: {time.perf_counter() - t0:.1f} s, CPU {float(got[-2]):.1f} s, "
+                    f"peak RSS {int(got[-1]) / 1024:.0f} MB"
+                )
             whole.append(rps / base_rps)
             phase.append(gen_rps / base_rps)
         print(

@@ -42,13 +42,12 @@ def export_run(
     made_by: Counter[Provenance] = Counter()
     n_samples = 0
     for d in m.datasets:
-        meta = {p.id: p.metadata for p in led.prompts(d.name)}
         sources: Counter[str] = Counter()
         finishes: Counter[str] = Counter()
         warnings: Counter[str] = Counter()
         n = 0
-        for s in led.samples(d.name):
-            writer.add(shard_row(s, meta.get(s.key.prompt_id, {}) if s.key else {}))
+        for s, meta in led.samples_with_metadata(d.name):  # streamed: one row at a time
+            writer.add(shard_row(s, meta))
             sources[s.token_source] += 1
             finishes[s.finish_reason] += 1
             warnings.update(s.warnings)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -407,14 +407,6 @@ class Ledger(ReadsMixin, ScoresMixin):
             (dataset,),
         ).fetchone()
         return int(n)
-
-    def samples(self, dataset: str) -> Iterator[Sample]:
-        for r in self.db.execute(
-            f"SELECT dataset, prompt_id, sample_idx, turn, {codec.SAMPLE_COLUMNS} FROM "
-            "samples WHERE dataset=? ORDER BY prompt_id, sample_idx, turn",
-            (dataset,),
-        ):
-            yield codec.sample_of(Key(*r[:4]), r[4:])
 
 
 # every method that touches the file: a full disk or a damaged page is one line that names

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from itertools import groupby
 from typing import Any
 
-from ..records import Key, Prompt, StoredResponse
+from ..records import Key, Prompt, Sample, StoredResponse
 from . import codec
 
 #: a stored answer's columns (``_stored`` reads them in this order) and where they come from
@@ -102,6 +102,34 @@ class ReadsMixin:
         ``response_json`` holds only what was not a body (an engine's own record)."""
         rows = self.db.execute(self._RESPONSE, (dataset,)).fetchall()
         return {s.key: s for s in map(_stored, rows)}
+
+    def samples(self, dataset: str) -> Iterator[Sample]:
+        """A dataset's samples, streamed in key order."""
+        for sample, _ in self.samples_with_metadata(dataset, metadata=False):
+            yield sample
+
+    def samples_with_metadata(
+        self, dataset: str, metadata: bool = True
+    ) -> Iterator[tuple[Sample, dict[str, Any]]]:
+        """A dataset's samples streamed in key order, each with its prompt's metadata (joined
+        here: an export holds one row at a time, not every prompt of the dataset)."""
+        cols = f"s.dataset, s.prompt_id, s.sample_idx, s.turn, {_prefixed(codec.SAMPLE_COLUMNS)}"
+        if metadata:
+            sql = (
+                f"SELECT {cols}, p.metadata_json FROM samples s LEFT JOIN prompts p "
+                "ON p.dataset = s.dataset AND p.prompt_id = s.prompt_id "
+                "WHERE s.dataset=? ORDER BY s.prompt_id, s.sample_idx, s.turn"
+            )
+        else:
+            sql = f"SELECT {cols} FROM samples s WHERE s.dataset=? ORDER BY s.prompt_id, s.sample_idx, s.turn"
+        n = 4 + len(codec.SAMPLE_COLUMNS.split(","))
+        for r in self.db.execute(sql, (dataset,)):
+            meta = json.loads(r[n]) if metadata and r[n] is not None else {}
+            yield codec.sample_of(Key(*r[:4]), r[4:n]), meta
+
+
+def _prefixed(columns: str) -> str:
+    return ", ".join(f"s.{c.strip()}" for c in columns.split(","))
 
 
 def _stored(r: Sequence[Any]) -> StoredResponse:
