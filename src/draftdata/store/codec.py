@@ -89,15 +89,20 @@ def pack_ids(ids: Iterable[int] | None) -> bytes | None:
 
 
 def unpack_ids(blob: bytes | str | None) -> tuple[int, ...] | None:
+    ids = _ids_list(blob)
+    return None if ids is None else tuple(ids)
+
+
+def _ids_list(blob: bytes | str | None) -> list[int] | None:
     if blob is None:
         return None
     if isinstance(blob, str):  # a schema-3 JSON column, read in place
-        return tuple(json.loads(blob))
+        return list(json.loads(blob))
     a = array("i")
     a.frombytes(zlib.decompress(blob))
     if _BIG:
         a.byteswap()
-    return tuple(a)
+    return a.tolist()
 
 
 def pack_mask(mask: Sequence[bool]) -> bytes:
@@ -107,7 +112,10 @@ def pack_mask(mask: Sequence[bool]) -> bytes:
 def unpack_mask(blob: bytes | str) -> list[bool]:
     if isinstance(blob, str):  # a schema-3 JSON column, read in place
         return [bool(b) for b in json.loads(blob)]
-    return [b == 1 for b in zlib.decompress(blob)]
+    return list(map(_ONE, zlib.decompress(blob)))  # one byte a token: 1 trained, 0 not
+
+
+_ONE = (1).__eq__
 
 
 def pack_text(text: str | None) -> bytes | None:
@@ -152,7 +160,7 @@ def sample_of(key: Key, row: Sequence[Any]) -> Sample:
         dataset=key.dataset,
         token_source=row[0],
         finish_reason=row[1],
-        input_ids=list(unpack_ids(row[2]) or ()),
+        input_ids=_ids_list(row[2]) or [],
         loss_mask=unpack_mask(row[3]),
         prompt_len=row[4],
         warnings=tuple(json.loads(row[5])),
