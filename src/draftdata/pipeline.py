@@ -125,8 +125,16 @@ def run_pipeline(
             res.validation = measure(runner, evidence, scorer)
             write_json(m.output_dir / "validation.json", res.validation.to_json())
         # 4. the gate, before the first paid request
-        rate = res.validation.exact_match_rate if res.validation and res.validation.n else None
-        res.gate = decide(m.run.min_exact, rate, gated=bool(text))
+        v = res.validation
+        lossless = v.n - v.lossy if v else 0
+        rate = v.lossless_exact_match_rate if v and lossless else None
+        overall = (
+            f" over {lossless} lossless views ({v.exact_match_rate:.4f} over all {v.n}: "
+            f"{v.lossy} lost text at their server)"
+            if v and v.lossy
+            else ""
+        )
+        res.gate = decide(m.run.min_exact, rate, gated=bool(text), overall=overall)
         if text and not res.gate.passed:
             if not force:
                 runner.ledger.set_meta("gate", res.gate.to_json())

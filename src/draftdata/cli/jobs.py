@@ -47,6 +47,7 @@ def _init(setup: dict[str, Any]) -> None:
         bound = _bound(setup["tokenizer"], setup["format"], setup["chat_template"])
         _state["bound"] = bound
         _state["output"] = setup["output"]
+        _state["server"] = setup.get("server", "auto")
         _state["text_ids"] = _applier(setup["prefs"], bound)
     except DraftdataError as e:
         _state["error"] = str(e)  # said by the first task, in the parent
@@ -66,15 +67,25 @@ def _work(
     drops: dict[str, int] = {}
     sources: dict[str, int] = {}
     records = jsonl_records(lines, skipped)
-    got = samples_of(_state["bound"], records, drops, all_turns, thinking, _state["text_ids"])
+    got = samples_of(
+        _state["bound"], records, drops, all_turns, thinking, _state["text_ids"], _state["server"]
+    )
     piece, n = encode_piece(_counted(got, sources), _state["output"])
     return piece, n, sources, drops, skipped
 
 
 def _counted(samples: Iterable[Sample], sources: dict[str, int]) -> Iterator[Sample]:
     for s in samples:
-        sources[s.token_source] = sources.get(s.token_source, 0) + 1
+        count_sample(s, sources)
         yield s
+
+
+def count_sample(s: Sample, counts: dict[str, int]) -> None:
+    """A written sample counted by token source, and by what its server's view lost."""
+    counts[s.token_source] = counts.get(s.token_source, 0) + 1
+    for w in s.warnings:
+        if w.startswith("lossy:"):
+            counts[w] = counts.get(w, 0) + 1
 
 
 def samples_of(
@@ -84,13 +95,14 @@ def samples_of(
     all_turns: bool,
     thinking: bool | None,
     text_ids: Any,
+    server: str = "auto",
 ) -> Iterator[Sample]:
     """The samples of ``records`` in order; each record that gives none is counted in
     ``drops`` by its reason (one process, or one chunk of a worker)."""
     from ..tokens.reconstruct import reconstruct_many
     from .tokens import _items
 
-    items = _items(iter(records), drops, all_turns)
+    items = _items(iter(records), drops, all_turns, server)
     for s in reconstruct_many(bound, items, thinking=thinking, text_ids=text_ids):
         if isinstance(s, DraftdataError):
             reason = getattr(s, "reason", None) or f"bad_record:{s}"

@@ -40,6 +40,17 @@ def print_validation(doc: dict[str, Any]) -> None:
         ", ".join(f"{k} {n}" for k, n in sorted(doc["categories"].items())),
     )
     out.print(t)
+    if doc.get("lossy"):
+        reasons = ", ".join(
+            f"{k.removeprefix('lossy:')} {n}"
+            for k, n in sorted(doc["categories"].items())
+            if k.startswith("lossy:")
+        )
+        out.print(
+            f"{doc['lossy']} of {doc['n']} views lost text at the server ({reasons}): never "
+            f"counted exact; exact-match over the {doc['n'] - doc['lossy']} lossless views "
+            f"[bold]{doc['lossless_exact_match_rate']:.1%}[/] (the gate's figure)"
+        )
     for cat, exs in doc["examples"].items():
         out.print(f"[bold]{esc(cat)}[/] ({doc['categories'][cat]})")
         for e in exs:

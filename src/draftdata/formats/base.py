@@ -37,6 +37,9 @@ class ThinkGrammar:
     close_prefix: str = ""
     close_suffix: str = ""
     prompt_opens: bool = False
+    #: the model may open its tool-call section inside the reasoning, without the close marker
+    #: (Qwen3.5: servers' parsers take the tool-call marker as the implicit end of reasoning)
+    tools_in_think: bool = False
 
 
 @dataclass(frozen=True)
@@ -141,8 +144,26 @@ class ChatFormat:
     def has_tool_grammar(self) -> bool:
         return type(self).render_tool_calls is not ChatFormat.render_tool_calls
 
-    def render_tool_calls(self, calls: Sequence[ToolCall], content: str) -> list[Segment]:
+    def render_tool_calls(
+        self, calls: Sequence[ToolCall], content: str, tool_text: str = "template"
+    ) -> list[Segment]:
+        """The tool-call section after ``content``. ``tool_text`` says what the content holds:
+        ``template`` (a prompt's history: the template's own separator), ``add_missing`` (an
+        answer whose text may have lost its trailing separator: added where it is not there)
+        or ``as_is`` (an answer exactly as the model wrote it: nothing added)."""
         raise FormatError(f"format {self.name} has no tool-call grammar")
+
+    def with_model_ids(
+        self, calls: Sequence[ToolCall], history: Sequence[Message], server: Any
+    ) -> tuple[tuple[ToolCall, ...], int]:
+        """The calls with the ids the model itself wrote, where a server rewrote them and the
+        model's numbering rule gives them back; and how many were rebuilt."""
+        return tuple(calls), 0
+
+    def tool_call_loss(self, calls: Sequence[ToolCall], server: Any) -> str | None:
+        """What a server's tool parser lost of these calls for good (``lossy:<reason>``), or
+        None where the view keeps everything the model wrote."""
+        return None
 
     def parse_tool_calls(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
         """Tool calls from an answer's tool-call section, the way a server's tool parser returns
@@ -157,36 +178,49 @@ class ChatFormat:
         tool_calls: Sequence[ToolCall] = (),
         finished: bool = True,
         thinking: bool = True,
+        verbatim: bool = False,
+        content_as_is: bool | None = None,
+        tool_text: str = "add_missing",
     ) -> list[Segment]:
         """Segments of one assistant answer as the model generates it after the generation prompt.
-        ``finished`` appends the end-of-turn marker; a truncated (``length``) answer ends bare."""
+        ``finished`` appends the end-of-turn marker; a truncated (``length``) answer ends bare.
+        ``verbatim``: reasoning and content are exactly the text around the think markers (the
+        grammar's newlines are in them, so none is added); ``content_as_is`` says it for the
+        content alone (a server that strips the content before tool calls)."""
         out: list[Segment] = []
         th = self.think
         # cut by ``length`` inside the reasoning: the model never wrote the close marker, the
         # content or the end of turn (an answer cut exactly after the close marker reads the
         # same in a server's view; it is the rare case, and takes this branch too)
         cut_in_reasoning = not finished and bool(reasoning) and not content and not tool_calls
-        if th is not None and cut_in_reasoning and (thinking or reasoning):
-            if th.prompt_opens and thinking:
-                return train([Text(reasoning or "")])
-            return train(merge_text([Special(th.open), Text(th.open_suffix + (reasoning or ""))]))
         if th is not None and (thinking or reasoning):
-            if th.prompt_opens and thinking:
+            opened, pre = ("", "") if verbatim else (th.open_suffix, th.close_prefix)
+            as_is = verbatim if content_as_is is None else content_as_is
+            post = "" if as_is else th.close_suffix
+            head: list[Segment] = []
+            if not (th.prompt_opens and thinking):
+                head.append(Special(th.open))
+            else:
+                opened = ""  # the prompt wrote the open marker and what follows it
+            if cut_in_reasoning:
+                return train(merge_text([*head, Text(opened + (reasoning or ""))]))
+            if verbatim and th.tools_in_think and tool_calls and not content and reasoning:
+                # the tool-call section opened inside the reasoning: no close marker was written
+                out += [*head, Text(reasoning)]
+                out += self.render_tool_calls(tool_calls, "", tool_text)
+                if finished:
+                    out.append(Special(self.end_of_turn))
+                return train(merge_text(out))
+            if reasoning is not None or th.prompt_opens:
                 out += [
-                    Text((reasoning or "") + th.close_prefix),
+                    *head,
+                    Text(opened + (reasoning or "") + pre),
                     Special(th.close),
-                    Text(th.close_suffix),
-                ]
-            elif reasoning is not None or th.prompt_opens:
-                out += [
-                    Special(th.open),
-                    Text(th.open_suffix + (reasoning or "") + th.close_prefix),
-                    Special(th.close),
-                    Text(th.close_suffix),
+                    Text(post),
                 ]
         out.append(Text(content))
         if tool_calls:
-            out += self.render_tool_calls(tool_calls, content)
+            out += self.render_tool_calls(tool_calls, content, tool_text)
         if finished:
             out.append(Special(self.end_of_turn))
         return train(merge_text(out))
@@ -212,6 +246,19 @@ class ChatFormat:
 
     def with_overrides(self, **changes: Any) -> ChatFormat:
         return replace(self, **changes)
+
+
+def separator(sep: str, content: str, tool_text: str, present: bool) -> str:
+    """The separator written between an answer's text and its tool calls: the grammar's
+    ``sep`` where the template writes one (``present``), less what the text already ends
+    with (``add_missing``), nothing for text exactly as the model wrote it (``as_is``)."""
+    if not present or tool_text == "as_is":
+        return ""
+    if tool_text == "add_missing":
+        for k in range(len(sep), 0, -1):
+            if content.endswith(sep[:k]):
+                return sep[k:]
+    return sep
 
 
 def check_marker(tok: Tokenizer, name: str, spec: MarkerSpec) -> MarkerCheck:

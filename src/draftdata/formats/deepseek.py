@@ -36,7 +36,9 @@ class DeepSeekV3Format(ChatFormat):
                 )
         return tuple(calls)
 
-    def render_tool_calls(self, calls: Sequence[ToolCall], content: str) -> list[Segment]:
+    def render_tool_calls(
+        self, calls: Sequence[ToolCall], content: str, tool_text: str = "template"
+    ) -> list[Segment]:
         out: list[Segment] = [Special("tool_calls_begin")]
         for i, c in enumerate(calls):
             if i:

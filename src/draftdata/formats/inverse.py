@@ -40,9 +40,8 @@ def derive_view(bound: BoundFormat, output_ids: Sequence[int], finish_reason: st
         if calls:  # a server's tool parser takes the section out of the content
             ids = ids[:cut]
     control = tok.control_ids
+    # verbatim, as vLLM's parsers keep it (the newlines before a tool call included)
     content = tok.decode([i for i in ids if i not in control])
-    if calls:
-        content = content.rstrip("\n")
     return ApiView(
         content=content or (None if calls else ""),
         finish_reason=finish_reason,

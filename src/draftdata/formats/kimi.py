@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..records import Message, ToolCall
 from ._common import _between, _text
 from .base import ChatFormat, MarkerSpec, ThinkGrammar, tojson
 from .segments import Segment, Special, Text
+
+#: a tool-call id in the model's own form
+_MODEL_ID = re.compile(r"functions\.[^:\s]+:\d+")
 
 
 @functools.lru_cache(maxsize=256)
@@ -39,7 +43,30 @@ class KimiK2Format(ChatFormat):
                 calls.append(ToolCall(name, args, call_id))
         return tuple(calls)
 
-    def render_tool_calls(self, calls: Sequence[ToolCall], content: str) -> list[Segment]:
+    def with_model_ids(
+        self, calls: Sequence[ToolCall], history: Sequence[Message], server: Any
+    ) -> tuple[tuple[ToolCall, ...], int]:
+        # Kimi writes ``functions.NAME:N``, N counting the conversation's tool calls from 0
+        # (Moonshot's tool-call guidance); providers rewrite ids (``call_...``) and SGLang
+        # numbers them with its own counter
+        n = sum(len(m.tool_calls) for m in history if m.role == "assistant")
+        out: list[ToolCall] = []
+        rebuilt = 0
+        for i, c in enumerate(calls):
+            own = f"functions.{c.name}:{n + i}"
+            if c.id != own and (server.renumbers_kimi_ids or not _MODEL_ID.fullmatch(c.id or "")):
+                c = replace(c, id=own)
+                rebuilt += 1
+            out.append(c)
+        return tuple(out), rebuilt
+
+    def tool_call_loss(self, calls: Sequence[ToolCall], server: Any) -> str | None:
+        # vLLM's and SGLang's Kimi parsers match whitespace around the id and the arguments
+        return "tool_whitespace_stripped" if server.strips_kimi_tool_whitespace else None
+
+    def render_tool_calls(
+        self, calls: Sequence[ToolCall], content: str, tool_text: str = "template"
+    ) -> list[Segment]:
         out: list[Segment] = [Special("tool_calls_begin")]
         for c in calls:
             out += [

@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import FormatError
 from ..records import Message, ToolCall
 from ._common import _between, _text, _unstring
-from .base import ChatFormat, MarkerSpec, ThinkGrammar, tojson
+from .base import ChatFormat, MarkerSpec, ThinkGrammar, separator, tojson
 from .segments import Segment, Special, Text
 
 # ---------------------------------------------------------------------------------------------
@@ -138,10 +138,19 @@ class Qwen3Format(ChatFormat):
             )
         return tuple(calls)
 
-    def render_tool_calls(self, calls: Sequence[ToolCall], content: str) -> list[Segment]:
+    def tool_call_loss(self, calls: Sequence[ToolCall], server: Any) -> str | None:
+        # the Hermes-style parsers (vLLM, SGLang) json.loads the call and json.dumps the
+        # arguments again: the model's own spelling of them is gone
+        return "arguments_redumped" if server.redumps_json_arguments else None
+
+    def render_tool_calls(
+        self, calls: Sequence[ToolCall], content: str, tool_text: str = "template"
+    ) -> list[Segment]:
         out: list[Segment] = []
         for i, c in enumerate(calls):
-            if (i == 0 and content) or i > 0:
+            if i == 0:
+                out.append(Text(separator("\n", content, tool_text, bool(content))))
+            else:
                 out.append(Text("\n"))
             out += [
                 Special("tool_call_open"),
@@ -292,10 +301,28 @@ class Qwen35Format(Qwen3Format):
             calls.append(ToolCall(m.group(1), tojson(args), f"call_{len(calls)}"))
         return tuple(calls)
 
-    def render_tool_calls(self, calls: Sequence[ToolCall], content: str) -> list[Segment]:
+    def tool_call_loss(self, calls: Sequence[ToolCall], server: Any) -> str | None:
+        # parameters are text between tags; a parser turns them into JSON values by the
+        # schema's types (numbers, booleans, objects) and trims the newlines around them: only
+        # plain strings without edge newlines come back as the model wrote them
+        for c in calls:
+            try:
+                args = json.loads(c.arguments)
+            except ValueError:
+                return "arguments_converted"
+            if not isinstance(args, dict):
+                return "arguments_converted"
+            for v in args.values():
+                if not isinstance(v, str) or v != v.strip("\n"):
+                    return "arguments_converted"
+        return None
+
+    def render_tool_calls(
+        self, calls: Sequence[ToolCall], content: str, tool_text: str = "template"
+    ) -> list[Segment]:
         out: list[Segment] = []
         for i, c in enumerate(calls):
-            lead = ("\n\n" if content.strip() else "") if i == 0 else "\n"
+            lead = separator("\n\n", content, tool_text, bool(content.strip())) if i == 0 else "\n"
             out += [Text(lead), Special("tool_call_open")]
             body = "\n<function=" + c.name + ">\n"
             args = _args_obj(c)
@@ -342,5 +369,6 @@ QWEN35 = Qwen35Format(
         close_prefix="\n",
         close_suffix="\n\n",
         prompt_opens=True,
+        tools_in_think=True,
     ),
 )

@@ -148,6 +148,11 @@ class Runner(SamplesMixin):
         """The tokens stage as configured now (learned preferences may be set after start)."""
         return TokensStage(self.bound, self.m.target.thinking, self.text_ids)
 
+    def server_of(self, backend: str) -> str | None:
+        cfg = self.m.backends.get(backend)
+        server = getattr(cfg, "server", "auto")
+        return None if server == "auto" else str(server)
+
     # --- setup ---------------------------------------------------------------------------
     def backend(self, name: str) -> Backend:
         if name not in self.backends:

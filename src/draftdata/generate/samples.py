@@ -49,6 +49,10 @@ class SamplesMixin:
     def tokens(self) -> TokensStage:
         raise NotImplementedError
 
+    def server_of(self, backend: str) -> str | None:
+        """The server a backend's manifest names (None: auto, told from each response)."""
+        return None
+
     # --- tokens stage --------------------------------------------------------------------------
     def view(self, r: StoredResponse) -> ApiView:
         """The answer as text: from the stored API response, or derived from exact engine ids."""
@@ -57,7 +61,8 @@ class SamplesMixin:
         if "choices" in r.response:
             v = view_from_record(r.response)
             if v is not None:
-                return v
+                server = self.server_of(r.backend)
+                return v if server is None else replace(v, server=server)
         if r.output_ids is not None:
             return derive_view(self.bound, r.output_ids, r.finish_reason)
         raise GenerateError(f"stored response for {r.key} has neither choices nor ids")

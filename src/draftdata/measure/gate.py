@@ -63,9 +63,11 @@ class Gate:
         return f"gate FAILED: {measured}"
 
 
-def decide(min_exact: float, rate: float | None, gated: bool) -> Gate:
-    """The verdict for a run: ``rate`` is the measured exact-match (None: nothing measured);
-    ``gated`` says whether any dataset waits on it (one whose backend returns text)."""
+def decide(min_exact: float, rate: float | None, gated: bool, overall: str = "") -> Gate:
+    """The verdict for a run: ``rate`` is the measured exact-match over the views that kept
+    everything (None: nothing measured); ``gated`` says whether any dataset waits on it (one
+    whose backend returns text); ``overall`` says the rate over every view, where some lost
+    text at their server."""
     if not gated:
         return Gate(min_exact, rate, True, reason="no text-only datasets", gated=False)
     if rate is None:
@@ -80,5 +82,5 @@ def decide(min_exact: float, rate: float | None, gated: bool) -> Gate:
         min_exact,
         rate,
         rate >= min_exact,
-        reason=f"exact-match {rate:.4f} vs min_exact {min_exact}",
+        reason=f"exact-match {rate:.4f} vs min_exact {min_exact}" + overall,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from difflib import SequenceMatcher
 from itertools import islice
 from typing import Any, Literal
@@ -15,7 +15,8 @@ from ..errors import DraftdataError, ReconstructError
 from ..formats import BoundFormat, derive_view
 from ..records import ApiView, Decoding, GroundTruth, Mismatch, Sample, ValidationResult
 from ..tokens.prefs import Pair
-from ..tokens.reconstruct import WINDOW, Item, encode_response, reconstruct_many, response_segments
+from ..tokens.reconstruct import WINDOW, Item, encode_response, reconstruct_many
+from ..tokens.response import response_segments
 
 CATEGORIES = (
     "end_of_turn",
@@ -95,6 +96,9 @@ class RepairTally:
 class ValidationReport:
     n: int = 0
     exact: int = 0
+    #: samples whose server view lost something for good (a ``lossy:*`` warning): never
+    #: counted exact, whatever their ids
+    lossy: int = 0
     prompt_exact: int = 0
     token_matches: int = 0
     token_total: int = 0
@@ -111,6 +115,13 @@ class ValidationReport:
     @property
     def exact_match_rate(self) -> float:
         return self.exact / self.n if self.n else 0.0
+
+    @property
+    def lossless_exact_match_rate(self) -> float:
+        """Exact over the samples whose view kept everything: the rate that measures us, not
+        the server (the gate's figure)."""
+        n = self.n - self.lossy
+        return self.exact / n if n else 0.0
 
     @property
     def token_accuracy(self) -> float:
@@ -142,6 +153,8 @@ class ValidationReport:
             "n": self.n,
             "exact": self.exact,
             "exact_match_rate": round(self.exact_match_rate, 6),
+            "lossy": self.lossy,
+            "lossless_exact_match_rate": round(self.lossless_exact_match_rate, 6),
             "token_accuracy": round(self.token_accuracy, 6),
             "prompt_exact_rate": round(self.prompt_exact / self.n, 6) if self.n else 0.0,
             "categories": dict(self.categories),
@@ -362,6 +375,10 @@ def validate(
         result = _measure(
             bound, gt, truth_prompt, prompt_ids, sample.response_ids, sample.token_source
         )
+        lost = next((w for w in sample.warnings if w.startswith("lossy:")), None)
+        if lost is not None:  # the server's loss, not ours: counted apart, never exact
+            result = replace(result, exact=False, category=lost, example=None)
+            rep.lossy += 1
         if repairer is not None and rep.repair is not None:
             before = result
             n_repairs = 0

@@ -110,6 +110,9 @@ class ApiView:
     logprobs: tuple[LogprobToken, ...] | None = None
     #: which provider field the reasoning came from (reasoning, reasoning_content, ...)
     reasoning_field: str | None = None
+    #: which server parsed the answer (``tokens.servers``): configured, or told from a raw
+    #: response's fields; None: unknown
+    server: str | None = None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..errors import InputError
@@ -112,9 +113,10 @@ def view_from_record(rec: Mapping[str, Any]) -> ApiView | None:
     choices = resp.get("choices")
     if isinstance(choices, list) and choices:
         ch = choices[0]
-        return view_from_message(
+        view = view_from_message(
             ch.get("message") or {}, ch.get("finish_reason"), ch.get("logprobs")
         )
+        return replace(view, server=detect_server(resp))
     return None
 
 
@@ -234,3 +236,37 @@ def decoding_of(sampling: Any) -> Decoding:
     if isinstance(t, (int, float)) and isinstance(p, (int, float)) and t >= 0 and 0 < p <= 1:
         return Decoding(float(t), float(p))
     return Decoding()
+
+
+def raw_ids(rec: Mapping[str, Any]) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    """(answer ids, prompt ids) a raw chat-completion response carries (vLLM with
+    ``return_token_ids``: ``choices[0].token_ids``, ``prompt_token_ids``), where they are lists
+    of ints; (None, None) otherwise."""
+    resp = rec["response"] if isinstance(rec.get("response"), Mapping) else rec
+    choices = resp.get("choices")
+    ch = choices[0] if isinstance(choices, list) and choices else None
+    out = ch.get("token_ids") if isinstance(ch, Mapping) else None
+    prompt = resp.get("prompt_token_ids")
+
+    def ints(v: Any) -> tuple[int, ...] | None:
+        ok = isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
+        return tuple(v) if ok else None
+
+    out_ids = ints(out)
+    return out_ids, ints(prompt) if out_ids is not None else None
+
+
+def detect_server(response: Mapping[str, Any]) -> str | None:
+    """The server a raw chat-completion response came from, where its fields say it: vLLM
+    writes ``stop_reason`` (and ``token_ids`` when asked) in each choice, SGLang
+    ``matched_stop``, OpenRouter a top-level ``provider``."""
+    if isinstance(response.get("provider"), str):
+        return "openrouter"
+    choices = response.get("choices")
+    ch = choices[0] if isinstance(choices, list) and choices else None
+    if isinstance(ch, Mapping):
+        if "matched_stop" in ch:
+            return "sglang"
+        if "stop_reason" in ch or "token_ids" in ch:
+            return "vllm"
+    return None

@@ -10,98 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any
 
 from .. import __version__
 from ..errors import DraftdataError, FormatError, ReconstructError
 from ..formats import BoundFormat, Segment, Special, Text, merge_text
-from ..records import FINISHED, ApiView, Message, Provenance, Sample, TokenSource
+from ..records import ApiView, Message, Provenance, Sample, TokenSource
 from .logprobs import ids_from_logprobs
+from .response import response_segments
+from .servers import profile
 
 TextIds = Callable[[str, list[int]], list[int]]
 
 
 def provenance(bound: BoundFormat) -> Provenance:
     return Provenance(bound.tokenizer.sha256, bound.format.name, bound.format.version, __version__)
-
-
-def response_segments(
-    bound: BoundFormat, view: ApiView, *, thinking: bool | None = None
-) -> tuple[list[Segment], list[str]]:
-    """The segments of the answer as the model generated it, and warnings about what was
-    inferred (reasoning found inline, an empty think block rendered, ...)."""
-    fmt = bound.format
-    th = fmt.think
-    warnings: list[str] = []
-    content = view.content or ""
-    reasoning = view.reasoning
-    if thinking is None:
-        thinking = th is not None
-    if th is not None:
-        open_t, close_t = fmt.markers[th.open].text, fmt.markers[th.close].text
-        # reasoning left inline in the content is looked for only where the prompt let the
-        # model think: with thinking off, marker text in an answer is the answer's text
-        if thinking and reasoning is None and close_t in content:
-            head, _, content = content.partition(close_t)
-            stripped = head.lstrip()
-            if stripped.startswith(open_t):
-                head = stripped[len(open_t) :]
-            reasoning = head
-            warnings.append("reasoning_inline_in_content")
-        elif thinking and reasoning is None and content.lstrip().startswith(open_t):
-            if view.finish_reason in FINISHED:
-                raise ReconstructError(
-                    f"content opens {open_t} but never closes it although the answer finished",
-                    "unclosed_think",
-                )
-            reasoning, content = content.lstrip()[len(open_t) :], ""
-            warnings.append("reasoning_inline_in_content")
-        if thinking:
-            if reasoning is None or reasoning == "":
-                warnings.append("empty_reasoning")
-            reasoning = reasoning or ""
-        elif reasoning:
-            raise ReconstructError(
-                "the response has reasoning but the prompt was rendered with thinking off; "
-                "rerun with thinking on",
-                "reasoning_with_thinking_off",
-            )
-        else:
-            reasoning = None
-        if reasoning is not None:
-            # a server's reasoning parser may strip or keep the newlines the grammar puts around
-            # the markers; the grammar (and the model's own template) writes them exactly
-            cut = view.finish_reason == "length" and not content and not view.tool_calls
-            if cut and "\n" in th.open_suffix:
-                # cut inside the reasoning: newlines at the cut are the model's, not the grammar's
-                reasoning = reasoning.lstrip("\n")
-            elif "\n" in th.open_suffix + th.close_prefix:
-                reasoning = reasoning.strip("\n")
-            if "\n" in th.close_suffix:
-                content = content.lstrip("\n")
-    elif reasoning:
-        raise ReconstructError(
-            f"format {fmt.name} has no think markers for this tokenizer, but the response has "
-            "reasoning; use a tokenizer with <think> tokens or a format that declares them",
-            "reasoning_without_think_grammar",
-        )
-    if view.tool_calls and not fmt.has_tool_grammar:
-        raise ReconstructError(
-            f"the answer calls tools but format {fmt.name} has no tool-call grammar",
-            "tool_calls_without_grammar",
-        )
-    if view.finish_reason not in FINISHED and view.finish_reason != "length":
-        warnings.append(f"finish_reason_{view.finish_reason}")
-    segs = fmt.render_response(
-        content=content,
-        reasoning=reasoning,
-        tool_calls=view.tool_calls,
-        finished=view.finish_reason in FINISHED,
-        thinking=bool(thinking) and th is not None,
-    )
-    return segs, warnings
 
 
 #: what a truncated answer's text is assumed to continue with: a ``length`` cut ends mid-stream, and
@@ -274,6 +199,12 @@ class Item:
     prompt_ids: Sequence[int] | None = None
     #: train every assistant turn of ``messages`` too, in one sequence (``tokens.turns``)
     all_turns: bool = False
+    #: the model's exact answer ids where the server returned them (vLLM ``token_ids``): used
+    #: as they are (token source ``engine``), the text is not encoded
+    output_ids: Sequence[int] | None = None
+    #: the prompt ids the server fed the model (``prompt_token_ids``): kept where they differ
+    #: from our rendering, with a ``prompt_drift`` warning
+    server_prompt_ids: Sequence[int] | None = None
 
 
 #: records encoded per batched call: large enough that the tokenizer's batch pays, small enough
@@ -369,6 +300,9 @@ class _Plan:
                 if item.prompt_ids is not None
                 else _assemble(bound, self.prompt or (), enc)
             )
+            if item.server_prompt_ids is not None and list(item.server_prompt_ids) != prompt:
+                prompt = list(item.server_prompt_ids)  # what the model saw
+                self.warnings.append("prompt_drift")
             if self.response is not None:
                 response = _assemble(bound, self.response, enc, text_ids)
             else:
@@ -435,11 +369,29 @@ def _plan(
         )
     view = item.view
     warnings: list[str] = []
+    if item.output_ids is not None and not item.all_turns:
+        size = bound.tokenizer.vocab_size
+        bad = [i for i in item.output_ids if not 0 <= i < size]
+        if bad:
+            raise ReconstructError(
+                f"token_ids {bad[:3]} are outside the vocabulary (size {size}): not this "
+                "tokenizer's answer",
+                "ids_outside_vocabulary",
+            )
+        engine = bound.closed(item.output_ids, view.finish_reason)
+        return _Plan(prompt, None, engine, "engine", warnings)
     if use_logprobs and view.logprobs:
         ids, reason = ids_from_logprobs(bound, view)
         if ids is not None:
             return _Plan(prompt, None, ids, "logprobs", warnings)
         warnings.append(f"logprob_fallback:{reason}")
+    if view.tool_calls:
+        calls, rebuilt = bound.format.with_model_ids(
+            view.tool_calls, item.messages, profile(view.server)
+        )
+        if rebuilt:
+            view = replace(view, tool_calls=calls)
+            warnings.append("tool_call_ids_rebuilt")
     segs, warns = response_segments(bound, view, thinking=thinking)
     warnings += warns
     response = _layout(bound, segs, enc, view.finish_reason == "length")

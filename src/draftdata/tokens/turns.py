@@ -74,7 +74,7 @@ def joined_turns(
 ) -> tuple[list[Segment], list[str]]:
     """The segments of ``messages`` + the answer ``view`` with every assistant turn trained, and
     the warnings of the last answer's layout."""
-    from .reconstruct import response_segments
+    from .response import response_segments
 
     fmt = bound.format
     prompt = fmt.render_prompt(messages, tools, **opts)

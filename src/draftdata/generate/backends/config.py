@@ -44,6 +44,9 @@ class OpenAIBackendCfg(_Strict):
     max_answer_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     #: the HTTP client: "auto" is the lean HTTP/1.1 client for http:// and aiohttp for https://
     http: Literal["auto", "lean", "aiohttp"] = "auto"
+    #: what parses the answers (``tokens.servers``): its normalisations are undone or labelled
+    #: ``lossy:*``; for vllm / sglang the request asks for the options that keep the text whole
+    server: Literal["auto", "vllm", "sglang", "openrouter"] = "auto"
 
     @field_validator("base_url")
     @classmethod

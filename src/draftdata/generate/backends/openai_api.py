@@ -16,6 +16,7 @@ import os
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -24,7 +25,8 @@ from ...errors import DraftdataError, InputError
 from ...formats import BoundFormat
 from ...manifest import Manifest
 from ...records import ApiView
-from ...records.wire import messages_to_wire, view_from_message
+from ...records.wire import detect_server, messages_to_wire, view_from_message
+from ...tokens.servers import profile as server_profile
 from .base import Backend, Completion, FailedAttempt, GenRequest, OnFailure
 from .config import OpenAIBackendCfg, redact_url
 from .http11 import LeanHttp, Reply, TransportError
@@ -175,6 +177,8 @@ class OpenAIBackend(Backend):
             del body["model"]  # a server pinned to one model (transformers serve) wants none
         if req.tools:
             body["tools"] = list(req.tools)
+        # the options that keep the server's text whole (vLLM, SGLang); extra_body may override
+        body.update(server_profile(self.cfg.server).lossless_request)
         body.update(self.cfg.extra_body)
         if with_ids:
             body["return_token_ids"] = True
@@ -303,6 +307,8 @@ class OpenAIBackend(Backend):
             if not isinstance(msg, dict):
                 raise InputError(f"choices[0].message is a {type(msg).__name__}, not an object")
             view = view_from_message(msg, finish, ch.get("logprobs"))
+            server = self.cfg.server if self.cfg.server != "auto" else detect_server(data)
+            view = replace(view, server=server)
         except (InputError, AttributeError, TypeError, ValueError) as e:
             view, problem = ApiView(None, finish), f"unusable_message: {e}"
         out_ids = ch.get("token_ids")

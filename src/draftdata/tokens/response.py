@@ -1,0 +1,133 @@
+"""A server's view of one answer -> the segments the model generated: reasoning found where the
+server left it, the think block's whitespace kept or re-written (and labelled where it cannot
+be known), the tool-call section, the end of turn. What each server did to the text is its
+profile's business (``tokens.servers``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ReconstructError
+from ..formats import BoundFormat, Segment
+from ..records import FINISHED, ApiView
+from .servers import profile
+
+
+def response_segments(
+    bound: BoundFormat, view: ApiView, *, thinking: bool | None = None
+) -> tuple[list[Segment], list[str]]:
+    """The segments of the answer as the model generated it, and warnings about what was
+    inferred (reasoning found inline, an empty think block rendered, ...)."""
+    fmt = bound.format
+    th = fmt.think
+    prof = profile(view.server)
+    warnings: list[str] = []
+    content = view.content or ""
+    reasoning = view.reasoning
+    verbatim = False
+    if thinking is None:
+        thinking = th is not None
+    if th is not None:
+        open_t, close_t = fmt.markers[th.open].text, fmt.markers[th.close].text
+        # reasoning left inline in the content is looked for only where the prompt let the
+        # model think: with thinking off, marker text in an answer is the answer's text
+        if thinking and reasoning is None and close_t in content:
+            head, _, content = content.partition(close_t)
+            stripped = head.lstrip()
+            if stripped.startswith(open_t):
+                head = stripped[len(open_t) :]
+            reasoning = head
+            warnings.append("reasoning_inline_in_content")
+        elif thinking and reasoning is None and content.lstrip().startswith(open_t):
+            if view.finish_reason in FINISHED:
+                raise ReconstructError(
+                    f"content opens {open_t} but never closes it although the answer finished",
+                    "unclosed_think",
+                )
+            reasoning, content = content.lstrip()[len(open_t) :], ""
+            warnings.append("reasoning_inline_in_content")
+        if thinking:
+            if reasoning is None or reasoning == "":
+                warnings.append("empty_reasoning")
+            reasoning = reasoning or ""
+        elif reasoning:
+            raise ReconstructError(
+                "the response has reasoning but the prompt was rendered with thinking off; "
+                "rerun with thinking on",
+                "reasoning_with_thinking_off",
+            )
+        else:
+            reasoning = None
+        if reasoning is not None:
+            cut = view.finish_reason == "length" and not content and not view.tool_calls
+            verbatim = _think_verbatim(prof, th, reasoning, content, cut, bool(view.tool_calls))
+            if not verbatim:  # re-written from the grammar: exact only where the model kept to it
+                if _grammar_newlines(th, cut):
+                    warnings.append("lossy:think_whitespace")
+                if cut and "\n" in th.open_suffix:
+                    # cut inside the reasoning: newlines at the cut are the model's
+                    reasoning = reasoning.lstrip("\n")
+                elif "\n" in th.open_suffix + th.close_prefix:
+                    reasoning = reasoning.strip("\n")
+                if "\n" in th.close_suffix:
+                    content = content.lstrip("\n")
+            elif view.tool_calls and prof.strips_tool_content:
+                content = content.lstrip("\n")  # stripped by the server: the grammar's suffix
+    elif reasoning:
+        raise ReconstructError(
+            f"format {fmt.name} has no think markers for this tokenizer, but the response has "
+            "reasoning; use a tokenizer with <think> tokens or a format that declares them",
+            "reasoning_without_think_grammar",
+        )
+    if view.tool_calls and not fmt.has_tool_grammar:
+        raise ReconstructError(
+            f"the answer calls tools but format {fmt.name} has no tool-call grammar",
+            "tool_calls_without_grammar",
+        )
+    if view.finish_reason not in FINISHED and view.finish_reason != "length":
+        warnings.append(f"finish_reason_{view.finish_reason}")
+    # the content before a tool call: exactly the model's text (a verbatim server), or the
+    # grammar's separator added where the text does not already end with it
+    as_is = (verbatim or bool(prof.think_verbatim)) and not prof.strips_tool_content
+    if view.tool_calls:
+        if prof.strips_tool_content:
+            warnings.append("lossy:content_stripped")
+        lost = fmt.tool_call_loss(view.tool_calls, prof)
+        if lost:
+            warnings.append(f"lossy:{lost}")
+    segs = fmt.render_response(
+        content=content,
+        reasoning=reasoning,
+        tool_calls=view.tool_calls,
+        finished=view.finish_reason in FINISHED,
+        thinking=bool(thinking) and th is not None,
+        verbatim=verbatim,
+        content_as_is=verbatim and not (view.tool_calls and prof.strips_tool_content),
+        tool_text="as_is" if as_is else "add_missing",
+    )
+    return segs, warnings
+
+
+def _grammar_newlines(th: Any, cut: bool) -> bool:
+    """Whether the think grammar writes newlines around the markers (what a server may drop)."""
+    pieces = [] if th.prompt_opens else [th.open_suffix]
+    if not cut:
+        pieces += [th.close_prefix, th.close_suffix]
+    return any("\n" in p for p in pieces)
+
+
+def _think_verbatim(
+    prof: Any, th: Any, reasoning: str, content: str, cut: bool, tools: bool
+) -> bool:
+    """Whether reasoning and content are exactly the text around the think markers: the
+    server's profile says so, or (unknown server) every newline the grammar puts there is there."""
+    if prof.think_verbatim is not None:
+        return bool(prof.think_verbatim)
+    checks = []
+    if th.open_suffix and not th.prompt_opens:
+        checks.append(reasoning.startswith(th.open_suffix))
+    if th.close_prefix and not cut:
+        checks.append(reasoning.endswith(th.close_prefix))
+    if th.close_suffix and (content or tools):
+        checks.append(content.startswith(th.close_suffix))
+    return all(checks)

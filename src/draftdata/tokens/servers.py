@@ -1,0 +1,75 @@
+"""What parses an answer before we see it: the server profiles.
+
+A server's reasoning parser and tool parser cut the model's raw output into
+``reasoning_content`` / ``content`` / ``tool_calls``. Each server does it its own way, and some
+of what they do cannot be undone (stripped whitespace, re-serialised arguments). A profile
+names what its server does, so reconstruction either undoes it exactly or labels the sample
+``lossy:<reason>``: a lossy sample may still be right, but nothing proves it, and validation
+never counts it exact.
+
+Read from the servers' own parsers (non-streaming paths):
+
+- vLLM: the reasoning parsers split at the think markers and keep both sides verbatim (the
+  newlines the model wrote around ``</think>`` included); the Hermes-style tool parser keeps the
+  content before ``<tool_call>`` verbatim and re-dumps the arguments with ``json.dumps``; the
+  Kimi K2 tool parser matches ``\\s*`` around ids and arguments (whitespace there is lost).
+- SGLang: the reasoning detectors keep both sides verbatim; every tool detector strips the
+  content before the tool-call section (``.strip()``) and re-dumps JSON arguments; Kimi ids are
+  numbered by SGLang's own counter.
+- OpenRouter: the provider's parser, unknown; ids of tool calls are often rewritten (``call_``).
+- auto: told from the answer itself where its shape shows it (a raw response's fields, the
+  newlines around the think markers); what cannot be told is treated as not done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SERVERS = ("auto", "vllm", "sglang", "openrouter")
+
+
+@dataclass(frozen=True)
+class ServerProfile:
+    name: str
+    #: reasoning and content come back exactly as written around the think markers (None: tell
+    #: from the answer's newlines)
+    think_verbatim: bool | None
+    #: the content before a tool-call section comes back stripped
+    strips_tool_content: bool
+    #: JSON tool-call arguments come back re-serialised (json.dumps of the parsed object)
+    redumps_json_arguments: bool
+    #: whitespace around Kimi tool-call ids and arguments is stripped
+    strips_kimi_tool_whitespace: bool
+    #: Kimi tool-call ids are the server's own numbering, not the model's
+    renumbers_kimi_ids: bool
+    #: request fields that keep the view lossless, asked for by generation
+    lossless_request: dict[str, Any] = field(default_factory=dict)
+
+
+PROFILES: dict[str, ServerProfile] = {
+    "auto": ServerProfile("auto", None, False, False, False, False),
+    "vllm": ServerProfile(
+        "vllm",
+        think_verbatim=True,
+        strips_tool_content=False,
+        redumps_json_arguments=True,
+        strips_kimi_tool_whitespace=True,
+        renumbers_kimi_ids=False,
+        lossless_request={"skip_special_tokens": False, "spaces_between_special_tokens": False},
+    ),
+    "sglang": ServerProfile(
+        "sglang",
+        think_verbatim=True,
+        strips_tool_content=True,
+        redumps_json_arguments=True,
+        strips_kimi_tool_whitespace=True,
+        renumbers_kimi_ids=True,
+        lossless_request={"skip_special_tokens": False},
+    ),
+    "openrouter": ServerProfile("openrouter", None, True, True, True, True),
+}
+
+
+def profile(name: str | None) -> ServerProfile:
+    return PROFILES.get(name or "auto", PROFILES["auto"])

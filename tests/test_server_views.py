@@ -1,0 +1,357 @@
+"""Answers as real servers return them: a corpus of our own answers, each written as the model's
+raw output (marker texts included), with the view a server's reasoning and tool parsers make of
+it, in the shapes vLLM's and SGLang's parser tests exercise (non-streaming paths):
+
+- vLLM splits at ``</think>`` and keeps both sides verbatim (``<think>`` stripped where the model
+  wrote it); Qwen3/Qwen3.5 take ``<tool_call>`` followed by ``<function=`` as the implicit end of
+  reasoning; the Hermes parser keeps the content before ``<tool_call>`` verbatim and json.dumps
+  the arguments again; the Kimi parser matches whitespace around ids and arguments; the
+  DeepSeek V3 parser keeps the fenced arguments verbatim.
+- SGLang splits the same way and strips the content before a tool-call section.
+
+The expected ids are the tokenizer library's own encoding of the raw output (its control
+tokens matched in the text, as the model's ids are), never our segment encoder. Every answer
+whose view is lossless must come back exactly; every lossy one must carry its
+``lossy:<reason>``, and validation must not count it exact."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from draftdata.measure.validate import validate
+from draftdata.records import ApiView, GroundTruth, Message, ToolCall
+from draftdata.records.wire import view_from_record  # noqa
+from draftdata.tokens.reconstruct import reconstruct
+
+USER = (Message("user", "What is the weather in Paris, and what is two plus two?"),)
+
+
+def _call(name: str, args: dict[str, Any], call_id: str | None = None) -> ToolCall:
+    return ToolCall(name, json.dumps(args, ensure_ascii=False), call_id)  # as json.dumps re-dumps
+
+
+@dataclass
+class Case:
+    name: str
+    key: str  # tokenizer + format (conftest.REAL)
+    raw: str  # the model's output, marker texts included
+    server: str
+    view: ApiView
+    lossy: str | None = None  # the reason a lossy view must carry
+    thinking: bool = True
+    history: tuple[Message, ...] = USER
+    old_main: str = ""  # what today's main got wrong here, where it did
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+PARIS = _call("get_weather", {"city": "Paris"})
+Q3_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+Q35_CALL = (
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+    "</tool_call>"
+)
+KIMI_CALL = (
+    "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:{n}"
+    '<|tool_call_argument_begin|>{{"city": "Paris"}}<|tool_call_end|><|tool_calls_section_end|>'
+)
+DS_CALL = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+    '{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
+)
+KIMI_HISTORY = (
+    *USER,
+    Message(
+        "assistant",
+        "",
+        tool_calls=(_call("get_weather", {"city": "Rome"}, "functions.get_weather:0"),),
+    ),
+    Message("tool", '{"weather": "sunny"}', tool_call_id="functions.get_weather:0"),
+    Message("user", "And Paris?"),
+)
+
+CASES = [
+    # --- Qwen3 hybrid: the model writes <think>\n R \n</think>\n\n C
+    Case(
+        "qwen3-plain",
+        "qwen3",
+        "<think>\nThe user asks two things.\n</think>\n\nIt is mild in Paris; 2 + 2 = 4.<|im_end|>",
+        "vllm",
+        ApiView("\n\nIt is mild in Paris; 2 + 2 = 4.", "stop", "\nThe user asks two things.\n"),
+    ),
+    Case(
+        "qwen3-reasoning-ends-in-newlines",
+        "qwen3",
+        "<think>\nCounting: two and two.\n\n</think>\n\nFour.<|im_end|>",
+        "vllm",
+        ApiView("\n\nFour.", "stop", "\nCounting: two and two.\n\n"),
+        old_main="the reasoning's own trailing newline was stripped",
+    ),
+    Case(
+        "qwen3-cut-in-reasoning",
+        "qwen3",
+        "<think>\nFirst the weather, then the sum, which is",
+        "vllm",
+        ApiView(None, "length", "\nFirst the weather, then the sum, which is"),
+    ),
+    Case(
+        "qwen3-thinking-off",
+        "qwen3",
+        "Four.<|im_end|>",
+        "vllm",
+        ApiView("Four.", "stop"),
+        thinking=False,
+    ),
+    Case(
+        "qwen3-unknown-server-content-keeps-its-newlines",
+        "qwen3",
+        "<think>\nNeed the weather.\n</think>\n\nLet me check.\n\n" + Q3_CALL + "<|im_end|>",
+        "auto",
+        ApiView("\n\nLet me check.\n\n", "tool_calls", "\nNeed the weather.\n", (PARIS,)),
+        old_main="the separator was added again after the newlines the server kept",
+    ),
+    Case(
+        "qwen3-vllm-tool-call",
+        "qwen3",
+        "<think>\nNeed the weather.\n</think>\n\nLet me check.\n" + Q3_CALL + "<|im_end|>",
+        "vllm",
+        ApiView("\n\nLet me check.\n", "tool_calls", "\nNeed the weather.\n", (PARIS,)),
+        lossy="arguments_redumped",
+    ),
+    Case(
+        "qwen3-sglang-tool-call",
+        "qwen3",
+        "<think>\nNeed the weather.\n</think>\n\nLet me check.\n" + Q3_CALL + "<|im_end|>",
+        "sglang",
+        ApiView("Let me check.", "tool_calls", "\nNeed the weather.\n", (PARIS,)),
+        lossy="content_stripped",
+    ),
+    Case(
+        "qwen3-stripped-reasoning",
+        "qwen3",
+        "<think>\nCounting: two and two.\n\n</think>\n\nFour.<|im_end|>",
+        "openrouter",
+        ApiView("Four.", "stop", "Counting: two and two."),
+        lossy="think_whitespace",
+    ),
+    # --- Qwen3.5: the prompt opens <think>\n
+    Case(
+        "qwen3.5-plain",
+        "qwen3.5",
+        "The sum is easy.\n</think>\n\nIt is 4.<|im_end|>",
+        "vllm",
+        ApiView("\n\nIt is 4.", "stop", "The sum is easy.\n"),
+    ),
+    Case(
+        "qwen3.5-reasoning-ends-in-newlines",
+        "qwen3.5",
+        "The sum is easy.\n\n</think>\n\nIt is 4.<|im_end|>",
+        "vllm",
+        ApiView("\n\nIt is 4.", "stop", "The sum is easy.\n\n"),
+        old_main="the reasoning's own trailing newline was stripped",
+    ),
+    Case(
+        "qwen3.5-tool-call-inside-think",
+        "qwen3.5",
+        "I should look it up.\n\n" + Q35_CALL + "<|im_end|>",
+        "vllm",
+        ApiView(None, "tool_calls", "I should look it up.\n\n", (PARIS,)),
+        old_main="a </think> the model never wrote was added",
+    ),
+    Case(
+        "qwen3.5-tool-call-after-think",
+        "qwen3.5",
+        "I should look it up.\n</think>\n\nChecking now.\n\n" + Q35_CALL + "<|im_end|>",
+        "vllm",
+        ApiView("\n\nChecking now.\n\n", "tool_calls", "I should look it up.\n", (PARIS,)),
+    ),
+    Case(
+        "qwen3.5-typed-parameter",
+        "qwen3.5",
+        "Forecast.\n</think>\n\n<tool_call>\n<function=forecast>\n<parameter=days>\n3\n"
+        "</parameter>\n</function>\n</tool_call><|im_end|>",
+        "vllm",
+        ApiView("\n\n", "tool_calls", "Forecast.\n", (_call("forecast", {"days": 3}),)),
+        lossy="arguments_converted",
+    ),
+    # --- Kimi K2.5: the prompt opens <think>; no whitespace in the grammar
+    Case(
+        "kimi-plain",
+        "kimi-k2",
+        "A greeting and a sum.</think>Hello! It is mild in Paris, and 2 + 2 = 4.<|im_end|>",
+        "vllm",
+        ApiView("Hello! It is mild in Paris, and 2 + 2 = 4.", "stop", "A greeting and a sum."),
+    ),
+    Case(
+        "kimi-vllm-tool-call",
+        "kimi-k2",
+        "Weather first.</think>" + KIMI_CALL.format(n=0) + "<|im_end|>",
+        "vllm",
+        ApiView(
+            None,
+            "tool_calls",
+            "Weather first.",
+            (_call("get_weather", {"city": "Paris"}, "functions.get_weather:0"),),
+        ),
+        lossy="tool_whitespace_stripped",
+    ),
+    Case(
+        "kimi-provider-rewrote-the-id",
+        "kimi-k2",
+        "Weather first.</think>" + KIMI_CALL.format(n=1) + "<|im_end|>",
+        "auto",
+        ApiView(
+            None,
+            "tool_calls",
+            "Weather first.",
+            (_call("get_weather", {"city": "Paris"}, "call_7f3a9c"),),
+        ),
+        history=KIMI_HISTORY,
+        old_main="the provider's id was written where the model wrote functions.get_weather:1",
+        extra={"rebuilt": True},
+    ),
+    # --- DeepSeek V3 (no think tokens in its vocabulary) and R1-style reasoning (V4 vocabulary)
+    Case(
+        "deepseek-v3-tool-call",
+        "deepseek-v3",
+        "Checking." + DS_CALL + "<｜end▁of▁sentence｜>",
+        "vllm",
+        ApiView("Checking.", "tool_calls", None, (ToolCall("get_weather", '{"city": "Paris"}'),)),
+    ),
+    Case(
+        "deepseek-r1-style",
+        "deepseek-v4",
+        "<think>\nTwo and two make four.\n\n</think>\n\nFour.<｜end▁of▁sentence｜>",
+        "vllm",
+        ApiView("\n\nFour.", "stop", "\nTwo and two make four.\n\n"),
+        old_main="the reasoning's own trailing newline was stripped",
+    ),
+]
+
+
+def _truth(b, raw: str) -> list[int]:
+    return b.tokenizer.encode_as_stock(raw)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_every_lossless_view_comes_back_exactly_and_every_lossy_one_says_why(bound, case):
+    b = bound(case.key)
+    view = ApiView(**{**case.view.__dict__, "server": case.server})
+    s = reconstruct(b, case.history, view, thinking=case.thinking)
+    lossy = [w for w in s.warnings if w.startswith("lossy:")]
+    if case.lossy is None:
+        assert lossy == [], lossy
+        assert s.response_ids == _truth(b, case.raw), (
+            b.tokenizer.decode(s.response_ids),
+            case.raw,
+        )
+    else:
+        assert f"lossy:{case.lossy}" in lossy, s.warnings
+    if case.extra.get("rebuilt"):
+        assert "tool_call_ids_rebuilt" in s.warnings
+
+
+def test_validation_counts_no_lossy_answer_exact_and_reports_both_rates(bound):
+    """Ground truth whose ids are the raw outputs: the lossy views are counted as lossy (by
+    reason), never exact, and the rate over lossless views is reported beside the overall."""
+    for key in ("qwen3", "qwen3.5", "kimi-k2"):
+        b = bound(key)
+        cases = [c for c in CASES if c.key == key and c.history == USER and c.thinking]
+        prompt = b.prompt_ids(USER)
+        records = [
+            GroundTruth(
+                id=c.name,
+                source="corpus",
+                messages=USER,
+                prompt_ids=tuple(prompt),
+                output_ids=tuple(_truth(b, c.raw)),
+                finish_reason=c.view.finish_reason,
+                view=ApiView(**{**c.view.__dict__, "server": c.server}),
+            )
+            for c in cases
+        ]
+        rep = validate(b, records).to_json()
+        n_lossy = sum(c.lossy is not None for c in cases)
+        assert rep["lossy"] == n_lossy
+        assert sum(v for k, v in rep["categories"].items() if k.startswith("lossy:")) == n_lossy
+        assert rep["exact"] == len(cases) - n_lossy  # every lossless one, none of the lossy
+        assert rep["lossless_exact_match_rate"] == 1.0
+        assert rep["exact_match_rate"] == pytest.approx((len(cases) - n_lossy) / len(cases))
+
+
+def test_a_raw_response_says_which_server_parsed_it():
+    """vLLM writes ``stop_reason`` in each choice, SGLang ``matched_stop``, OpenRouter a top-level
+    ``provider``; the view carries the server, so its profile applies without being named."""
+    msg = {"role": "assistant", "content": "\n\nFour.", "reasoning_content": "\nTwo and two.\n"}
+    vllm = {"choices": [{"message": msg, "finish_reason": "stop", "stop_reason": None}]}
+    sglang = {"choices": [{"message": msg, "finish_reason": "stop", "matched_stop": 151645}]}
+    router = {"provider": "DeepInfra", "choices": [{"message": msg, "finish_reason": "stop"}]}
+    plain = {"choices": [{"message": msg, "finish_reason": "stop"}]}
+    got = [view_from_record({"response": r}).server for r in (vllm, sglang, router, plain)]
+    assert got == ["vllm", "sglang", "openrouter", None]
+
+
+def _raw(case: Case, extra_choice: dict[str, Any], extra_top: dict[str, Any] | None = None):
+    v = case.view
+    msg: dict[str, Any] = {"role": "assistant", "content": v.content}
+    if v.reasoning is not None:
+        msg["reasoning_content"] = v.reasoning
+    if v.tool_calls:
+        msg["tool_calls"] = [
+            {"id": c.id or f"call_{i}", "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}}
+            for i, c in enumerate(v.tool_calls)
+        ]  # fmt: skip
+    choice = {"index": 0, "message": msg, "finish_reason": v.finish_reason, **extra_choice}
+    return {"choices": [choice], **(extra_top or {})}
+
+
+def test_reconstruct_reads_raw_responses_their_server_and_their_ids(bound, tmp_path):
+    """`draftdata reconstruct` on raw chat-completion responses: the server is told from each
+    response's fields (or named with --server), lossy views are counted on stderr, and a
+    response that carries the model's ids (vLLM ``return_token_ids``) is taken as they are."""
+    import pyarrow.parquet as pq
+
+    from conftest import REAL
+    from test_audit_cli import run
+
+    b = bound("qwen3")
+    picked = {c.name: c for c in CASES if c.key == "qwen3" and c.history == USER and c.thinking}
+    messages = [{"role": "user", "content": USER[0].content}]
+    ids_case = picked["qwen3-plain"]
+    truth = _truth(b, ids_case.raw)
+    prompt = b.prompt_ids(USER)
+    recs = [
+        # vLLM's fields: its profile applies without being named
+        {"id": "vllm", "messages": messages,
+         "response": _raw(picked["qwen3-reasoning-ends-in-newlines"], {"stop_reason": None})},
+        # SGLang's: the stripped content before the tool call is labelled
+        {"id": "sglang", "messages": messages,
+         "response": _raw(picked["qwen3-sglang-tool-call"], {"matched_stop": 151645})},
+        # the model's own ids: used as they are, the text not encoded
+        {"id": "ids", "messages": messages,
+         "response": {**_raw(ids_case, {"stop_reason": None, "token_ids": truth[:-1]}),
+                      "prompt_token_ids": prompt}},
+    ]  # fmt: skip
+    src = tmp_path / "raw.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    tok, fmt, _ = REAL["qwen3"]
+    out = tmp_path / "out.parquet"
+    r = run("reconstruct", str(src), "-t", tok, "-f", fmt, "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "reconstructed: 2, engine: 1" in r.stdout
+    assert "lossy views" in r.stderr and "content_stripped: 1" in r.stderr
+    rows = {x["id"]: x for x in pq.read_table(out).to_pylist()}
+    vllm_truth = _truth(b, picked["qwen3-reasoning-ends-in-newlines"].raw)
+    assert rows["vllm"]["input_ids"][rows["vllm"]["prompt_len"] :] == vllm_truth
+    assert rows["ids"]["input_ids"] == [
+        *prompt,
+        *truth,
+    ]  # the end of turn closed, as servers omit it
+    assert any(w.startswith("lossy:") for w in rows["sglang"]["warnings"])
+    # a server named on the command line applies to every answer; an unknown name is one line
+    r = run("reconstruct", str(src), "-t", tok, "-f", fmt, "-o", str(out), "--server", "nope")
+    assert r.returncode == 2 and "--server 'nope'" in r.stderr and "Traceback" not in r.stderr
