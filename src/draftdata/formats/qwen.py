@@ -226,6 +226,35 @@ QWEN3 = Qwen3Format(
 
 
 @dataclass(frozen=True)
+class Qwen3ThinkingFormat(Qwen3Format):
+    """Qwen3 thinking-only models (the 2507 ``-Thinking`` releases): the Qwen3 template with the
+    generation prompt opening ``<think>\n`` always (there is no thinking-off switch); the model
+    writes ``REASONING\n</think>\n\nANSWER``."""
+
+    def _gen_prompt(self, thinking: bool) -> list[Segment]:
+        return [Special("im_start"), Text("assistant\n"), Special("think_open"), Text("\n")]
+
+
+QWEN3_THINKING = Qwen3ThinkingFormat(
+    name="qwen3-thinking",
+    tool_section="tool_call_open",
+    version="1",
+    description="Qwen3 thinking-only (2507 -Thinking): the prompt always opens <think>",
+    markers=dict(_QWEN_MARKERS),
+    end_of_turn="im_end",
+    stop_markers=("endoftext",),
+    think=ThinkGrammar(
+        "think_open",
+        "think_close",
+        open_suffix="\n",
+        close_prefix="\n",
+        close_suffix="\n\n",
+        prompt_opens=True,
+    ),
+)
+
+
+@dataclass(frozen=True)
 class Qwen35Format(Qwen3Format):
     """Qwen3.5/3.6: content trimmed; the generation prompt opens ``<think>\\n``; tool calls in
     XML-ish ``<function=NAME><parameter=K>V</parameter></function>`` blocks."""

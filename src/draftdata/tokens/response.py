@@ -62,7 +62,9 @@ def response_segments(
             cut = view.finish_reason == "length" and not content and not view.tool_calls
             verbatim = _think_verbatim(prof, th, reasoning, content, cut, bool(view.tool_calls))
             if not verbatim:  # re-written from the grammar: exact only where the model kept to it
-                if _grammar_newlines(th, cut):
+                # (no reasoning at all: the empty block the template itself writes, as before;
+                # it says ``empty_reasoning``)
+                if reasoning and _grammar_newlines(th, cut):
                     warnings.append("lossy:think_whitespace")
                 if cut and "\n" in th.open_suffix:
                     # cut inside the reasoning: newlines at the cut are the model's
