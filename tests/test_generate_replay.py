@@ -298,3 +298,38 @@ def test_joined_turns_train_every_answer_in_one_sequence(tmp_path):
     ]
     assert truncated > 0 and len(dropped) >= truncated, (dropped, truncated)
     assert all(first[t]["finish_reason"] == "length" for t in dropped), dropped
+
+
+def test_the_tokens_stage_over_two_workers_stores_what_one_process_stores(tmp_path):
+    """A run's stored answers through forked workers, windows of 16 (several per worker): the
+    same samples (every column, packed as stored) and the same drops as in one process."""
+    from draftdata.generate.runner import Runner
+    from draftdata.manifest import load_manifest
+
+    src, _ = greedy_subset(tmp_path, 60)
+    with replay_server(GROUNDTRUTH) as url:
+        m = manifest(tmp_path, url, src, limit=60, turns="all")
+        assert run("generate", str(m), "--quiet").returncode == 0
+    db_path = tmp_path / "run" / "ledger.sqlite"
+    runner = Runner(load_manifest(m), quiet=True)
+    try:
+        d = runner.m.datasets[0]
+        keys = runner.ledger.sample_keys(d.name)
+        got = {}
+        for jobs in (1, 2):
+            with runner.ledger.tx():
+                runner.ledger.forget_tokens(list(keys))
+            made = runner.make_samples(d, jobs=jobs, window=16)
+            db = sqlite3.connect(db_path)
+            got[jobs] = (
+                made,
+                db.execute("SELECT * FROM samples ORDER BY 1, 2, 3, 4").fetchall(),
+                db.execute(
+                    "SELECT * FROM drops WHERE stage='tokens' ORDER BY 1, 2, 3, 4"
+                ).fetchall(),
+            )
+            db.close()
+    finally:
+        runner.close()
+    assert len(got[1][1]) >= 60 and got[1][0].samples
+    assert got[1] == got[2]

@@ -366,12 +366,17 @@ class Ledger(ReadsMixin, ScoresMixin):
 
     def put_samples(self, samples: Sequence[tuple[Key, Sample]]) -> None:
         """Samples replacing whatever the tokens stage decided for their keys before."""
-        keys = [k.tuple() for k, _ in samples]
+        self.put_sample_rows([(k, codec.sample_row(s)) for k, s in samples])
+
+    def put_sample_rows(self, rows: Sequence[tuple[Key, Sequence[Any]]]) -> None:
+        """``put_samples`` of samples already packed (``codec.sample_row``, in a worker)."""
         self.db.executemany(
             "INSERT OR REPLACE INTO samples VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            [(*k.tuple(), *codec.sample_row(s)) for k, s in samples],
+            [(*k.tuple(), *row) for k, row in rows],
         )
-        self.db.executemany(f"DELETE FROM drops WHERE {_KEY} AND stage='tokens'", keys)
+        self.db.executemany(
+            f"DELETE FROM drops WHERE {_KEY} AND stage='tokens'", [k.tuple() for k, _ in rows]
+        )
 
     def forget_tokens(self, keys: Sequence[Key]) -> None:
         """What the tokens stage decided for ``keys`` (a sample or a drop), removed."""
@@ -431,6 +436,7 @@ for _name in (
     "failed",
     "put_sample",
     "put_samples",
+    "put_sample_rows",
     "put_drop",
     "forget_tokens",
     "tokenized",

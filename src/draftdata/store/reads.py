@@ -29,6 +29,12 @@ class ReadsMixin:
         ).fetchone()
         return int(n)
 
+    def count_responses(self, dataset: str) -> int:
+        (n,) = self.db.execute(
+            "SELECT count(*) FROM responses WHERE dataset=?", (dataset,)
+        ).fetchone()
+        return int(n)
+
     def prompt_ids_of(self, dataset: str) -> set[str]:
         rows = self.db.execute("SELECT prompt_id FROM prompts WHERE dataset=?", (dataset,))
         return {r[0] for r in rows}
