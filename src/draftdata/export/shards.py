@@ -13,6 +13,7 @@ import sys
 from array import array
 from collections.abc import Iterable
 from datetime import datetime, timezone
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -103,23 +104,27 @@ def shard_row(s: Sample, metadata: dict[str, Any]) -> dict[str, Any]:
 
 def _flat_lists(values: list[Any], t: pa.ListType) -> pa.Array:
     """Lists of ints (int32) or bools as one Arrow list array, its values and offsets filled
-    from C arrays (``array`` copies a Python list without a per-item Python call)."""
-    offsets = array("i", [0])
-    n = 0
-    boolean = pa.types.is_boolean(t.value_type)
-    flat: Any = bytearray() if boolean else array("i")
-    for v in values:
-        flat.extend(v)
-        n += len(v)
-        offsets.append(n)
-    if sys.byteorder == "big" and not boolean:  # Arrow buffers are little-endian here
-        flat.byteswap()
-        offsets.byteswap()
-    if boolean:  # packed to bits here: a cast would import pyarrow.compute (0.1 s)
+    from C arrays: the ints through one ``np.fromiter`` over the chained lists (twice as fast
+    as extending an array list by list), a mask that is one run of False then one of True
+    (every sample but an all-turns one) written as the two runs."""
+    lengths = np.fromiter(map(len, values), dtype="<i4", count=len(values))
+    offsets = np.zeros(len(values) + 1, dtype="<i4")
+    np.cumsum(lengths, out=offsets[1:])
+    n = int(offsets[-1])
+    if pa.types.is_boolean(t.value_type):
+        flat = bytearray()
+        for v in values:
+            trained = v.count(True)
+            if trained == 0 or v.index(True) == len(v) - trained:  # False... then True...
+                flat += bytes(len(v) - trained)
+                flat += b"\x01" * trained
+            else:
+                flat.extend(v)
         bits = np.packbits(np.frombuffer(flat, dtype=np.uint8) != 0, bitorder="little")
         items = pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(bits)])
     else:
-        items = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(flat)])
+        ids = np.fromiter(chain.from_iterable(values), dtype="<i4", count=n)
+        items = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(ids)])
         if t.value_type != pa.int32():
             items = items.cast(t.value_type)
     return pa.ListArray.from_arrays(
