@@ -128,7 +128,17 @@ DEEPSEEK_V3 = DeepSeekV3Format(
 )
 
 
-_DS_MARKERS = {k: v for k, v in DEEPSEEK_V3.markers.items() if not k.startswith("think_")}
+#: V3's markers with the think tokens required (R1, V3.1): a vocabulary without them is refused
+_THINK_MARKERS = {
+    **{k: v for k, v in DEEPSEEK_V3.markers.items() if not k.startswith("think_")},
+    "think_open": MarkerSpec("<think>"),
+    "think_close": MarkerSpec("</think>"),
+}
+
+
+def _answer_only(m: Message) -> str:
+    """An earlier answer as R1's and V3.1's templates show it: what follows its ``</think>``."""
+    return _text(m).split("</think>")[-1]
 
 
 @dataclass(frozen=True)
@@ -147,7 +157,7 @@ class DeepSeekR1Format(DeepSeekV3Format):
         thinking: bool = True,
     ) -> list[Segment]:
         shown = [
-            Message(m.role, _text(m).split("</think>")[-1], tool_calls=m.tool_calls)
+            Message(m.role, _answer_only(m), tool_calls=m.tool_calls)
             if m.role == "assistant"
             else m
             for m in messages
@@ -166,11 +176,7 @@ DEEPSEEK_R1 = DeepSeekR1Format(
     tool_section="tool_calls_begin",
     version="1",
     description="DeepSeek R1 (0528 template): the prompt opens <think>; earlier reasoning dropped",
-    markers={
-        **_DS_MARKERS,
-        "think_open": MarkerSpec("<think>"),
-        "think_close": MarkerSpec("</think>"),
-    },
+    markers=_THINK_MARKERS,
     end_of_turn="eos",
     think=ThinkGrammar(
         "think_open",
@@ -238,8 +244,8 @@ class DeepSeekV31Format(DeepSeekV3Format):
             if m.role == "user":
                 out += [Special("user"), Text(_text(m))]
             elif m.role == "assistant":
-                answer = _text(m).split("</think>")[-1]
-                out += [Special("assistant"), Special("think_close"), Text(answer), Special("eos")]
+                out += [Special("assistant"), Special("think_close"), Text(_answer_only(m))]
+                out.append(Special("eos"))
         if add_generation_prompt:
             out += [Special("assistant"), Special("think_open" if thinking else "think_close")]
         return out
@@ -253,11 +259,7 @@ DEEPSEEK_V31 = DeepSeekV31Format(
     tool_section="tool_calls_begin",
     version="1",
     description="DeepSeek V3.1: thinking opens <think> in the prompt; NAME<sep>ARGS tool calls",
-    markers={
-        **_DS_MARKERS,
-        "think_open": MarkerSpec("<think>"),
-        "think_close": MarkerSpec("</think>"),
-    },
+    markers=_THINK_MARKERS,
     end_of_turn="eos",
     think=ThinkGrammar("think_open", "think_close", prompt_opens=True),
 )
