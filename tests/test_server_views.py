@@ -482,3 +482,33 @@ def test_r1_and_v31_refuse_what_they_cannot_render(bound, load):
         b.prompt_ids(tool_turn)
     with pytest.raises(FormatError, match="tool schemas"):
         b.prompt_ids(USER, [{"type": "function", "function": {"name": "f"}}])
+
+
+def test_a_vllm_backend_asks_for_the_options_that_keep_its_text_whole(tmp_path):
+    """``server = "vllm"`` on a backend: every request carries ``skip_special_tokens: false``
+    and ``spaces_between_special_tokens: false`` (stored verbatim in the ledger), and the
+    answers' samples are made under the vLLM profile."""
+    import sqlite3
+
+    from conftest import GROUNDTRUTH
+    from draftdata.store import codec
+    from servers import manifest, replay_server
+    from test_audit_cli import run
+
+    recs = [json.loads(x) for x in GROUNDTRUTH.read_text().splitlines()][:4]
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"messages": r["messages"]}) + "\n" for r in recs))
+    with replay_server(GROUNDTRUTH) as url:
+        m = manifest(tmp_path, url, src, limit=4, turns="first", extra_backend='server = "vllm"')
+        r = run("generate", str(m), "--quiet")
+        assert r.returncode == 0, r.stderr
+    db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
+    bodies = [
+        json.loads(codec.unpack_text(b)) for (b,) in db.execute("SELECT request FROM attempts")
+    ]
+    distinct = len({json.dumps(r["messages"]) for r in recs})  # duplicates are read once
+    assert len(bodies) == distinct
+    assert all(b["skip_special_tokens"] is False for b in bodies)
+    assert all(b["spaces_between_special_tokens"] is False for b in bodies)
+    (n,) = db.execute("SELECT count(*) FROM samples").fetchone()
+    assert n == distinct
