@@ -23,7 +23,7 @@ from .manifest import DatasetCfg, Manifest, ModelCfg
 from .measure.gate import Gate, GateError, decide, is_ground_truth
 from .measure.validate import ValidationReport, validate
 from .records import GroundTruth
-from .tokens.stage import check_ids
+from .tokens.reconstruct import check_ids
 
 
 @dataclass

@@ -25,6 +25,24 @@ from .servers import profile
 TextIds = Callable[[str, list[int]], list[int]]
 
 
+def check_ids(bound: BoundFormat, ids: Sequence[Any], what: str) -> list[int]:
+    """``ids`` as a list of ints inside the vocabulary, or a ReconstructError naming the first
+    that is not (counted as ``id_out_of_vocabulary``)."""
+    n = bound.tokenizer.vocab_size
+    if ids and set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) < n:
+        return list(ids)  # the common case, checked at C speed
+    out: list[int] = []
+    for i, x in enumerate(ids):
+        if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < n:
+            raise ReconstructError(
+                f"{what}[{i}] = {x!r} is not an id of this tokenizer (vocabulary {n}); the "
+                "server's tokenizer is not the target's, or it sent damaged ids",
+                "id_out_of_vocabulary",
+            )
+        out.append(x)
+    return out
+
+
 def provenance(bound: BoundFormat) -> Provenance:
     return Provenance(bound.tokenizer.sha256, bound.format.name, bound.format.version, __version__)
 
@@ -370,15 +388,7 @@ def _plan(
     view = item.view
     warnings: list[str] = []
     if item.output_ids is not None and not item.all_turns:
-        size = bound.tokenizer.vocab_size
-        bad = [i for i in item.output_ids if not 0 <= i < size]
-        if bad:
-            raise ReconstructError(
-                f"token_ids {bad[:3]} are outside the vocabulary (size {size}): not this "
-                "tokenizer's answer",
-                "ids_outside_vocabulary",
-            )
-        engine = bound.closed(item.output_ids, view.finish_reason)
+        engine = bound.closed(check_ids(bound, item.output_ids, "token_ids"), view.finish_reason)
         return _Plan(prompt, None, engine, "engine", warnings)
     if use_logprobs and view.logprobs:
         ids, reason = ids_from_logprobs(bound, view)

@@ -21,31 +21,21 @@ from typing import Any
 from ..errors import DraftdataError, ReconstructError
 from ..formats import BoundFormat
 from ..records import ApiView, Key, Message, Prompt, Sample, StoredResponse
-from .reconstruct import WINDOW, Item, TextIds, prompt_ids_many, provenance, reconstruct_many
+from .reconstruct import (
+    WINDOW,
+    Item,
+    TextIds,
+    check_ids,
+    prompt_ids_many,
+    provenance,
+    reconstruct_many,
+)
 
 #: one stored answer and what it answered: key, prompt, messages, stored response, view
 Answer = tuple[Key, Prompt, Sequence[Message], StoredResponse, ApiView]
 
 #: a warning on samples whose prompt ids (the server's) differ from our rendering
 PROMPT_DRIFT = "prompt_drift"
-
-
-def check_ids(bound: BoundFormat, ids: Sequence[Any], what: str) -> list[int]:
-    """``ids`` as a list of ints inside the vocabulary, or a ReconstructError naming the first
-    that is not (counted as ``id_out_of_vocabulary``)."""
-    n = bound.tokenizer.vocab_size
-    if ids and set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) < n:
-        return list(ids)  # the common case, checked at C speed
-    out: list[int] = []
-    for i, x in enumerate(ids):
-        if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < n:
-            raise ReconstructError(
-                f"{what}[{i}] = {x!r} is not an id of this tokenizer (vocabulary {n}); the "
-                "server's tokenizer is not the target's, or it sent damaged ids",
-                "id_out_of_vocabulary",
-            )
-        out.append(x)
-    return out
 
 
 @dataclass(frozen=True)
