@@ -194,14 +194,13 @@ class ChatFormat:
         # same in a server's view; it is the rare case, and takes this branch too)
         cut_in_reasoning = not finished and bool(reasoning) and not content and not tool_calls
         if th is not None and (thinking or reasoning):
-            opened, pre = ("", "") if verbatim else (th.open_suffix, th.close_prefix)
+            # the prompt wrote the open marker and what follows it, or the answer does
+            opens_here = not (th.prompt_opens and thinking)
+            head: list[Segment] = [Special(th.open)] if opens_here else []
+            opened = th.open_suffix if opens_here and not verbatim else ""
+            pre = "" if verbatim else th.close_prefix
             as_is = verbatim if content_as_is is None else content_as_is
             post = "" if as_is else th.close_suffix
-            head: list[Segment] = []
-            if not (th.prompt_opens and thinking):
-                head.append(Special(th.open))
-            else:
-                opened = ""  # the prompt wrote the open marker and what follows it
             if cut_in_reasoning:
                 return train(merge_text([*head, Text(opened + (reasoning or ""))]))
             if verbatim and th.tools_in_think and tool_calls and not content and reasoning:
