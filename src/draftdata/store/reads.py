@@ -120,14 +120,13 @@ class ReadsMixin:
         """A dataset's samples streamed in key order, each with its prompt's metadata (joined
         here: an export holds one row at a time, not every prompt of the dataset)."""
         cols = f"s.dataset, s.prompt_id, s.sample_idx, s.turn, {_prefixed(codec.SAMPLE_COLUMNS)}"
-        if metadata:
-            sql = (
-                f"SELECT {cols}, p.metadata_json FROM samples s LEFT JOIN prompts p "
-                "ON p.dataset = s.dataset AND p.prompt_id = s.prompt_id "
-                "WHERE s.dataset=? ORDER BY s.prompt_id, s.sample_idx, s.turn"
-            )
-        else:
-            sql = f"SELECT {cols} FROM samples s WHERE s.dataset=? ORDER BY s.prompt_id, s.sample_idx, s.turn"
+        join = (
+            ", p.metadata_json FROM samples s LEFT JOIN prompts p "
+            "ON p.dataset = s.dataset AND p.prompt_id = s.prompt_id"
+            if metadata
+            else " FROM samples s"
+        )
+        sql = f"SELECT {cols}{join} WHERE s.dataset=? ORDER BY s.prompt_id, s.sample_idx, s.turn"
         n = 4 + len(codec.SAMPLE_COLUMNS.split(","))
         for r in self.db.execute(sql, (dataset,)):
             meta = json.loads(r[n]) if metadata and r[n] is not None else {}
