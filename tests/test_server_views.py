@@ -512,3 +512,45 @@ def test_a_vllm_backend_asks_for_the_options_that_keep_its_text_whole(tmp_path):
     assert all(b["spaces_between_special_tokens"] is False for b in bodies)
     (n,) = db.execute("SELECT count(*) FROM samples").fetchone()
     assert n == distinct
+    # the replay server writes none of vLLM's own fields: status must not call them applied
+    r = run("status", str(m), "--json")
+    assert r.returncode == 0, r.stderr
+    opts = json.loads(r.stdout)["datasets"]["gt"]["server_options"]
+    assert opts["checked"] == distinct
+    assert opts["answered_by"] == {"unknown": distinct}
+    assert opts["asked"]["skip_special_tokens"] == distinct
+    assert opts["asked"]["spaces_between_special_tokens"] == distinct
+    assert not any(opts["granted"].values())
+    r = run("status", str(m))
+    assert "skip_special_tokens=false: granted on 0/" in r.stdout, r.stdout
+
+
+def test_status_says_which_lossless_options_the_server_granted(tmp_path):
+    """A server that answers in vLLM's shape (its ``token_ids``, given because the capability
+    probe asked ``return_token_ids``) is the one that applies ``skip_special_tokens`` and
+    ``spaces_between_special_tokens``: status counts every asked option granted, read back from
+    the stored request and response bodies; a server refusing ``return_token_ids`` is counted as
+    refusing it."""
+    from conftest import GROUNDTRUTH
+    from servers import manifest, replay_server
+    from test_audit_cli import run
+
+    recs = [json.loads(x) for x in GROUNDTRUTH.read_text().splitlines()][:3]
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"messages": r["messages"]}) + "\n" for r in recs))
+    distinct = len({json.dumps(r["messages"]) for r in recs})
+    with replay_server(GROUNDTRUTH, "--token-ids") as url:
+        m = manifest(tmp_path, url, src, limit=3, turns="first", extra_backend='server = "vllm"')
+        r = run("generate", str(m), "--quiet")
+        assert r.returncode == 0, r.stderr
+    r = run("status", str(m), "--json")
+    assert r.returncode == 0, r.stderr
+    opts = json.loads(r.stdout)["datasets"]["gt"]["server_options"]
+    assert opts["answered_by"] == {"vllm": distinct}
+    want = {k: distinct for k in ("return_token_ids", "skip_special_tokens")}
+    want["spaces_between_special_tokens"] = distinct
+    assert opts["asked"] == want
+    assert opts["granted"] == want
+    assert opts["refused"] == {}
+    r = run("status", str(m))
+    assert f"return_token_ids=true: granted on {distinct}/{distinct} answers" in r.stdout

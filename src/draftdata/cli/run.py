@@ -176,7 +176,8 @@ def status(
         raise InputError(f"{path}: no ledger yet; run `draftdata generate {manifest}` first")
     ledger = Ledger.read(path)
     try:
-        st = ledger_status(ledger).to_json()
+        run_status = ledger_status(ledger)
+        st = run_status.to_json()
         bad = ledger.failed() if failed else []
     finally:
         ledger.close()
@@ -219,6 +220,9 @@ def status(
             ", ".join(f"{k}: {v}" for k, v in sorted(d["errors"].items())),
         )
     out.print(t)
+    for name, ds in run_status.datasets.items():
+        for line in ds.server_options.lines() if ds.server_options else ():
+            say(out, f"{name}: {line}")
     say(out, f"cost so far ${st['cost_usd']:.4f}")
 
 

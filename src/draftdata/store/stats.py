@@ -4,6 +4,7 @@ queries; `draftdata status`, the export manifest and the report read through the
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections import Counter
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ class DatasetStatus:
     warnings: dict[str, int] = field(default_factory=dict)
     #: (answers whose server reported its prompt ids, of those how many differ from ours)
     template_drift: tuple[int, int] | None = None
+    #: the lossless request fields generation asked for, and what the server did with them
+    server_options: ServerOptions | None = None
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -51,6 +54,8 @@ class DatasetStatus:
                 "checked": self.template_drift[0],
                 "differs": self.template_drift[1],
             }
+        if self.server_options is not None:
+            doc["server_options"] = self.server_options.to_json()
         return doc
 
 
@@ -128,7 +133,121 @@ def status(led: Ledger) -> RunStatus:
     ):
         if checked:
             d(dataset)["template_drift"] = (checked, bad)
+    for dataset in ds:
+        opts = server_options(db, dataset)
+        if opts.asked or opts.refused:
+            d(dataset)["server_options"] = opts
     return RunStatus({name: DatasetStatus(**x) for name, x in ds.items()})
+
+
+# --- server options -----------------------------------------------------------------------------
+#: request fields that keep a server's view lossless, the value that asks for it, and the
+#: servers that implement it (``return_token_ids`` is granted only where the ids came back)
+LOSSLESS_FIELDS: dict[str, tuple[Any, tuple[str, ...]]] = {
+    "return_token_ids": (True, ("vllm",)),
+    "skip_special_tokens": (False, ("vllm", "sglang")),
+    "spaces_between_special_tokens": (False, ("vllm",)),
+}
+#: the latest answers per dataset whose stored request and response are read for it
+OPTIONS_CHECKED = 256
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """What generation asked a server for to keep its view lossless, and what it got, read from
+    the stored bodies of a dataset's latest ``checked`` answers: a field is ``granted`` where the
+    answer came from a server that implements it (told from the response's own fields, as
+    ``reconstruct`` tells it), or, for ``return_token_ids``, where the ids came back; asked and
+    not granted means not shown to be applied. ``refused`` counts failed attempts whose 4xx body
+    names the field (the capability probe's refusal of ``return_token_ids`` among them)."""
+
+    checked: int
+    answered_by: dict[str, int]
+    asked: dict[str, int]
+    granted: dict[str, int]
+    refused: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "checked": self.checked,
+            "answered_by": dict(self.answered_by),
+            "asked": dict(self.asked),
+            "granted": dict(self.granted),
+            "refused": dict(self.refused),
+        }
+
+    def lines(self) -> list[str]:
+        """One line per field asked or refused, for `draftdata status`."""
+        by = ", ".join(f"{k} {v}" for k, v in sorted(self.answered_by.items()))
+        out = []
+        for name, (value, _) in LOSSLESS_FIELDS.items():
+            asked, got = self.asked.get(name, 0), self.granted.get(name, 0)
+            refused = self.refused.get(name, 0)
+            if not asked and not refused:
+                continue
+            what = f"{name}={json.dumps(value)}"
+            if asked and got == asked:
+                verdict = f"granted on {got}/{asked} answers"
+            elif asked:
+                verdict = (
+                    f"granted on {got}/{asked} answers; the rest came from a server that does not "
+                    "show it applies it (name the server, or ask for token ids)"
+                )
+            else:
+                verdict = "not asked in the answers read"
+            if refused:
+                verdict += f"; refused by {refused} attempts"
+            out.append(f"{what}: {verdict} (latest {self.checked} answers; answered by {by})")
+        return out
+
+
+def server_options(db: sqlite3.Connection, dataset: str) -> ServerOptions:
+    """The lossless request fields of ``dataset``'s latest answers and what came of them."""
+    from ..records.wire import detect_server
+    from .codec import unpack_text
+
+    asked: Counter[str] = Counter()
+    granted: Counter[str] = Counter()
+    by: Counter[str] = Counter()
+    n = 0
+    rows = db.execute(
+        "SELECT request, response FROM attempts WHERE dataset = ? AND ok = 1 "
+        "ORDER BY id DESC LIMIT ?",
+        (dataset, OPTIONS_CHECKED),
+    )
+    for req_blob, resp_blob in rows:
+        try:
+            req = json.loads(unpack_text(req_blob) or "null")
+            resp = json.loads(unpack_text(resp_blob) or "null")
+        except ValueError:
+            continue
+        if not isinstance(req, dict) or not isinstance(resp, dict):
+            continue  # an engine's own record, or a body that is not an object
+        n += 1
+        server = detect_server(resp) or "unknown"
+        by[server] += 1
+        choices = resp.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else {}
+        for name, (value, servers) in LOSSLESS_FIELDS.items():
+            if name not in req or req[name] != value:
+                continue
+            asked[name] += 1
+            if name == "return_token_ids":
+                got = isinstance(choice, dict) and isinstance(choice.get("token_ids"), list)
+                granted[name] += int(got)
+            elif server in servers:
+                granted[name] += 1
+    refused: Counter[str] = Counter()
+    for reason, body in db.execute(
+        "SELECT reason, response FROM attempts WHERE dataset = ? AND ok = 0 "
+        "AND http_status IN (400, 422)",
+        (dataset,),
+    ):
+        text = unpack_text(body) or ""
+        for name in LOSSLESS_FIELDS:
+            if name in text or (reason == PROBE_REFUSED and name == "return_token_ids"):
+                refused[name] += 1
+    return ServerOptions(n, dict(by), dict(asked), dict(granted), dict(refused))
 
 
 # --- throughput ---------------------------------------------------------------------------------
