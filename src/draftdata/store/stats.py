@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -141,13 +142,22 @@ def status(led: Ledger) -> RunStatus:
 
 
 # --- server options -----------------------------------------------------------------------------
-#: request fields that keep a server's view lossless, the value that asks for it, and the
-#: servers that implement it (``return_token_ids`` is granted only where the ids came back)
-LOSSLESS_FIELDS: dict[str, tuple[Any, tuple[str, ...]]] = {
-    "return_token_ids": (True, ("vllm",)),
-    "skip_special_tokens": (False, ("vllm", "sglang")),
-    "spaces_between_special_tokens": (False, ("vllm",)),
-}
+
+
+def _lossless_fields() -> dict[str, tuple[Any, tuple[str, ...]]]:
+    """Request fields that keep a server's view lossless, the value that asks for each, and the
+    servers that implement it: the server profiles' own ``lossless_request``, plus vLLM's
+    ``return_token_ids`` (granted only where the ids came back)."""
+    from ..tokens.servers import PROFILES
+
+    fields: dict[str, tuple[Any, tuple[str, ...]]] = {"return_token_ids": (True, ("vllm",))}
+    for p in PROFILES.values():
+        for name, value in p.lossless_request.items():
+            fields[name] = (value, (*fields.get(name, (value, ()))[1], p.name))
+    return fields
+
+
+LOSSLESS_FIELDS = _lossless_fields()
 #: the latest answers per dataset whose stored request and response are read for it
 OPTIONS_CHECKED = 256
 
@@ -159,7 +169,7 @@ class ServerOptions:
     answer came from a server that implements it (told from the response's own fields, as
     ``reconstruct`` tells it), or, for ``return_token_ids``, where the ids came back; asked and
     not granted means not shown to be applied. ``refused`` counts failed attempts whose 4xx body
-    names the field (the capability probe's refusal of ``return_token_ids`` among them)."""
+    names the field (the capability probe's refusal of ``return_token_ids`` names it too)."""
 
     checked: int
     answered_by: dict[str, int]
@@ -201,6 +211,17 @@ class ServerOptions:
         return out
 
 
+def _body(blob: bytes | str | None) -> Any:
+    """A stored body parsed, or None where it is damaged or not JSON (status must not fail on
+    one bad row: export reads it too)."""
+    from .codec import unpack_text
+
+    try:
+        return json.loads(unpack_text(blob) or "null")
+    except (ValueError, zlib.error):
+        return None
+
+
 def server_options(db: sqlite3.Connection, dataset: str) -> ServerOptions:
     """The lossless request fields of ``dataset``'s latest answers and what came of them."""
     from ..records.wire import detect_server
@@ -216,13 +237,9 @@ def server_options(db: sqlite3.Connection, dataset: str) -> ServerOptions:
         (dataset, OPTIONS_CHECKED),
     )
     for req_blob, resp_blob in rows:
-        try:
-            req = json.loads(unpack_text(req_blob) or "null")
-            resp = json.loads(unpack_text(resp_blob) or "null")
-        except ValueError:
-            continue
+        req, resp = _body(req_blob), _body(resp_blob)
         if not isinstance(req, dict) or not isinstance(resp, dict):
-            continue  # an engine's own record, or a body that is not an object
+            continue  # an engine's own record, a body that is not an object, a damaged blob
         n += 1
         server = detect_server(resp) or "unknown"
         by[server] += 1
@@ -238,15 +255,15 @@ def server_options(db: sqlite3.Connection, dataset: str) -> ServerOptions:
             elif server in servers:
                 granted[name] += 1
     refused: Counter[str] = Counter()
-    for reason, body in db.execute(
-        "SELECT reason, response FROM attempts WHERE dataset = ? AND ok = 0 "
-        "AND http_status IN (400, 422)",
+    for (body,) in db.execute(
+        "SELECT response FROM attempts WHERE dataset = ? AND ok = 0 AND http_status IN (400, 422)",
         (dataset,),
     ):
-        text = unpack_text(body) or ""
-        for name in LOSSLESS_FIELDS:
-            if name in text or (reason == PROBE_REFUSED and name == "return_token_ids"):
-                refused[name] += 1
+        try:
+            text = unpack_text(body) or ""
+        except zlib.error:
+            continue
+        refused.update(name for name in LOSSLESS_FIELDS if name in text)
     return ServerOptions(n, dict(by), dict(asked), dict(granted), dict(refused))
 
 
