@@ -26,7 +26,13 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	@echo "make install: the requirements pip lists above as missing or conflicting for specforge and speculators are their GPU dependencies, left out on purpose"
 	@touch $@
 
-install: $(VENV)/.installed-dev
+# DeepSeek V3.1's own chat template, for its template-oracle tests: on PyPI only inside
+# llama-cpp-python's source archive, which is read as a tar file (nothing is built)
+TEMPLATES := $(VENV)/templates/deepseek-v3.1.jinja
+$(TEMPLATES): tests/fetch_templates.py | $(BIN)/python
+	$(BIN)/python tests/fetch_templates.py $(VENV)/templates
+
+install: $(VENV)/.installed-dev $(TEMPLATES)
 
 $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
 	$(INSTALL) -e '.[models,torch,serve,hidden]'

@@ -64,8 +64,7 @@ def test_control_strings_in_every_text_field_stay_text(bound, load, key):
 
     b = get_format(key).bind(load(OPENING[key])) if key in OPENING else bound(key)
     tok, fmt = b.tokenizer, b.format
-    # V3.1 renders no tool history (its template's layout for it is not here): no calls there
-    history_calls = fmt.has_tool_grammar and key != "deepseek-v3.1"
+    history_calls = fmt.has_tool_grammar
     strings = sorted({t.text for t in tok.control_tokens.values() if t.text})
     assert strings, key
     # mid-sentence, so no field starts or ends with a marker's text

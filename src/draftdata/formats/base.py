@@ -140,6 +140,12 @@ class ChatFormat:
         raise NotImplementedError
 
     # --- response grammar -------------------------------------------------------------------
+    def answer_thinking(self, messages: Sequence[Message], thinking: bool | None) -> bool | None:
+        """The thinking option the answer to ``messages`` is laid out under: ``thinking`` as
+        given, except where the template opens no think block before that answer whatever the
+        option says (DeepSeek V3.1 after tool results)."""
+        return thinking
+
     @property
     def has_tool_grammar(self) -> bool:
         return type(self).render_tool_calls is not ChatFormat.render_tool_calls

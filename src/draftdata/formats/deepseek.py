@@ -191,13 +191,19 @@ DEEPSEEK_R1 = DeepSeekR1Format(
 
 @dataclass(frozen=True)
 class DeepSeekV31Format(DeepSeekV3Format):
-    """DeepSeek V3.1: thinking opens the prompt with ``<think>`` (no newline), thinking off
-    closes it (``</think>``); the model writes ``REASONING</think>ANSWER``. Tool calls are
-    ``NAME<｜tool▁sep｜>ARGUMENTS`` (V3 wrote ``function<｜tool▁sep｜>NAME`` and fenced JSON), no
-    separator between calls. Earlier answers are shown as ``</think>ANSWER``. Tool schemas and
-    tool results in the prompt are refused: the V3.1 template's wording for them is not
-    available here to check against (vLLM's ``deepseek_v31`` tool parser and its reasoning
-    parser are what the response grammar follows)."""
+    """DeepSeek V3.1, as its own chat template renders it. Thinking opens the generation prompt
+    with ``<think>`` (no newline), thinking off closes it (``</think>``); the model writes
+    ``REASONING</think>ANSWER``. Tool calls are ``NAME<｜tool▁sep｜>ARGUMENTS`` (V3 wrote
+    ``function<｜tool▁sep｜>NAME`` and fenced JSON), no separator between calls.
+
+    History: an answer after a user turn opens with ``<｜Assistant｜></think>`` and shows what
+    follows its first ``</think>``; an assistant turn with tool calls writes its content as it
+    is, then the calls, the calls-end and end-of-sentence markers; each tool result is wrapped in
+    the singular tool-output markers (no outputs-begin around a round), and what the assistant
+    says after tool results follows the last tool-output end directly, with no Assistant marker
+    and no think block. So a prompt that ends in tool results gets no generation prompt, and the
+    answer to it is laid out without think markers (``answer_thinking``). The template ignores
+    tool schemas (the model card puts them in the system prompt by hand): they are refused."""
 
     def parse_tool_calls(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
         calls: list[ToolCall] = []
@@ -229,29 +235,46 @@ class DeepSeekV31Format(DeepSeekV3Format):
         add_generation_prompt: bool = True,
         thinking: bool = True,
     ) -> list[Segment]:
-        from ..errors import FormatError
-
         self._no_tools(tools)
-        if any(m.role == "tool" or m.tool_calls for m in messages):
-            raise FormatError(
-                "deepseek-v3.1: tool calls and tool results in the history are not rendered "
-                "(the V3.1 template's layout for them is not checked here); pass the server's "
-                "prompt_token_ids, or reconstruct the first answer only"
-            )
         system = "\n\n".join(_text(m) for m in messages if m.role == "system")
         out: list[Segment] = [Special("bos"), Text(system)]
+        after_user = after_tool = False
         for m in messages:
             if m.role == "user":
                 out += [Special("user"), Text(_text(m))]
+                after_user, after_tool = True, False
             elif m.role == "assistant":
-                out += [Special("assistant"), Special("think_close"), Text(_answer_only(m))]
+                if after_user:
+                    out += [Special("assistant"), Special("think_close")]
+                if m.tool_calls:
+                    out += [Text(_text(m)), *self.render_tool_calls(m.tool_calls, _text(m))]
+                elif after_tool:
+                    out.append(Text(_text(m)))
+                else:
+                    out.append(Text(_after_first_close(_text(m))))
                 out.append(Special("eos"))
-        if add_generation_prompt:
+                after_user = after_tool = False
+            elif m.role == "tool":
+                out += [Special("tool_output_begin"), Text(_text(m)), Special("tool_output_end")]
+                after_user, after_tool = False, True
+        if add_generation_prompt and after_user:
             out += [Special("assistant"), Special("think_open" if thinking else "think_close")]
         return out
 
+    def answer_thinking(self, messages: Sequence[Message], thinking: bool | None) -> bool | None:
+        # after tool results the template opens no think block: the model answers directly
+        if messages and messages[-1].role == "tool":
+            return False
+        return thinking
+
     def adapt(self, tokenizer: Tokenizer, ids: dict[str, int]) -> ChatFormat:
         return self
+
+
+def _after_first_close(text: str) -> str:
+    """An earlier answer as V3.1's template shows it: what follows its first ``</think>``."""
+    head, sep, tail = text.partition("</think>")
+    return tail if sep else head
 
 
 DEEPSEEK_V31 = DeepSeekV31Format(

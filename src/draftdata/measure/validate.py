@@ -16,7 +16,7 @@ from ..formats import BoundFormat, derive_view
 from ..records import ApiView, Decoding, GroundTruth, Mismatch, Sample, ValidationResult
 from ..tokens.prefs import Pair
 from ..tokens.reconstruct import WINDOW, Item, encode_response, reconstruct_many
-from ..tokens.response import response_segments
+from ..tokens.response import answer_segments
 
 CATEGORIES = (
     "end_of_turn",
@@ -407,7 +407,7 @@ def learning_pairs(
     for gt in records:
         try:
             view = gt.view or derive_view(bound, gt.output_ids, gt.finish_reason)
-            segs, _ = response_segments(bound, view, thinking=thinking)
+            segs, _ = answer_segments(bound, gt.messages, view, thinking)
             canonical = encode_response(bound, segs, gt.finish_reason)
         except DraftdataError as e:
             drops[getattr(e, "reason", type(e).__name__)] += 1

@@ -19,7 +19,7 @@ from ..errors import DraftdataError, FormatError, ReconstructError
 from ..formats import BoundFormat, Segment, Special, Text, merge_text
 from ..records import ApiView, Message, Provenance, Sample, TokenSource
 from .logprobs import ids_from_logprobs
-from .response import response_segments
+from .response import answer_segments
 from .servers import profile
 
 TextIds = Callable[[str, list[int]], list[int]]
@@ -402,7 +402,7 @@ def _plan(
         if rebuilt:
             view = replace(view, tool_calls=calls)
             warnings.append("tool_call_ids_rebuilt")
-    segs, warns = response_segments(bound, view, thinking=thinking)
+    segs, warns = answer_segments(bound, item.messages, view, thinking)
     warnings += warns
     response = _layout(bound, segs, enc, view.finish_reason == "length")
     return _Plan(prompt, response, None, "reconstructed", warnings)

@@ -5,12 +5,40 @@ profile's business (``tokens.servers``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..errors import ReconstructError
 from ..formats import BoundFormat, Segment
-from ..records import FINISHED, ApiView
+from ..records import FINISHED, ApiView, Message
 from .servers import profile
+
+
+def answer_segments(
+    bound: BoundFormat, messages: Sequence[Message], view: ApiView, thinking: bool | None
+) -> tuple[list[Segment], list[str]]:
+    """``response_segments`` for the answer to ``messages``: under the thinking option the
+    format lays that answer out with (``ChatFormat.answer_thinking``). Where the template opens
+    no think block before it (DeepSeek V3.1 after tool results) but the request asked for
+    thinking, a server whose reasoning parser splits at the close marker (vLLM's and SGLang's
+    R1-style parsers) finds none and returns the whole answer as reasoning: it is the answer's
+    text, verbatim, and is laid out as such (``reasoning_read_as_answer``)."""
+    shown = bound.format.answer_thinking(messages, thinking)
+    warnings: list[str] = []
+    if shown is False and thinking is not False and view.reasoning and not view.content:
+        text = view.reasoning
+        if any(c in text for c in bound.tokenizer.control_by_text):
+            raise ReconstructError(
+                "the answer after tool results came back as reasoning with control-token text "
+                "in it (the server's reasoning parser took the whole answer, tool calls "
+                "included); generate it with thinking off",
+                "reasoning_holds_markers",
+            )
+        view = replace(view, content=text, reasoning=None)
+        warnings.append("reasoning_read_as_answer")
+    segs, warns = response_segments(bound, view, thinking=shown)
+    return segs, warnings + warns
 
 
 def response_segments(

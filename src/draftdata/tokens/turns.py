@@ -74,11 +74,11 @@ def joined_turns(
 ) -> tuple[list[Segment], list[str]]:
     """The segments of ``messages`` + the answer ``view`` with every assistant turn trained, and
     the warnings of the last answer's layout."""
-    from .response import response_segments
+    from .response import answer_segments
 
     fmt = bound.format
     prompt = fmt.render_prompt(messages, tools, **opts)
-    last, warnings = response_segments(bound, view, thinking=thinking)
+    last, warnings = answer_segments(bound, messages, view, thinking)
     full_segs = [*prompt, *last]
     flat = _Flat(_sentinel([s.text for s in full_segs if isinstance(s, Text)]))
     full = flat(full_segs)
@@ -88,7 +88,7 @@ def joined_turns(
             continue
         head = flat(fmt.render_prompt(messages[:k], tools, **opts))
         answer = ApiView(m.content, "stop", m.reasoning, m.tool_calls)
-        said = flat(response_segments(bound, answer, thinking=thinking)[0])
+        said = flat(answer_segments(bound, messages[:k], answer, thinking)[0])
         if not (full.startswith(head) and full.startswith(said, len(head))):
             raise ReconstructError(
                 f"format {fmt.name} does not show assistant turn {k} in the history as the "
