@@ -72,6 +72,11 @@ KIMI_HISTORY = (
     Message("tool", '{"weather": "sunny"}', tool_call_id="functions.get_weather:0"),
     Message("user", "And Paris?"),
 )
+V31_TOOL_ROUND = (
+    *USER,
+    Message("assistant", "", tool_calls=(_call("get_weather", {"city": "Paris"}, "call_0"),)),
+    Message("tool", '{"weather": "sunny"}', tool_call_id="call_0"),
+)
 
 CASES = [
     # --- Qwen3 hybrid: the model writes <think>\n R \n</think>\n\n C
@@ -260,6 +265,34 @@ CASES = [
         ),
         thinking=False,
         old_main="written in the V3 layout (function<sep>NAME and fenced JSON)",
+    ),
+    Case(
+        "deepseek-v3.1-after-tool-results-as-reasoning",
+        "deepseek-v3.1",
+        "It is sunny in Paris, and 2 + 2 = 4.<｜end▁of▁sentence｜>",
+        "vllm",
+        ApiView(None, "stop", "It is sunny in Paris, and 2 + 2 = 4."),
+        history=V31_TOOL_ROUND,
+        old_main="tool results in the history were refused",
+    ),
+    Case(
+        "deepseek-v3.1-after-tool-results-thinking-off",
+        "deepseek-v3.1",
+        "It is sunny in Paris, and 2 + 2 = 4.<｜end▁of▁sentence｜>",
+        "sglang",
+        ApiView("It is sunny in Paris, and 2 + 2 = 4.", "stop"),
+        thinking=False,
+        history=V31_TOOL_ROUND,
+        old_main="tool results in the history were refused",
+    ),
+    Case(
+        "deepseek-v3.1-thinking-after-a-tool-round",
+        "deepseek-v3.1",
+        "Rome was sunny; Paris is next.</think>Paris is sunny too.<｜end▁of▁sentence｜>",
+        "vllm",
+        ApiView("Paris is sunny too.", "stop", "Rome was sunny; Paris is next."),
+        history=(*V31_TOOL_ROUND, Message("assistant", "Sunny."), Message("user", "And Paris?")),
+        old_main="tool results in the history were refused",
     ),
     Case(
         "deepseek-r1-style",
