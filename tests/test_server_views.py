@@ -204,6 +204,17 @@ CASES = [
         lossy="tool_whitespace_stripped",
     ),
     Case(
+        "kimi-spaces-between-special-tokens",
+        "kimi-k2",
+        "A greeting and a sum.</think>Hello! It is mild in Paris.<|im_end|>",
+        "vllm",
+        # detokenized with spaces_between_special_tokens on (vLLM's default): every added
+        # token is joined to the text around it with one space
+        ApiView(" Hello! It is mild in Paris.", "stop", "A greeting and a sum. "),
+        lossy="special_token_spaces",
+        old_main="the joined spaces were taken as the model's and passed off as exact",
+    ),
+    Case(
         "kimi-provider-rewrote-the-id",
         "kimi-k2",
         "Weather first.</think>" + KIMI_CALL.format(n=1) + "<|im_end|>",

@@ -103,6 +103,8 @@ def response_segments(
                     content = content.lstrip("\n")
             elif view.tool_calls and prof.strips_tool_content:
                 content = content.lstrip("\n")  # stripped by the server: the grammar's suffix
+            if _spaced_markers(th, reasoning, content, cut, bool(view.tool_calls)):
+                warnings.append("lossy:special_token_spaces")
     elif reasoning:
         raise ReconstructError(
             f"format {fmt.name} has no think markers for this tokenizer, but the response has "
@@ -136,6 +138,18 @@ def response_segments(
         tool_text="as_is" if as_is else "add_missing",
     )
     return segs, warnings
+
+
+def _spaced_markers(th: Any, reasoning: str, content: str, cut: bool, tools: bool) -> bool:
+    """Whether the text around the close marker shows a detokenizer that joined it with
+    spaces (vLLM's ``spaces_between_special_tokens``, on by default, and the same option of
+    HF's slow tokenizers: every added token becomes a piece of its own and the pieces are
+    joined with one space). Told only where the grammar writes no whitespace on either side of
+    the marker (Kimi): reasoning that ends in a space before it and an answer that starts with
+    one after it. The model may have written both, so it is labelled, not undone."""
+    if th.close_prefix or th.close_suffix or cut or not reasoning.endswith(" "):
+        return False
+    return content.startswith(" ") or (not content and tools)
 
 
 def _grammar_newlines(th: Any, cut: bool) -> bool:
