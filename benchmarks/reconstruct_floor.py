@@ -127,6 +127,7 @@ def main() -> None:
     from draftdata.records.wire import messages_of, view_from_record
     from draftdata.tokenizers import load_tokenizer
     from draftdata.tokens import reconstruct as rc
+    from draftdata.tokens.response import response_segments
 
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     rows = []
@@ -141,7 +142,7 @@ def main() -> None:
             texts = []
             for msgs, view, _ in items:
                 segs = bound.format.render_prompt(msgs, ())
-                resp, _w = rc.response_segments(bound, view)
+                resp, _w = response_segments(bound, view)
                 texts.append(bound.render_text(segs) + bound.render_text(resp))
             encode = raw_encoder(bound.tokenizer)
             encode(texts[:8])  # warm
