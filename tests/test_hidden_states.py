@@ -265,6 +265,11 @@ def test_ray_on_a_local_cluster_writes_the_same_files(captured, tmp_path):
         "local",
         "--actors",
         "2",
+        # each replica's forward on as many threads as the single process's: an fp32 matmul
+        # on the CPU may split its sums by thread count (bitwise equal on one machine with 1
+        # thread against 2, not on another)
+        "--cpus-per-actor",
+        str(torch.get_num_threads()),
         "--json",
         "-",
     )
