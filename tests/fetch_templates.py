@@ -10,7 +10,6 @@ once; the tests read ``.venv/templates/``. Usage: ``python tests/fetch_templates
 from __future__ import annotations
 
 import hashlib
-import shutil
 import sys
 import tarfile
 import tempfile
@@ -32,9 +31,12 @@ def main(dest: Path) -> int:
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / "sdist.tar.gz"
+        h = hashlib.sha256()
         try:
             with urllib.request.urlopen(SDIST, timeout=300) as r, archive.open("wb") as f:
-                shutil.copyfileobj(r, f, 1 << 20)
+                while chunk := r.read(1 << 20):  # hashed as it is written: read once
+                    h.update(chunk)
+                    f.write(chunk)
         except OSError as e:
             print(
                 f"fetch_templates: could not download {SDIST} ({e}); the DeepSeek V3.1 "
@@ -42,7 +44,7 @@ def main(dest: Path) -> int:
                 file=sys.stderr,
             )
             return 1
-        digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+        digest = h.hexdigest()
         if digest != SHA256:
             print(
                 f"fetch_templates: {SDIST} has sha256 {digest}, expected {SHA256}; not used",

@@ -116,9 +116,9 @@ def test_the_answer_after_tool_results_is_reconstructed_without_think_markers(v3
     from draftdata.tokens.reconstruct import reconstruct
 
     answer = "The triangle's area is 6.0 and the circle's is 19.63."
+    prompt = v31.prompt_ids(ROUND)
     for thinking in (None, True, False):
         s = reconstruct(v31, ROUND, ApiView(answer, "stop"), thinking=thinking)
-        prompt = v31.prompt_ids(ROUND)
         assert s.input_ids[: len(prompt)] == prompt
         response = s.input_ids[len(prompt) :]
         assert response == [*v31.tokenizer.encode(answer), v31.ids["eos"]]

@@ -137,7 +137,8 @@ _THINK_MARKERS = {
 
 
 def _answer_only(m: Message) -> str:
-    """An earlier answer as R1's and V3.1's templates show it: what follows its ``</think>``."""
+    """An earlier answer as R1's template shows it: what follows its last ``</think>`` (V3.1's
+    keeps what follows the first: ``_after_first_close``)."""
     return _text(m).split("</think>")[-1]
 
 
