@@ -18,14 +18,24 @@ everything around it; it is used only where that is shown, else the tokenizer st
 
 The verdict is cached by the file's sha256, so the checks (a second or two) run once per file.
 Set ``DRAFTDATA_FAST_BPE=0`` to stay on ``tokenizers``.
+
+A file the fast path was verified on also leaves a *snapshot* (``read_snapshot``): its ranks,
+pattern and normalizer, and what the stock tokenizer answered about its added vocabulary, under
+the file's sha256 and the versions of tiktoken, tokenizers and Python that verified it. Loading
+that same file again with those same versions reads the snapshot instead of parsing the document
+twice (JSON, then ``tokenizers``' own parse of its merges: about 80% of a load), which is what
+every worker process of a large ``reconstruct`` pays before its first record. The snapshot holds
+answers the checks above already gave; any other question goes to ``tokenizers``, parsed then.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import marshal
 import os
 import re
+import sys
 import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,6 +47,10 @@ log = logging.getLogger("draftdata.tokenizers")
 
 #: bump when the checks change: cached verdicts of older checks are made again
 CHECKS_VERSION = 1
+#: the encoder line of a tokenizer on the verified fast path
+FAST = "tiktoken (verified equal to tokenizers)"
+#: bump when what a snapshot holds changes
+SNAPSHOT_VERSION = 1
 
 #: the pattern GPT-2's byte-level pre-tokenizer splits with (``ByteLevel(use_regex=true)``)
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -98,7 +112,10 @@ def pattern_of(spec: dict[str, Any]) -> tuple[str | None, str]:
 
 def normalizer_of(spec: dict[str, Any]) -> tuple[Callable[[str], str] | None, str]:
     """The normalization to apply before tiktoken (identity or NFC), or None and why not."""
-    norm = spec.get("normalizer")
+    return _normalizer(spec.get("normalizer"))
+
+
+def _normalizer(norm: Any) -> tuple[Callable[[str], str] | None, str]:
     if norm is None or (norm.get("type") == "Sequence" and not norm.get("normalizers")):
         return (lambda t: t), ""
     if norm.get("type") == "NFC":
@@ -203,7 +220,8 @@ def byte_guard(missing: Sequence[int]) -> re.Pattern[str] | None:
 
 class FastBPE:
     """tiktoken encoding ordinary text for one tokenizer.json, with its normalizer. Text with a
-    character whose bytes have no token (``guard``) goes to ``tokenizers`` instead."""
+    character whose bytes have no token (``guard``) goes to ``tokenizers`` instead (``plain``
+    gives the library's tokenizer without its added vocabulary, when first needed)."""
 
     def __init__(
         self,
@@ -211,18 +229,24 @@ class FastBPE:
         pattern: str,
         ranks: dict[bytes, int],
         norm: Callable[[str], str],
-        plain: Any,
+        plain: Callable[[], Any],
     ):
         import tiktoken
 
         self.enc = tiktoken.Encoding(
             name, pat_str=pattern, mergeable_ranks=ranks, special_tokens={}
         )
+        self.pattern = pattern
+        self.ranks = ranks
         self.norm = norm
-        self.plain = plain
+        self._plain = plain
         #: every id tiktoken can give here (the ranks' ids)
         self.ids = frozenset(ranks.values())
         self.guard = byte_guard([b for b in range(256) if bytes([b]) not in ranks])
+
+    @property
+    def plain(self) -> Any:
+        return self._plain()
 
     def _slow(self, text: str) -> bool:
         return self.guard is not None and self.guard.search(text) is not None
@@ -283,7 +307,7 @@ def fast_bpe(
     if ranks is None:
         return _refused(sha256, why)
     try:
-        fast = FastBPE(f"draftdata-{sha256[:12]}", pattern, ranks, norm, plain)
+        fast = FastBPE(f"draftdata-{sha256[:12]}", pattern, ranks, norm, lambda: plain)
     except ValueError as e:  # a pattern tiktoken's regex engine does not take
         return _refused(sha256, f"tiktoken refuses the pattern ({e})")
     why = verify(fast.encode, plain, CORPUS)  # cheap: on every load, whatever the cache says
@@ -291,7 +315,7 @@ def fast_bpe(
         return _refused(sha256, why)
     if cached is None:
         _write_verdict(sha256, True, "verified")
-    return fast, "tiktoken (verified equal to tokenizers)"
+    return fast, FAST
 
 
 def _ranks_only(
@@ -335,3 +359,73 @@ def _write_verdict(sha256: str, fast: bool, reason: str) -> None:
         os.replace(tmp, path)
     except OSError:  # a read-only cache: the checks run again next time
         pass
+
+
+# --- the snapshot of a verified file ----------------------------------------------------------
+def _stamp() -> dict[str, Any]:
+    """What a snapshot was made with: it is read only where all of it is the same."""
+    import tiktoken
+    import tokenizers
+
+    return {
+        "checks": CHECKS_VERSION,
+        "snapshot": SNAPSHOT_VERSION,
+        "tiktoken": tiktoken.__version__,
+        "tokenizers": tokenizers.__version__,
+        "python": list(sys.version_info[:2]),
+        "marshal": marshal.version,
+    }
+
+
+def _snapshot_path(sha256: str) -> Path:
+    return cache_dir() / f"{sha256}.fast-bpe.snapshot"
+
+
+def write_snapshot(sha256: str, fast: FastBPE, normalizer: Any, facts: dict[str, Any]) -> None:
+    """Keep what loading this verified file again needs (``facts``: what the stock tokenizer
+    answered about it), for ``read_snapshot``. A cache that cannot be written is left alone."""
+    doc = {
+        "stamp": _stamp(),
+        "sha256": sha256,
+        "pattern": fast.pattern,
+        "normalizer": normalizer,
+        "ranks": fast.ranks,
+        **facts,
+    }
+    path = _snapshot_path(sha256)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(marshal.dumps(doc))
+        os.replace(tmp, path)
+    except (OSError, ValueError):  # read-only, or a value marshal does not take
+        pass
+
+
+def read_snapshot(sha256: str) -> dict[str, Any] | None:
+    """The snapshot of the file with this sha256, or None: no fast path asked for or possible,
+    no snapshot, one made by other versions, or one that does not read back whole."""
+    if os.environ.get("DRAFTDATA_FAST_BPE", "1") == "0":
+        return None
+    try:
+        doc = marshal.loads(_snapshot_path(sha256).read_bytes())
+        stamp = _stamp()
+    except (OSError, EOFError, ValueError, TypeError, ImportError):
+        return None
+    if not isinstance(doc, dict) or doc.get("stamp") != stamp or doc.get("sha256") != sha256:
+        return None
+    verdict = _read_verdict(sha256)
+    if verdict is None or not verdict["fast"]:  # a refusal made since is taken as it is
+        return None
+    return doc
+
+
+def fast_from_snapshot(doc: dict[str, Any], plain: Callable[[], Any]) -> FastBPE | None:
+    """The fast encoder a snapshot describes, or None where it cannot be rebuilt."""
+    norm, _ = _normalizer(doc.get("normalizer"))
+    try:
+        if norm is None:
+            return None
+        return FastBPE(f"draftdata-{doc['sha256'][:12]}", doc["pattern"], doc["ranks"], norm, plain)
+    except (KeyError, TypeError, ValueError):
+        return None

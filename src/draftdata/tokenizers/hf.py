@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
@@ -11,8 +13,10 @@ from typing import Any
 from tokenizers import Tokenizer as HFCore
 
 from ..errors import TokenizerError
-from .base import TokenInfo, Tokenizer, file_sha256
-from .fast_bpe import FastBPE, fast_bpe
+from .base import TokenInfo, Tokenizer
+from .fast_bpe import FAST, FastBPE, fast_bpe, fast_from_snapshot, read_snapshot, write_snapshot
+
+log = logging.getLogger("draftdata.tokenizers")
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -40,7 +44,12 @@ def _uses_byte_level(spec: dict[str, Any]) -> bool:
 
 
 class HFTokenizer(Tokenizer):
-    """A tokenizer described by a HF ``tokenizer.json`` document."""
+    """A tokenizer described by a HF ``tokenizer.json`` document.
+
+    Loaded from a file whose fast path was verified before (``fast_bpe.read_snapshot``), the
+    document is not parsed: the snapshot answers what reconstruction asks (ordinary text through
+    tiktoken; the added vocabulary, its stock encodings and decodings; the vocabulary's size),
+    and anything else parses the file then (``_full``), checked to be the file loaded."""
 
     def __init__(
         self,
@@ -52,20 +61,20 @@ class HFTokenizer(Tokenizer):
         chat_template: str | None = None,
         config: dict[str, Any] | None = None,
         text: str | None = None,
+        source: Path | None = None,
     ) -> None:
         self.path = path
         self.sha256 = sha256
         self.kind = kind
         self.chat_template = chat_template
         self.config = config or {}
+        #: the tokenizer.json this came from (a snapshot is kept for it), None: a document
+        self._source = source
+        self._snap: dict[str, Any] | None = None
         try:
-            self._full = HFCore.from_str(text if text is not None else json.dumps(spec))
-            # the same model and pipeline without the added vocabulary (no added-token matching:
-            # text stays text), sharing the parsed model instead of parsing the file again
-            self._plain = HFCore(self._full.model)
-            for part in ("normalizer", "pre_tokenizer", "post_processor", "decoder"):
-                if getattr(self._full, part) is not None:
-                    setattr(self._plain, part, getattr(self._full, part))
+            full = HFCore.from_str(text if text is not None else json.dumps(spec))
+            self.__dict__["_full"] = full
+            self.__dict__["_plain"] = _without_added(full)
         except Exception as e:  # the tokenizers library raises plain Exceptions
             raise TokenizerError(
                 f"{path}: not a valid tokenizer.json ({e}); point --tokenizer at the file a "
@@ -78,33 +87,78 @@ class HFTokenizer(Tokenizer):
     # --- constructors --------------------------------------------------------------------
     @classmethod
     def from_file(cls, path: Path, chat_template: str | None = None) -> HFTokenizer:
-        text, spec = _read_json_text(path)
-        return cls(
-            spec,
-            text=text,
-            path=path,
-            sha256=file_sha256(path),
-            kind="tokenizer.json",
-            chat_template=chat_template,
-        )
+        return cls._load(path, path=path, kind="tokenizer.json", chat_template=chat_template)
 
     @classmethod
     def from_folder(cls, folder: Path, chat_template: str | None = None) -> HFTokenizer:
-        tj = folder / "tokenizer.json"
-        text, spec = _read_json_text(tj)
         cfg_path = folder / "tokenizer_config.json"
         config = _read_json(cfg_path) if cfg_path.exists() else {}
         if chat_template is None:
             chat_template = _template_from(folder, config)
-        return cls(
-            spec,
-            text=text,
+        return cls._load(
+            folder / "tokenizer.json",
             path=folder,
-            sha256=file_sha256(tj),
             kind="hf-folder",
             chat_template=chat_template,
             config=config,
         )
+
+    @classmethod
+    def _load(
+        cls,
+        tj: Path,
+        *,
+        path: Path,
+        kind: str,
+        chat_template: str | None,
+        config: dict[str, Any] | None = None,
+    ) -> HFTokenizer:
+        raw = _read_bytes(tj)
+        sha256 = hashlib.sha256(raw).hexdigest()
+        snap = read_snapshot(sha256)
+        if snap is not None:
+            self = cls.__new__(cls)
+            self.path, self.sha256, self.kind = path, sha256, kind
+            self.chat_template, self.config = chat_template, config or {}
+            self._source, self._snap, self._byte_level, self._spec = tj, snap, True, {}
+            self._added = list(snap["added"])
+            fast = fast_from_snapshot(snap, lambda: self._plain)
+            if fast is not None:
+                self.__dict__["_fast_and_why"] = (fast, FAST)
+                return self
+        text, spec = _parse_json(tj, raw)
+        return cls(
+            spec,
+            text=text,
+            path=path,
+            sha256=sha256,
+            kind=kind,
+            chat_template=chat_template,
+            config=config,
+            source=tj,
+        )
+
+    # --- the stock tokenizer, parsed when first needed ----------------------------------
+    @cached_property
+    def _full(self) -> HFCore:
+        """The stock tokenizer of a tokenizer loaded from its snapshot, parsed now (set at once
+        by every other load)."""
+        src = self._source
+        assert src is not None  # only a snapshot's tokenizer starts without it
+        raw = _read_bytes(src)
+        if hashlib.sha256(raw).hexdigest() != self.sha256:
+            raise TokenizerError(
+                f"{src}: changed on disk since it was loaded; load the tokenizer again"
+            )
+        log.debug("parsing %s (a question its snapshot does not answer)", src)
+        try:
+            return HFCore.from_str(raw.decode("utf-8"))
+        except Exception as e:  # the tokenizers library raises plain Exceptions
+            raise TokenizerError(f"{src}: not a valid tokenizer.json ({e})") from e
+
+    @cached_property
+    def _plain(self) -> HFCore:
+        return _without_added(self._full)
 
     # --- the encoder --------------------------------------------------------------------
     @cached_property
@@ -114,8 +168,20 @@ class HFTokenizer(Tokenizer):
         fast, why = fast_bpe(
             self._spec, self.sha256, set(self._control), _BYTE_DECODER, self._plain
         )
+        if fast is not None and self._source is not None:
+            write_snapshot(self.sha256, fast, self._spec.get("normalizer"), self._facts())
         self._spec = {}  # only the checks needed the document
         return fast, why
+
+    def _facts(self) -> dict[str, Any]:
+        """What the stock tokenizer says about this file that a snapshot keeps."""
+        return {
+            "added": self._added,
+            "vocab_size": self.vocab_size,
+            "missing_bytes": sorted(self.unrepresentable_bytes),
+            "stock": {a["content"]: self.encode_as_stock(a["content"]) for a in self._added},
+            "decoded": {i: self.decode([i]) for i in self._control},
+        }
 
     @property
     def encoder(self) -> str:
@@ -145,10 +211,15 @@ class HFTokenizer(Tokenizer):
         return out
 
     def encode_as_stock(self, text: str) -> list[int]:
+        if self._snap is not None and text in self._snap["stock"]:
+            return list(self._snap["stock"][text])
         return list(self._full.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: Iterable[int]) -> str:
-        return str(self._full.decode(list(ids), skip_special_tokens=False))
+        ids = list(ids)
+        if self._snap is not None and len(ids) == 1 and ids[0] in self._snap["decoded"]:
+            return str(self._snap["decoded"][ids[0]])
+        return str(self._full.decode(ids, skip_special_tokens=False))
 
     def token_bytes(self, token_id: int) -> bytes:
         info = self.control_tokens.get(token_id)
@@ -170,6 +241,8 @@ class HFTokenizer(Tokenizer):
 
     @cached_property
     def _vocab_size(self) -> int:
+        if self._snap is not None:
+            return int(self._snap["vocab_size"])
         return int(self._full.get_vocab_size(with_added_tokens=True))
 
     @property
@@ -197,6 +270,8 @@ class HFTokenizer(Tokenizer):
     def _missing_bytes(self) -> frozenset[int]:
         if not self._byte_level:
             return frozenset()
+        if self._snap is not None:
+            return frozenset(self._snap["missing_bytes"])
         table = _bytes_to_unicode()
         return frozenset(b for b in range(256) if self._full.token_to_id(table[b]) is None)
 
@@ -209,20 +284,37 @@ class HFTokenizer(Tokenizer):
         return dict(self._full.get_vocab(with_added_tokens=False))
 
 
+def _without_added(full: HFCore) -> HFCore:
+    """The same model and pipeline without the added vocabulary (no added-token matching: text
+    stays text), sharing the parsed model instead of parsing the file again."""
+    plain = HFCore(full.model)
+    for part in ("normalizer", "pre_tokenizer", "post_processor", "decoder"):
+        if getattr(full, part) is not None:
+            setattr(plain, part, getattr(full, part))
+    return plain
+
+
 def _read_json(path: Path) -> dict[str, Any]:
-    return _read_json_text(path)[1]
+    return _parse_json(path, _read_bytes(path))[1]
 
 
-def _read_json_text(path: Path) -> tuple[str, dict[str, Any]]:
-    """A JSON file's text (the tokenizers library parses it itself) and its object."""
+def _read_bytes(path: Path) -> bytes:
     try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text)
+        return path.read_bytes()
     except FileNotFoundError as e:
         raise TokenizerError(
             f"{path}: no such file; a HF tokenizer folder needs tokenizer.json"
         ) from e
-    except (OSError, ValueError) as e:
+    except OSError as e:
+        raise TokenizerError(f"{path}: unreadable ({e.strerror}); check its permissions") from e
+
+
+def _parse_json(path: Path, raw: bytes) -> tuple[str, dict[str, Any]]:
+    """A JSON file's text (the tokenizers library parses it itself) and its object."""
+    try:
+        text = raw.decode("utf-8")
+        data = json.loads(text)
+    except ValueError as e:
         raise TokenizerError(f"{path}: unreadable JSON ({e}); re-download the file") from e
     if not isinstance(data, dict):
         raise TokenizerError(f"{path}: expected a JSON object at the top level")
