@@ -64,7 +64,7 @@ def main() -> None:
         equal = sum(a == b for a, b in zip(got, want, strict=True))
         s, f = statistics.median(slow_t), statistics.median(fast_t)
         print(
-            f"| {name} | tiktoken | {equal:,} / {len(texts):,} | {n_tok:,} | {s:.2f} | {f:.2f} | {s / f:.2f}x |",
+            f"| {name} | tiktoken ({'snapshot' if tok._snap else 'document'}) | {equal:,} / {len(texts):,} | {n_tok:,} | {s:.2f} | {f:.2f} | {s / f:.2f}x |",
             flush=True,
         )
 
