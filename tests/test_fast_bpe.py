@@ -189,6 +189,12 @@ def test_a_snapshot_is_not_taken_for_another_file_versions_or_a_broken_copy(tmp_
     doc["stamp"] = {**doc["stamp"], "tokenizers": "0.0.1"}
     snap.write_bytes(fast_bpe.marshal.dumps(doc))
     assert fast_bpe.read_snapshot(first.sha256) is None
+    # one whose stamp matches but which lacks what a load needs: not read
+    doc["stamp"] = fast_bpe._stamp()
+    snap.write_bytes(fast_bpe.marshal.dumps({k: v for k, v in doc.items() if k != "stock"}))
+    assert fast_bpe.read_snapshot(first.sha256) is None
+    snap.write_bytes(fast_bpe.marshal.dumps(doc))
+    assert fast_bpe.read_snapshot(first.sha256) is not None
     # cut short: not read, and the next verified load writes it whole again
     snap.write_bytes(fast_bpe.marshal.dumps(doc)[:1000])
     assert fast_bpe.read_snapshot(first.sha256) is None

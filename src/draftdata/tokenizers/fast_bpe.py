@@ -51,6 +51,20 @@ CHECKS_VERSION = 1
 FAST = "tiktoken (verified equal to tokenizers)"
 #: bump when what a snapshot holds changes
 SNAPSHOT_VERSION = 1
+#: what a snapshot holds besides its stamp (the last five: ``HFTokenizer._facts``)
+SNAPSHOT_KEYS = frozenset(
+    {
+        "sha256",
+        "pattern",
+        "normalizer",
+        "ranks",
+        "added",
+        "vocab_size",
+        "missing_bytes",
+        "stock",
+        "decoded",
+    }
+)
 
 #: the pattern GPT-2's byte-level pre-tokenizer splits with (``ByteLevel(use_regex=true)``)
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -413,6 +427,8 @@ def read_snapshot(sha256: str) -> dict[str, Any] | None:
     except (OSError, EOFError, ValueError, TypeError, ImportError):
         return None
     if not isinstance(doc, dict) or doc.get("stamp") != stamp or doc.get("sha256") != sha256:
+        return None
+    if not doc.keys() >= SNAPSHOT_KEYS:
         return None
     verdict = _read_verdict(sha256)
     if verdict is None or not verdict["fast"]:  # a refusal made since is taken as it is
