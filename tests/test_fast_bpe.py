@@ -160,7 +160,9 @@ def test_a_verified_file_loads_again_from_its_snapshot_with_the_same_ids(name, f
     lib = stock(folder)
     assert warm.vocab_size == lib.get_vocab_size(with_added_tokens=True)
     for info in warm.control_tokens.values():
-        assert warm.encode_as_stock(info.text) == lib.encode(info.text, add_special_tokens=False).ids
+        assert (
+            warm.encode_as_stock(info.text) == lib.encode(info.text, add_special_tokens=False).ids
+        )
         assert warm.decode([info.id]) == lib.decode([info.id], skip_special_tokens=False)
     batch = texts()
     want = [e.ids for e in library(spec_of(name)).encode_batch(batch, add_special_tokens=False)]
