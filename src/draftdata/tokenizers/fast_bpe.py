@@ -363,15 +363,20 @@ def _read_verdict(sha256: str) -> dict[str, Any] | None:
 
 
 def _write_verdict(sha256: str, fast: bool, reason: str) -> None:
-    path = _verdict_path(sha256)
+    doc = {"checks": CHECKS_VERSION, "fast": fast, "reason": reason}
+    _write_cache(_verdict_path(sha256), json.dumps(doc).encode("utf-8"))
+
+
+def _write_cache(path: Path, data: bytes) -> None:
+    """``data`` into ``path`` through a temporary name renamed into place (a reader sees the
+    whole file or the one before). A read-only cache is left alone: the work is done again
+    next time."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(
-            json.dumps({"checks": CHECKS_VERSION, "fast": fast, "reason": reason}), encoding="utf-8"
-        )
+        tmp.write_bytes(data)
         os.replace(tmp, path)
-    except OSError:  # a read-only cache: the checks run again next time
+    except OSError:
         pass
 
 
@@ -406,14 +411,11 @@ def write_snapshot(sha256: str, fast: FastBPE, normalizer: Any, facts: dict[str,
         "ranks": fast.ranks,
         **facts,
     }
-    path = _snapshot_path(sha256)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(marshal.dumps(doc))
-        os.replace(tmp, path)
-    except (OSError, ValueError):  # read-only, or a value marshal does not take
-        pass
+        data = marshal.dumps(doc)
+    except ValueError:  # a value marshal does not take: no snapshot, the document is read
+        return
+    _write_cache(_snapshot_path(sha256), data)
 
 
 def read_snapshot(sha256: str) -> dict[str, Any] | None:

@@ -63,14 +63,7 @@ class HFTokenizer(Tokenizer):
         text: str | None = None,
         source: Path | None = None,
     ) -> None:
-        self.path = path
-        self.sha256 = sha256
-        self.kind = kind
-        self.chat_template = chat_template
-        self.config = config or {}
-        #: the tokenizer.json this came from (a snapshot is kept for it), None: a document
-        self._source = source
-        self._snap: dict[str, Any] | None = None
+        self._describe(path, sha256, kind, chat_template, config, source)
         try:
             full = HFCore.from_str(text if text is not None else json.dumps(spec))
             self.__dict__["_full"] = full
@@ -83,6 +76,25 @@ class HFTokenizer(Tokenizer):
         self._byte_level = _uses_byte_level(spec)
         self._added = list(spec.get("added_tokens") or [])
         self._spec = spec
+
+    def _describe(
+        self,
+        path: Path,
+        sha256: str,
+        kind: str,
+        chat_template: str | None,
+        config: dict[str, Any] | None,
+        source: Path | None,
+    ) -> None:
+        """What every load sets, whether it parses the document or reads its snapshot."""
+        self.path = path
+        self.sha256 = sha256
+        self.kind = kind
+        self.chat_template = chat_template
+        self.config = config or {}
+        #: the tokenizer.json this came from (a snapshot is kept for it), None: a document
+        self._source = source
+        self._snap: dict[str, Any] | None = None
 
     # --- constructors --------------------------------------------------------------------
     @classmethod
@@ -118,9 +130,8 @@ class HFTokenizer(Tokenizer):
         snap = read_snapshot(sha256)
         if snap is not None:
             self = cls.__new__(cls)
-            self.path, self.sha256, self.kind = path, sha256, kind
-            self.chat_template, self.config = chat_template, config or {}
-            self._source, self._snap, self._byte_level, self._spec = tj, snap, True, {}
+            self._describe(path, sha256, kind, chat_template, config, tj)
+            self._snap, self._byte_level, self._spec = snap, True, {}
             self._added = list(snap["added"])
             fast = fast_from_snapshot(snap, lambda: self._plain)
             if fast is not None:
