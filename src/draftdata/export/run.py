@@ -20,8 +20,48 @@ from .shards import ShardWriter, now_iso, publish, shard_row, staging_folder, wr
 
 if TYPE_CHECKING:
     from ..generate.runner import Runner
+    from ..manifest import DatasetCfg
 
 LOADER = "datasets.load_dataset('parquet', data_files='export/shard-*.parquet')"
+
+#: request fields that decide what is sampled or where it stops: set in a backend's
+#: ``extra_body``, they override the dataset's sampling table (extra_body is merged into the
+#: request body last) or add to it
+SAMPLING_FIELDS = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "max_tokens",
+        "seed",
+        "max_completion_tokens",
+        "top_k",
+        "min_p",
+        "typical_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "length_penalty",
+        "logit_bias",
+        "min_tokens",
+        "stop",
+        "stop_token_ids",
+        "ignore_eos",
+        "n",
+        "best_of",
+        "use_beam_search",
+    }
+)
+
+
+def sampling_of(d: DatasetCfg, backend: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The sampling the requests carried and the ``extra_body`` fields that set it: the
+    dataset's table, with what the backend's extra_body overrides in its place, so the export
+    never claims sampling the requests did not use. (A seed set there is sent as is, the same
+    for every request, instead of the per-sample seeds drawn from the table's.)"""
+    extra = getattr(backend, "extra_body", None) or {}
+    overrides = {k: v for k, v in extra.items() if k in SAMPLING_FIELDS}
+    table = d.sampling.model_dump()
+    return {**table, **{k: v for k, v in overrides.items() if k in table}}, overrides
 
 
 def export_run(
@@ -60,13 +100,15 @@ def export_run(
         totals.update(drops)
         n_samples += n
         backend = m.backends[d.backend]
+        sampling, overrides = sampling_of(d, backend)
         datasets[d.name] = {
             "backend": d.backend,
             "backend_kind": backend.kind,
             "ground_truth": is_ground_truth(m, d),
             "source": d.source,
             "reader": d.reader,
-            "sampling": d.sampling.model_dump(),
+            "sampling": sampling,
+            "sampling_overrides": overrides,
             "samples_per_prompt": d.samples_per_prompt,
             "turns": d.turns,
             "samples": n,

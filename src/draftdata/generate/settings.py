@@ -1,6 +1,9 @@
 """A run folder belongs to one configuration. What would change the meaning of a dataset's
-samples (the target's tokenizer and format, the backend's model, sampling, turns, the reader) is
-stored per dataset; a rerun that changes any of it is refused with a one-line diff. ``limit``
+samples (the target's tokenizer and format, the backend's model, sampling, turns, the reader, and
+the backend options that reach the request or read the answer: ``extra_body``, which may hold
+sampling of its own, the server profile and ``token_ids``) is stored per dataset; a rerun that
+changes any of it is refused with a one-line diff. A setting the stored ones lack was not
+recorded then (a ledger from an older draftdata): the current value is taken. ``limit``
 may grow with ``--extend`` (only the new prompts are asked for). A changed source file is read
 again: prompts that already have answers keep them, unanswered ones follow the file (so fixing a
 bad record in the input helps). Concurrency, timeouts, prices and the budget may change freely."""
@@ -45,6 +48,12 @@ def settings_of(m: Manifest, d: DatasetCfg, bound: BoundFormat) -> dict[str, Any
         or getattr(cfg, "model_path", None)
         or m.target.model,
         "sampling": d.sampling.model_dump(),
+        # an OpenAI-compatible backend's options: extra_body is merged into every request body
+        # (it may override the sampling above); the server profile adds request options and
+        # says how the answers are read; token_ids says whether exact ids are asked for
+        "extra_body": getattr(cfg, "extra_body", None),
+        "server": getattr(cfg, "server", None),
+        "token_ids": getattr(cfg, "token_ids", None),
         "samples_per_prompt": d.samples_per_prompt,
         "turns": d.turns,
         "reader": d.reader,
@@ -54,10 +63,15 @@ def settings_of(m: Manifest, d: DatasetCfg, bound: BoundFormat) -> dict[str, Any
     }
 
 
+#: compared whole, not key by key: a table of free-form keys, where a key set to null and a key
+#: left out are different requests
+_WHOLE = frozenset({"columns", "extra_body"})
+
+
 def _flat(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in doc.items():
-        if isinstance(v, dict) and k != "columns":
+        if isinstance(v, dict) and k not in _WHOLE:
             out.update(_flat(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
@@ -76,7 +90,9 @@ def check(
     the source's content changed (its prompts are to be read again)."""
     if stored is None:
         return False
-    a, b = _flat(stored), _flat(now)
+    # a setting the stored ones lack was not recorded then (written by an older draftdata):
+    # the current value is taken, and stored from this run on by the caller
+    a, b = _flat(stored), _flat({k: v for k, v in now.items() if k in stored})
     changed = [
         f"{k} {json.dumps(a.get(k))} -> {json.dumps(b.get(k))}"
         for k in sorted(set(a) | set(b))

@@ -1,0 +1,117 @@
+"""Issue 25, "trust nothing a server sends": what a rerun changes is seen (backend options that
+reach the request body, the server profile, the ids option), the export says the sampling the
+requests used, tool arguments that are not JSON are labelled where they are spliced into
+Qwen3's Hermes JSON, and a renamed dataset is named as such. Runs against the project's replay
+server on loopback; each test failed before the change it guards."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+from conftest import GROUNDTRUTH
+from servers import manifest, replay_server
+from test_audit_cli import run
+from test_reliability import UNIQUE, write_prompts
+
+
+def _settings(run_dir: Path, dataset: str = "gt") -> dict:
+    db = sqlite3.connect(run_dir / "ledger.sqlite")
+    try:
+        (value,) = db.execute(
+            "SELECT value FROM meta WHERE key=?", (f"settings:{dataset}",)
+        ).fetchone()
+    finally:
+        db.close()
+    return json.loads(value)
+
+
+def _refused(r, *needles: str) -> None:
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    for n in needles:
+        assert n in r.stderr, r.stderr
+
+
+def test_a_rerun_that_changes_extra_body_server_or_token_ids_is_refused(tmp_path):
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:4])
+    with replay_server(GROUNDTRUTH) as url:
+        body = "extra_body = { temperature = 0.7 }"
+        m = manifest(tmp_path, url, src, limit=4, turns="first", extra_backend=body)
+        text = m.read_text()
+        assert run("generate", str(m), "--quiet").returncode == 0
+        # sampling passed through the backend's request body: another temperature
+        m.write_text(text.replace("temperature = 0.7 }", "temperature = 0.9 }"))
+        r = run("generate", str(m), "--quiet")
+        _refused(r, 'extra_body {"temperature": 0.7} -> {"temperature": 0.9}', "new [run] output")
+        # another server profile: other request options, another reading of the answers
+        m.write_text(text.replace(body, body + '\nserver = "vllm"'))
+        _refused(run("generate", str(m), "--quiet"), 'server "auto" -> "vllm"')
+        # the exact ids asked for, or not
+        m.write_text(text.replace(body, body + '\ntoken_ids = "never"'))
+        _refused(run("generate", str(m), "--quiet"), 'token_ids "auto" -> "never"')
+        m.write_text(text)
+        r = run("generate", str(m), "--quiet")
+        assert r.returncode == 0, r.stderr
+
+
+def test_a_ledger_from_before_these_settings_is_rerun_and_records_them(tmp_path):
+    """A ledger written by the previous version has no extra_body / server / token_ids in its
+    stored settings: a rerun of the same manifest goes on, and stores them from then on."""
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:4])
+    run_dir = tmp_path / "run"
+    with replay_server(GROUNDTRUTH) as url:
+        body = 'extra_body = { temperature = 0.7 }\ntoken_ids = "never"'
+        m = manifest(tmp_path, url, src, limit=4, turns="first", extra_backend=body)
+        text = m.read_text()
+        assert run("generate", str(m), "--quiet").returncode == 0
+        old = {
+            k: v
+            for k, v in _settings(run_dir).items()
+            if k not in ("extra_body", "server", "token_ids")
+        }
+        db = sqlite3.connect(run_dir / "ledger.sqlite")
+        with db:
+            db.execute("UPDATE meta SET value=? WHERE key='settings:gt'", (json.dumps(old),))
+        db.close()
+        r = run("generate", str(m), "--quiet")
+        assert r.returncode == 0, r.stderr
+        now = _settings(run_dir)
+        assert now["extra_body"] == {"temperature": 0.7}
+        assert (now["server"], now["token_ids"]) == ("auto", "never")
+        # recorded now: a change from here on is seen
+        m.write_text(text.replace("temperature = 0.7", "temperature = 1.0"))
+        _refused(run("generate", str(m), "--quiet"), "extra_body")
+
+
+def test_the_export_states_the_sampling_extra_body_overrode(tmp_path):
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:3])
+    body = (
+        "extra_body = { temperature = 0.7, top_k = 20, "
+        "chat_template_kwargs = { enable_thinking = false } }"
+    )
+    with replay_server(GROUNDTRUTH) as url:
+        m = manifest(tmp_path, url, src, limit=3, turns="first", extra_backend=body)
+        assert run("generate", str(m), "--quiet").returncode == 0
+    r = run("export", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads((tmp_path / "run" / "export" / "manifest.json").read_text())
+    ds = doc["datasets"]["gt"]
+    # the manifest's table asked for 0.0; the requests carried 0.7, and top_k besides
+    assert ds["sampling_overrides"] == {"temperature": 0.7, "top_k": 20}
+    assert ds["sampling"]["temperature"] == 0.7
+    assert ds["sampling"]["max_tokens"] == 256
+
+
+def test_the_export_of_a_run_without_extra_body_states_no_overrides(tmp_path):
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:2])
+    with replay_server(GROUNDTRUTH) as url:
+        m = manifest(tmp_path, url, src, limit=2, turns="first")
+        assert run("generate", str(m), "--quiet").returncode == 0
+    assert run("export", str(tmp_path / "run")).returncode == 0
+    doc = json.loads((tmp_path / "run" / "export" / "manifest.json").read_text())
+    ds = doc["datasets"]["gt"]
+    assert ds["sampling_overrides"] == {}
+    assert ds["sampling"]["temperature"] == 0.0
