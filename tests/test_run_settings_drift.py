@@ -10,7 +10,7 @@ import json
 import sqlite3
 from pathlib import Path
 
-from conftest import GROUNDTRUTH
+from conftest import GROUNDTRUTH, TOKENIZERS
 from servers import manifest, replay_server
 from test_audit_cli import run
 from test_reliability import UNIQUE, write_prompts
@@ -115,3 +115,47 @@ def test_the_export_of_a_run_without_extra_body_states_no_overrides(tmp_path):
     ds = doc["datasets"]["gt"]
     assert ds["sampling_overrides"] == {}
     assert ds["sampling"]["temperature"] == 0.0
+
+
+# --- tool arguments that are not JSON, in Qwen3's Hermes layout ---------------------------------
+def _tool_record(rid: str, arguments: str) -> dict:
+    return {
+        "id": rid,
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": [
+            {
+                "type": "function",
+                "function": {"name": "get_weather", "parameters": {"type": "object"}},
+            }
+        ],
+        "api_view": {
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": arguments},
+                }
+            ],
+            "finish_reason": "tool_calls",
+        },
+    }
+
+
+def test_tool_arguments_that_are_not_json_are_labelled_in_the_hermes_layout(tmp_path):
+    src = tmp_path / "in.jsonl"
+    recs = [
+        _tool_record("not_json", "{city: Paris}"),
+        _tool_record("json", '{"city": "Paris"}'),
+    ]
+    src.write_text("".join(json.dumps(x) + "\n" for x in recs))
+    out = tmp_path / "out.jsonl"
+    qwen3 = ["-t", str(TOKENIZERS / "qwen3"), "-f", "qwen3", "--no-thinking"]
+    r = run("reconstruct", str(src), *qwen3, "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = {x["id"]: x for x in map(json.loads, out.read_text().splitlines())}
+    assert set(rows) == {"not_json", "json"}
+    assert "lossy:arguments_not_json" in rows["not_json"]["warnings"]
+    assert "lossy:arguments_not_json" not in rows["json"]["warnings"]
+    assert not [w for w in rows["json"]["warnings"] if w.startswith("lossy:")]
+    assert "arguments_not_json: 1" in r.stdout + r.stderr

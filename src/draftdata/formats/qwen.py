@@ -44,6 +44,14 @@ def _args_obj(call: ToolCall) -> Any:
         ) from e
 
 
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class Qwen3Format(ChatFormat):
     """Qwen3 hybrid thinking: ``<think>\\n R \\n</think>\\n\\n`` and ``<tool_call>`` JSON.
@@ -139,6 +147,16 @@ class Qwen3Format(ChatFormat):
         return tuple(calls)
 
     def tool_call_loss(self, calls: Sequence[ToolCall], server: Any) -> str | None:
+        # arguments that are not JSON are written as they came, inside the call's JSON
+        # (render_tool_calls): labelled, not dropped. A parser that does not re-dump them may
+        # pass on the model's own text, and then the splice is exactly what the model wrote
+        # (a call whose arguments are not quite JSON is a thing a model does, and what a
+        # drafter should predict); but nothing proves it: the server may have cut or re-spelled
+        # them, and a Hermes parser that re-dumps (vLLM, SGLang) never returns them so, which
+        # makes such a view altered on the way. A lossy label keeps the sample out of the exact
+        # figures and lets a trainer filter it; there is no other rebuild to prefer.
+        if any(not _is_json(c.arguments) for c in calls):
+            return "arguments_not_json"
         # the Hermes-style parsers (vLLM, SGLang) json.loads the call and json.dumps the
         # arguments again: the model's own spelling of them is gone
         return "arguments_redumped" if server.redumps_json_arguments else None
