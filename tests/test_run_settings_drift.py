@@ -159,3 +159,31 @@ def test_tool_arguments_that_are_not_json_are_labelled_in_the_hermes_layout(tmp_
     assert "lossy:arguments_not_json" not in rows["json"]["warnings"]
     assert not [w for w in rows["json"]["warnings"] if w.startswith("lossy:")]
     assert "arguments_not_json: 1" in r.stdout + r.stderr
+
+
+# --- a renamed dataset ---------------------------------------------------------------------------
+def test_a_renamed_dataset_is_named_as_such_not_dropped_as_duplicates(tmp_path):
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:4])
+    with replay_server(GROUNDTRUTH) as url:
+        m = manifest(tmp_path, url, src, limit=4, turns="first", name="a")
+        assert run("generate", str(m), "--quiet").returncode == 0
+        m = manifest(tmp_path, url, src, limit=4, turns="first", name="b")
+        r = run("generate", str(m), "--quiet")
+    _refused(r, "dataset b", 'under dataset "a"', "not in the manifest", "renamed")
+    assert "old name" in r.stderr and "new [run] output folder" in r.stderr
+    assert "gave no prompts" not in r.stderr
+
+
+def test_a_dataset_whose_prompts_another_dataset_of_the_manifest_holds_gets_no_rename_hint(
+    tmp_path,
+):
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:4])
+    with replay_server(GROUNDTRUTH) as url:
+        m = manifest(tmp_path, url, src, limit=4, turns="first", name="a")
+        text = m.read_text()
+        second = text[text.index("[[datasets]]") :].replace('name = "a"', 'name = "b"')
+        m.write_text(text + second)
+        r = run("generate", str(m), "--quiet")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "dataset b" in r.stderr and "gave no prompts" in r.stderr
+    assert "duplicate_across_datasets" in r.stderr and "renamed" not in r.stderr

@@ -169,11 +169,13 @@ class Runner(SamplesMixin):
         drops: Counter[str] = Counter()
         # a prompt already in an earlier dataset of this run is dropped here, and counted
         earlier = self.ledger.prompt_ids(exclude=d.name)
+        dups: set[str] = set()
 
         def kept(ps: Iterable[Prompt]) -> Iterator[Prompt]:
             for p in ps:
                 if p.id in earlier:
                     drops["duplicate_across_datasets"] += 1
+                    dups.add(p.id)
                 else:
                     yield p
 
@@ -197,6 +199,23 @@ class Runner(SamplesMixin):
         new = (p for p in kept(iter_dataset(self.m, d, drops)) if p.id not in have)
         added = self.ledger.add_prompts(d.name, new, d.samples_per_prompt, turns, start=stored)
         if not stored + added:
+            # every prompt already under a dataset the manifest no longer names: renamed, most
+            # likely (a dataset of the manifest that holds them is a plain duplicate)
+            named = {x.name for x in self.m.datasets}
+            held = [
+                n
+                for n in sorted(status(self.ledger).datasets)
+                if n not in named and dups & self.ledger.prompt_ids_of(n)
+            ]
+            if held:
+                under = ", ".join(f'"{n}"' for n in held)
+                one = len(held) == 1
+                raise GenerateError(
+                    f"dataset {d.name}: its prompts are already in this run under dataset"
+                    f"{'' if one else 's'} {under}, which {'is' if one else 'are'} not in the "
+                    f"manifest: was it renamed? Give it its old name again, or write to a new "
+                    f"[run] output folder (not {self.m.output_dir})"
+                )
             raise GenerateError(
                 f"dataset {d.name}: {d.source} gave no prompts (skipped: {dict(drops)})"
             )
