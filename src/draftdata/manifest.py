@@ -144,6 +144,11 @@ def load_manifest(path: Path) -> Manifest:
         raise ManifestError(f"{path}: no such manifest; see examples/ for one to copy") from None
     except OSError as e:
         raise ManifestError(f"{path}: cannot read ({e.strerror})") from e
+    except UnicodeDecodeError as e:
+        raise ManifestError(
+            f"{path}: not a manifest (byte {e.start} is not UTF-8 text); pass the run's TOML "
+            "manifest (`draftdata init` writes one)"
+        ) from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

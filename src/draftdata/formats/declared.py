@@ -97,6 +97,11 @@ def load_format_file(path: Path, registry: dict[str, ChatFormat]) -> ChatFormat:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise FormatError(f"{path}: cannot read ({e})") from e
+    except UnicodeDecodeError as e:
+        raise FormatError(
+            f"{path}: not a format file (byte {e.start} is not UTF-8 text); pass a chat format "
+            "declared in TOML (README.md, Chat formats) or a built-in name (`draftdata formats`)"
+        ) from None
     except tomllib.TOMLDecodeError as e:
         raise FormatError(f"{path}: invalid TOML ({e}); fix the syntax at that line") from e
     try:
@@ -105,7 +110,7 @@ def load_format_file(path: Path, registry: dict[str, ChatFormat]) -> ChatFormat:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
         raise FormatError(
-            f"{path}: {loc}: {err['msg']}; see `draftdata formats --help-toml`"
+            f"{path}: {loc}: {err['msg']}; see README.md, Chat formats, for the keys"
         ) from e
     return build_format(doc, path, registry)
 
