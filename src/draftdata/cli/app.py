@@ -93,24 +93,51 @@ def _root(
         )
 
 
-def read_jsonl(path: Path, counter: dict[str, int] | None = None) -> Iterator[dict[str, Any]]:
-    """Records of a JSONL file; malformed lines are skipped and counted, never fatal."""
+def open_jsonl(path: Path) -> Any:
+    """``path`` opened as text whose bytes that are not UTF-8 come through as lone surrogates
+    (``surrogateescape``): such a line is then skipped and counted by ``jsonl_records``, not a
+    decode error that ends the read."""
     try:
-        f = path.open(encoding="utf-8")
+        return path.open(encoding="utf-8", errors="surrogateescape")
     except OSError as e:
         raise InputError(f"{path}: cannot open ({e.strerror}); check the path") from e
-    with f:
+
+
+def read_jsonl(path: Path, counter: dict[str, int] | None = None) -> Iterator[dict[str, Any]]:
+    """Records of a JSONL file; malformed lines are skipped and counted, never fatal. A file
+    with no line of UTF-8 text (a binary file) is an InputError."""
+    with open_jsonl(path) as f:
         yield from jsonl_records(f, counter, path)
+
+
+def _is_utf8(line: str) -> bool:
+    """False for a line read with ``surrogateescape`` that held bytes that are not UTF-8."""
+    if line.isascii():
+        return True
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def jsonl_records(
     lines: Iterable[str], counter: dict[str, int] | None = None, path: Path | None = None
 ) -> Iterator[dict[str, Any]]:
-    """The JSON objects of ``lines``: with a ``counter``, a malformed line is skipped and
-    counted by reason; without one it is an InputError naming ``path`` and the line."""
+    """The JSON objects of ``lines``: with a ``counter``, a malformed line (or one that is not
+    UTF-8) is skipped and counted by reason; without one it is an InputError naming ``path``
+    and the line. With a ``path`` (the whole file), a file with lines that are not UTF-8 and no
+    record is an InputError: it is not a JSONL file (a binary file, most likely)."""
+    records = binary_lines = 0
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        if not _is_utf8(line):
+            binary_lines += 1
+            if counter is not None:
+                counter["invalid_utf8"] = counter.get("invalid_utf8", 0) + 1
+                continue
+            raise InputError(f"{path}:{lineno}: not UTF-8 text; a JSONL file is UTF-8")
         try:
             rec = json.loads(line)
         except ValueError:
@@ -123,7 +150,13 @@ def jsonl_records(
                 counter["not_an_object"] = counter.get("not_an_object", 0) + 1
                 continue
             raise InputError(f"{path}:{lineno}: expected a JSON object per line")
+        records += 1
         yield rec
+    if path is not None and binary_lines and not records:
+        raise InputError(
+            f"{path}: not a JSONL file ({binary_lines} lines are not UTF-8 text and none is a "
+            "record: a binary file?); pass a JSONL file, one JSON object per line"
+        )
 
 
 def command_line() -> list[str]:

@@ -120,10 +120,9 @@ def reconstruct_jobs(
 ) -> Iterator[tuple[Any, int, dict[str, int], dict[str, int], dict[str, int]]]:
     """Each chunk's ``_work`` result, in input order. ``setup`` names the tokenizer, format,
     chat template, preferences and the output file (its suffix says how pieces are encoded)."""
-    try:
-        f = path.open(encoding="utf-8")
-    except OSError as e:
-        raise InputError(f"{path}: cannot open ({e.strerror}); check the path") from e
+    from .app import open_jsonl
+
+    f = open_jsonl(path)  # a line that is not UTF-8 is counted by the worker that parses it
     methods = mp.get_all_start_methods()
     ctx = mp.get_context("fork" if "fork" in methods else "spawn")
     with f, ctx.Pool(jobs, initializer=_init, initargs=(setup,)) as pool:
