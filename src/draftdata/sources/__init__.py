@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -81,45 +82,58 @@ def iter_json_records(path: Path, counter: Counter[str]) -> Iterator[dict[str, A
     except OSError as e:
         raise InputError(f"{path}: cannot open ({e.strerror}); check the dataset source") from e
     with f:
-        head = f.read(4)
-        if head.startswith(b"\xef\xbb\xbf"):
-            head = head[3:]
-        rest = head.lstrip()
-        while not rest:
-            chunk = f.read(4096)
-            if not chunk:
-                return
-            rest = chunk.lstrip()
-        if rest[:1] == b"[":
-            text = (rest + f.read()).decode("utf-8", errors="surrogateescape")
-            try:
-                data = json.loads(text)
-            except ValueError as e:
-                raise InputError(f"{path}: invalid JSON array ({e})") from e
-            if not isinstance(data, list):
-                raise InputError(f"{path}: a JSON file must hold an array of records")
-            for rec in data:
-                ok = _clean(rec, counter)
-                if ok is not None:
-                    yield ok
+        try:
+            yield from _records_of(f, path, counter)
+        except (OSError, EOFError, zlib.error) as e:  # a damaged gzip stream, a failing disk
+            fix = (
+                "the gzip file is damaged or not gzip: compress it again or pass the plain file"
+                if path.suffix == ".gz"
+                else "check the file and the disk"
+            )
+            raise InputError(f"{path}: cannot read ({e}); {fix}") from e
+
+
+def _records_of(f: Any, path: Path, counter: Counter[str]) -> Iterator[dict[str, Any]]:
+    """The records of the open file ``f`` (see ``iter_json_records``)."""
+    head = f.read(4)
+    if head.startswith(b"\xef\xbb\xbf"):
+        head = head[3:]
+    rest = head.lstrip()
+    while not rest:
+        chunk = f.read(4096)
+        if not chunk:
             return
-        first = rest + f.readline()
-        for raw in (first, *f):
-            if not raw.strip():
-                continue
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                counter["invalid_utf8"] += 1
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                counter["malformed_json"] += 1
-                continue
+        rest = chunk.lstrip()
+    if rest[:1] == b"[":
+        text = (rest + f.read()).decode("utf-8", errors="surrogateescape")
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise InputError(f"{path}: invalid JSON array ({e})") from e
+        if not isinstance(data, list):
+            raise InputError(f"{path}: a JSON file must hold an array of records")
+        for rec in data:
             ok = _clean(rec, counter)
             if ok is not None:
                 yield ok
+        return
+    first = rest + f.readline()
+    for raw in (first, *f):
+        if not raw.strip():
+            continue
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            counter["invalid_utf8"] += 1
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            counter["malformed_json"] += 1
+            continue
+        ok = _clean(rec, counter)
+        if ok is not None:
+            yield ok
 
 
 @reader("mtbench")
