@@ -10,6 +10,7 @@ import json
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,7 @@ def _records_of(f: Any, path: Path, counter: Counter[str]) -> Iterator[dict[str,
                 yield ok
         return
     first = rest + f.readline()
-    for raw in (first, *f):
+    for raw in chain((first,), f):  # (first, *f) would read the whole file first
         if not raw.strip():
             continue
         try:
