@@ -52,6 +52,11 @@ def usage_line(e: Any) -> str:
     return f"{path}: {msg}" + (f" ({usage}; see `{path} --help`)" if usage else "")
 
 
+def one_line(message: str) -> str:
+    """``message`` on one line: a library's text (SQLite's integrity check) may hold newlines."""
+    return re.sub(r"\s*\n\s*", " ", message.strip())
+
+
 _INTERRUPTS: tuple[type[BaseException], ...] = (*_classes("Abort"), KeyboardInterrupt)
 
 
@@ -69,7 +74,7 @@ def main() -> None:
     try:
         rv = app(standalone_mode=False, prog_name="draftdata")
     except DraftdataError as e:
-        say(err, f"error: {e}", "bold red")
+        say(err, f"error: {one_line(str(e))}", "bold red")
         sys.exit(e.exit_code)
     except _INTERRUPTS:
         say(err, INTERRUPTED, "yellow")
@@ -91,15 +96,15 @@ def main() -> None:
                 "bold red",
             )
         else:
-            say(err, f"error: {e}", "bold red")
+            say(err, f"error: {one_line(str(e))}", "bold red")
         sys.exit(1)
     except Exception as e:  # a bug: one line, and the traceback only on request
         if os.environ.get("DRAFTDATA_DEBUG"):
             raise
         say(
             err,
-            f"internal error: {type(e).__name__}: {e} (a bug in draftdata; rerun with "
-            "DRAFTDATA_DEBUG=1 for the traceback and report it)",
+            f"internal error: {type(e).__name__}: {one_line(str(e))} (a bug in draftdata; "
+            "rerun with DRAFTDATA_DEBUG=1 for the traceback and report it)",
             "bold red",
         )
         sys.exit(70)

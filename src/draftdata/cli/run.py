@@ -166,7 +166,10 @@ def status(
     ] = False,
 ) -> None:
     """Counts by dataset and state, cost so far, error reasons."""
+    import sqlite3
+
     from ..manifest import load_manifest
+    from ..store.guard import LedgerError, explain
     from ..store.ledger import Ledger
     from ..store.stats import status as ledger_status
 
@@ -179,6 +182,8 @@ def status(
         run_status = ledger_status(ledger)
         st = run_status.to_json()
         bad = ledger.failed() if failed else []
+    except sqlite3.Error as e:  # a damaged page the open did not touch
+        raise LedgerError(explain(path, e)) from e
     finally:
         ledger.close()
     if failed:

@@ -8,6 +8,7 @@ sequence, not by the number of rows), so a report over millions of samples holds
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any
 from .. import __version__
 from ..errors import InputError
 from ..export.preview import PREVIEW_FILE, Preview, read_preview
+from ..store.guard import explain
 from ..store.ledger import Ledger, LedgerError
 from ..store.stats import Throughput, throughput, work_datasets
 
@@ -223,6 +225,8 @@ def read_ledger(run_dir: Path) -> LedgerFigures | None:
             )
         finally:
             led.close()
+    except sqlite3.Error as e:  # a damaged page the open did not touch
+        raise LedgerError(explain(path, e)) from e
     except LedgerError as e:
         raise InputError(
             f"{e}; point the report at the run folder that `draftdata generate` wrote"
