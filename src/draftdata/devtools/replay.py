@@ -373,6 +373,10 @@ def _uvicorn_config(app: Starlette) -> uvicorn.Config:
 
 def _bind(host: str, port: int) -> socket.socket:
     """A listening-ready socket on (host, port), or InputError naming the fix."""
+    if not 0 <= port <= 65535:  # the resolver would take it modulo 65536, or call it a host error
+        raise InputError(
+            f"--port {port}: not a TCP port; give one from 1 to 65535 (0 picks a free one)"
+        )
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
