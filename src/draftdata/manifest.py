@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import DraftdataError
+from .generate.backends.config import redact_url
 from .generate.backends.registry import BACKENDS, BackendCfg
 
 if sys.version_info >= (3, 11):
@@ -210,7 +211,11 @@ def _explain(e: ValidationError, raw: dict[str, Any], path: Path, text: str) -> 
         return f"{where}: unknown key {key!r}{hint}"
     if err["type"] == "missing":
         return f"{where}: {key} is required; add it"
-    return f"{where}: {key}: {err['msg']} (got {err.get('input')!r})"
+    got = err.get("input")
+    if isinstance(got, str) and (loc[-1:] == ["base_url"] or "://" in got):
+        got = redact_url(got)  # pydantic quotes the value: never a password or a key
+    msg = str(err["msg"]).removeprefix("Value error, ")  # pydantic's words for our ValueError
+    return f"{where}: {key}: {msg} (got {got!r})"
 
 
 def _section_kind(loc: list[Any], raw: dict[str, Any]) -> str:

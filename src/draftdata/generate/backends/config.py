@@ -3,9 +3,10 @@ nothing here imports a backend's implementation."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote_plus, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -52,7 +53,10 @@ class OpenAIBackendCfg(_Strict):
     @classmethod
     def _url(cls, v: str) -> str:
         if not re.match(r"^https?://", v):
-            raise ValueError("must start with http:// or https://")
+            raise ValueError(f"must start with http:// or https://; {_LIKE}")
+        problem = url_problem(v)
+        if problem is not None:
+            raise ValueError(f"{problem}; {_LIKE}")
         return v.rstrip("/")
 
 
@@ -65,11 +69,58 @@ class EngineBackendCfg(_Strict):
     engine_args: dict[str, Any] = {}
 
 
+_LIKE = "write it like http://127.0.0.1:8000/v1"
+
+
+def url_problem(url: str) -> str | None:
+    """What makes ``url`` (http or https) unusable as a base URL, or None: a host in brackets
+    that is not an IPv6 address, no host, a port that is not 1-65535. The words never quote
+    the URL: it may carry a password."""
+    try:
+        u = urlsplit(url)
+    except ValueError:  # an unclosed "[", or an address in brackets that is not one
+        return "the host in [brackets] is not an IPv6 address"
+    host = u.netloc.rpartition("@")[2]
+    if host.startswith("["):
+        inside, _, after = host[1:].partition("]")
+        try:
+            ipaddress.IPv6Address(inside.partition("%")[0])  # a zone (%eth0) may follow
+        except ValueError:
+            return "the host in [brackets] is not an IPv6 address"
+        if after and not after.startswith(":"):
+            return "the host in [brackets] is followed by something that is not :PORT"
+    elif not u.hostname:
+        return "the URL names no host"
+    try:
+        port = u.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        return "the port must be a number from 1 to 65535"
+    return None
+
+
+#: a query parameter whose name holds one of these carries a credential (api-key, api_key,
+#: access_token, client_secret, password, sig, X-Amz-Signature, auth, ...)
+_SECRET_PARAM = re.compile(r"key|token|secret|passw|sig|auth|credential", re.IGNORECASE)
+#: the user:password@ of a URL (or of a string too malformed to parse as one)
+_USERINFO = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?[^/?#]*@")
+
+
 def redact_url(url: str) -> str:
-    """``url`` with any user:password replaced by ``***``: for everything stored or printed."""
-    u = urlsplit(url)
-    if not (u.username or u.password):
-        return url
-    host = u.hostname or ""
-    netloc = f"***@{host}" + (f":{u.port}" if u.port else "")
-    return urlunsplit((u.scheme, netloc, u.path, u.query, u.fragment))
+    """``url`` with any user:password, and the value of each query parameter that carries a
+    credential (see ``_SECRET_PARAM``), replaced by ``***``: for everything stored or printed.
+    Text only, no parsing: a URL too malformed to parse (an error quotes it) is redacted too."""
+    head, hash_, fragment = url.partition("#")
+    head, mark, query = head.partition("?")
+    head = _USERINFO.sub(lambda m: f"{m[1] or ''}***@", head, count=1)
+    if mark:
+        query = "&".join(_redact_param(p) for p in query.split("&"))
+    return head + mark + query + hash_ + fragment
+
+
+def _redact_param(param: str) -> str:
+    name, eq, value = param.partition("=")
+    if eq and value and _SECRET_PARAM.search(unquote_plus(name)):
+        return f"{name}=***"
+    return param
