@@ -29,6 +29,10 @@ from ... import __version__
 
 #: the most header bytes a response may have
 HEAD_LIMIT = 1 << 20
+#: the most body bytes read of one response unless the caller says otherwise
+DEFAULT_MAX_BODY = 64 << 20
+#: bytes read at a time from a body of unknown length
+READ_STEP = 1 << 16
 
 
 class TransportError(Exception):
@@ -47,6 +51,9 @@ class Reply:
     #: header names lower-cased; a repeated header's values joined with ", "
     headers: dict[str, str]
     body: bytes
+    #: the body ran past the client's limit: ``body`` is its first ``limit`` bytes, the rest
+    #: was not read (the connection is closed)
+    cut: bool = False
 
 
 class _Conn:
@@ -63,8 +70,16 @@ class _Conn:
 class LeanHttp:
     """POSTs to one URL. ``headers`` go on every request (an Authorization header, say)."""
 
-    def __init__(self, url: str, *, headers: Mapping[str, str], timeout_s: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: Mapping[str, str],
+        timeout_s: float,
+        max_body: int = DEFAULT_MAX_BODY,
+    ) -> None:
         u = urlsplit(url)
+        self.max_body = max_body
         self.tls = u.scheme == "https"
         self.host = u.hostname or ""
         self.port = u.port or (443 if self.tls else 80)
@@ -153,7 +168,7 @@ class LeanHttp:
                 status, version, headers = _head(head)
                 if not 100 <= status < 200:
                     break
-            payload, to_close = await _body(r, status, headers)
+            payload, to_close, cut = await _body(r, status, headers, self.max_body)
         except (ConnectionResetError, BrokenPipeError) as e:
             if reused and not answered:
                 raise _Stale from e
@@ -166,7 +181,8 @@ class LeanHttp:
         keep = not to_close and (
             "keep-alive" in conn_hdr if version == "HTTP/1.0" else "close" not in conn_hdr
         )
-        return Reply(status, headers, _decoded(payload, headers)), keep
+        body, cut_decoded = _decoded(payload, headers, self.max_body)
+        return Reply(status, headers, body, cut or cut_decoded), keep and not cut
 
 
 def _head(head: bytes) -> tuple[int, str, dict[str, str]]:
@@ -185,27 +201,38 @@ def _head(head: bytes) -> tuple[int, str, dict[str, str]]:
 
 
 async def _body(
-    r: asyncio.StreamReader, status: int, headers: Mapping[str, str]
-) -> tuple[bytes, bool]:
-    """The body, and whether the connection ends with it."""
+    r: asyncio.StreamReader, status: int, headers: Mapping[str, str], limit: int
+) -> tuple[bytes, bool, bool]:
+    """The body (at most ``limit`` bytes: counted while reading, so a body that runs on never
+    sits in memory whole), whether the connection ends with it, and whether it was cut at the
+    limit (then the rest is left unread and the connection is closed)."""
     try:
         if "chunked" in headers.get("transfer-encoding", "").lower():
-            return await _chunks(r), False
+            return await _chunks(r, limit)
         length = headers.get("content-length")
         if length is not None:
             if not length.isdigit():
                 raise TransportError("bad_response", f"Content-Length {length[:40]!r}")
-            return await r.readexactly(int(length)), False
+            n = int(length)
+            if n > limit:  # announced too long: read what the limit allows, then hang up
+                return await r.readexactly(limit), True, True
+            return await r.readexactly(n), False, False
         if status in (204, 304):
-            return b"", False
-        return await r.read(), True  # neither: the body runs to the close
+            return b"", False, False
+        out = bytearray()  # neither: the body runs to the close
+        while len(out) <= limit:
+            got = await r.read(READ_STEP)
+            if not got:
+                return bytes(out), True, False
+            out += got
+        return bytes(out[:limit]), True, True
     except asyncio.IncompleteReadError as e:
         raise TransportError(
             "body_cut", f"{len(e.partial)} of {e.expected or '?'} bytes arrived"
         ) from e
 
 
-async def _chunks(r: asyncio.StreamReader) -> bytes:
+async def _chunks(r: asyncio.StreamReader, limit: int) -> tuple[bytes, bool, bool]:
     out = bytearray()
     while True:
         line = await r.readuntil(b"\r\n")
@@ -217,22 +244,27 @@ async def _chunks(r: asyncio.StreamReader) -> bytes:
         if size == 0:
             while await r.readuntil(b"\r\n") != b"\r\n":  # trailers, then the blank line
                 pass
-            return bytes(out)
+            return bytes(out), False, False
+        if len(out) + size > limit:
+            out += await r.readexactly(limit - len(out))
+            return bytes(out), True, True
         out += await r.readexactly(size)
         if await r.readexactly(2) != b"\r\n":
             raise TransportError("bad_response", "a chunk not followed by CRLF")
 
 
-def _decoded(body: bytes, headers: Mapping[str, str]) -> bytes:
+def _decoded(body: bytes, headers: Mapping[str, str], limit: int) -> tuple[bytes, bool]:
+    """The body decompressed (to at most ``limit`` bytes), and whether it was cut there."""
     enc = headers.get("content-encoding", "identity").lower()
-    try:
-        if enc == "gzip":
-            return zlib.decompress(body, 16 + zlib.MAX_WBITS)
-        if enc == "deflate":
-            try:
-                return zlib.decompress(body)
-            except zlib.error:
-                return zlib.decompress(body, -zlib.MAX_WBITS)  # raw deflate, as some send
-    except zlib.error as e:
-        raise TransportError("bad_response", f"a {enc} body that does not decompress") from e
-    return body
+    if enc not in ("gzip", "deflate"):
+        return body, False
+    wbits = [16 + zlib.MAX_WBITS] if enc == "gzip" else [zlib.MAX_WBITS, -zlib.MAX_WBITS]
+    failed: zlib.error | None = None
+    for w in wbits:  # deflate: zlib-wrapped, or raw as some send it
+        try:
+            d = zlib.decompressobj(w)
+            out = d.decompress(body, limit)
+            return out, bool(d.unconsumed_tail)
+        except zlib.error as e:
+            failed = e
+    raise TransportError("bad_response", f"a {enc} body that does not decompress") from failed
