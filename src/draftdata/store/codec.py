@@ -119,14 +119,27 @@ _ONE = (1).__eq__
 
 
 def pack_text(text: str | None) -> bytes | None:
-    """A raw body, compressed; ``unpack_text`` gives back the exact text."""
-    return None if text is None else zlib.compress(text.encode("utf-8", "surrogatepass"), LEVEL)
+    """A raw body, compressed; ``unpack_text`` gives back the exact text. A body that was not
+    UTF-8 arrives as text with surrogate escapes (``errors="surrogateescape"``): it is stored as
+    the bytes that came. Lone surrogates of any other kind (a ``\\ud800`` escape in a prompt)
+    are kept with ``surrogatepass``."""
+    if text is None:
+        return None
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8", "surrogatepass")
+    return zlib.compress(raw, LEVEL)
 
 
 def unpack_text(blob: bytes | str | None) -> str | None:
     if blob is None or isinstance(blob, str):  # a text column of an unmigrated row
         return blob
-    return zlib.decompress(blob).decode("utf-8", "surrogatepass")
+    raw = zlib.decompress(blob)
+    try:
+        return raw.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:  # bytes as a server sent them, not UTF-8
+        return raw.decode("utf-8", "surrogateescape")
 
 
 def sample_row(s: Sample) -> tuple[Any, ...]:
