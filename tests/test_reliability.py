@@ -281,10 +281,10 @@ def _server_cost(run_dir: Path, price_in: float, price_out: float) -> float:
     return total
 
 
-def test_the_budget_holds_against_a_server_that_overspends_and_omits_usage(tmp_path):
+def test_the_budget_holds_against_a_server_that_omits_usage(tmp_path):
     src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:60])
     cap = 0.05
-    with replay_server(GROUNDTRUTH, "--faults", "overlong=0.5,nousage=0.3") as url:
+    with replay_server(GROUNDTRUTH, "--faults", "nousage=0.5") as url:
         m = manifest(
             tmp_path,
             url,
@@ -300,6 +300,28 @@ def test_the_budget_holds_against_a_server_that_overspends_and_omits_usage(tmp_p
     st = json.loads(run("status", str(m), "--json").stdout)
     assert 0 < st["cost_usd"] <= cap
     assert _server_cost(run_dir, 2.0, 6.0) <= cap
+
+
+def test_a_server_that_writes_past_max_tokens_is_stopped_at_its_first_answer(tmp_path):
+    """An answer far past max_tokens means no reservation bounds what the server costs: the
+    backend stops with one line, the answer is stored and quarantined as runaway."""
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:60])
+    with replay_server(GROUNDTRUTH, "--faults", "overlong=1.0") as url:
+        m = manifest(
+            tmp_path,
+            url,
+            src,
+            limit=60,
+            turns="first",
+            budget="budget_usd = 1.0",
+            extra_backend="price_in_per_mtok = 2.0\nprice_out_per_mtok = 6.0",
+        )
+        r = run("generate", str(m), "--quiet")
+        served = stats(url)["requests"]
+    assert r.returncode == 1 and "ignores max_tokens" in r.stderr, r.stderr
+    assert served == 1  # the first answer of a capped run goes alone
+    st = json.loads(run("status", str(m), "--json").stdout)["datasets"]["gt"]
+    assert st["done"] == 1 and st["drops"] == {"quarantined:runaway": 1}, st
 
 
 def test_broken_and_slow_bodies_are_retried_like_timeouts(tmp_path):
@@ -370,7 +392,8 @@ def test_a_16_mib_answer_is_stored_quarantined_and_memory_stays_flat(tmp_path):
         r = subprocess.run(
             [sys.executable, "-c", probe, str(m)], capture_output=True, text=True, timeout=600
         )
-    assert r.returncode == 0, r.stderr
+    # far past max_tokens: the backend stops (the answers already in flight are stored)
+    assert r.returncode == 1 and "ignores max_tokens" in r.stderr, r.stderr
     peak_kb = int(r.stderr.split("peak_kb")[-1].split()[0])
     print(f"peak RSS of generate with a 16 MiB answer: {peak_kb / 1024:.0f} MB")
     assert peak_kb < 300 * 1024, f"peak RSS {peak_kb / 1024:.0f} MB"
@@ -380,7 +403,8 @@ def test_a_16_mib_answer_is_stored_quarantined_and_memory_stays_flat(tmp_path):
 
     db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
     longest = max(len(codec.unpack_text(b)) for (b,) in db.execute("SELECT response FROM attempts"))
-    assert longest > 16 * 1024 * 1024  # the paid-for answer is kept verbatim
+    # the body is read up to max_answer_bytes (4 MiB) and kept as it came; the rest is not read
+    assert longest == 4 * 1024 * 1024
 
 
 def test_fixing_the_input_file_helps_answered_prompts_stay(tmp_path):

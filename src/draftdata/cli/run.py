@@ -228,7 +228,26 @@ def status(
     for name, ds in run_status.datasets.items():
         for line in ds.server_options.lines() if ds.server_options else ():
             say(out, f"{name}: {line}")
-    say(out, f"cost so far ${st['cost_usd']:.4f}")
+        if ds.usage_notes:
+            why = ", ".join(f"{n} {k}" for k, n in sorted(ds.usage_notes.items()))
+            say(
+                out,
+                f"{name}: the server's usage was not taken as sent for {why} answers "
+                "(charged draftdata's own count of their tokens)",
+            )
+        if ds.interrupted or ds.in_flight:
+            say(
+                out,
+                f"{name}: {ds.interrupted} requests were in flight at an interrupt and asked "
+                f"again (possibly paid, up to ${ds.possibly_paid_usd:.4f}, counted against the "
+                f"budget); {ds.in_flight} in flight now",
+            )
+    possibly = sum(d.possibly_paid_usd for d in run_status.datasets.values())
+    say(
+        out,
+        f"cost so far ${st['cost_usd']:.4f}"
+        + (f" (+ up to ${possibly:.4f} possibly paid in flight at interrupts)" if possibly else ""),
+    )
 
 
 @app.command(

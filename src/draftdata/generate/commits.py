@@ -24,17 +24,31 @@ class GroupCommit:
         self.delay_s = delay_s
         self.most = most
         self._group: list[tuple[Answer, asyncio.Future[None]]] = []
+        self._intents: list[tuple[tuple[Key, str, float], asyncio.Future[int]]] = []
         self._timer: asyncio.TimerHandle | None = None
+
+    async def begin(self, key: Key, backend: str, estimate: float) -> int:
+        """Write that a request is about to be sent, and wait until that is durable: a request
+        in flight when the process dies is then known (``Ledger.settle_interrupted``). Grouped
+        with the answers queued beside it; returns the row's id for the outcome to close."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[int] = loop.create_future()
+        self._intents.append(((key, backend, estimate), done))
+        self._schedule(loop)
+        return await done
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        if len(self._group) + len(self._intents) >= self.most:
+            self.flush()
+        elif self._timer is None:
+            self._timer = loop.call_later(self.delay_s, self.flush)
 
     async def put(self, answer: Answer) -> None:
         """Returns once ``answer`` is durable; raises the ledger's error if its commit failed."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         self._group.append((answer, done))
-        if len(self._group) >= self.most:
-            self.flush()
-        elif self._timer is None:
-            self._timer = loop.call_later(self.delay_s, self.flush)
+        self._schedule(loop)
         await done
 
     def put_now(self, answers: Sequence[Answer]) -> None:
@@ -50,6 +64,18 @@ class GroupCommit:
             self._timer.cancel()
             self._timer = None
         group, self._group = self._group, []
+        intents, self._intents = self._intents, []
+        if intents:
+            try:
+                ids = self.ledger.begin([i for i, _ in intents])
+            except Exception as e:
+                for _, started in intents:
+                    if not started.done():
+                        started.set_exception(e)
+            else:
+                for (_, started), row in zip(intents, ids, strict=True):
+                    if not started.done():
+                        started.set_result(row)
         if not group:
             return
         try:

@@ -35,4 +35,15 @@ def iter_dataset(m: Manifest, d: DatasetCfg, drops: Counter[str]) -> Iterator[Pr
     it = iter_prompts(
         m.resolve(d.source), d.reader, d.name, drops, d.columns, d.limit, d.max_prompt_chars
     )
+    it = _answerable(it, drops)
     return (tools_as_system(p) for p in it) if d.tools_prompt == "system" else it
+
+
+def _answerable(prompts: Iterator[Prompt], drops: Counter[str]) -> Iterator[Prompt]:
+    """Prompts with a user message to answer; one without has no turn in any mode, so it is
+    counted (``no_user_message``) here instead of being asked or silently left out."""
+    for p in prompts:
+        if any(msg.role == "user" for msg in p.messages):
+            yield p
+        else:
+            drops["no_user_message"] += 1

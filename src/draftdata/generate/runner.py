@@ -115,7 +115,18 @@ class Runner(SamplesMixin):
             prefs = SplitPrefs.load(prefs_path)
             prefs.check_tokenizer(tok, prefs_path)
             self.text_ids = prefs.applier(tok)
-        self.budget = Budget(manifest.run.budget_usd, spent=status(self.ledger).cost_usd)
+        # requests in flight when the last writer was killed or interrupted: possibly paid,
+        # so counted against the budget, and asked again
+        interrupted, usd = self.ledger.settle_interrupted()
+        if interrupted and not quiet:
+            self.console.print(
+                Text(
+                    f"{interrupted} request(s) were in flight when the last run stopped: "
+                    f"counted as possibly paid (up to ${usd:,.4f}) and asked again"
+                )
+            )
+        spent = status(self.ledger).cost_usd + self.ledger.possibly_paid()
+        self.budget = Budget(manifest.run.budget_usd, spent=spent)
         self.extend = extend
         #: datasets whose source file changed since the run began: read again
         self.reread: set[str] = set()
@@ -156,7 +167,17 @@ class Runner(SamplesMixin):
     # --- setup ---------------------------------------------------------------------------
     def backend(self, name: str) -> Backend:
         if name not in self.backends:
-            self.backends[name] = make_backend(name, self.m.backends[name], self.m, self.bound)
+            b = make_backend(name, self.m.backends[name], self.m, self.bound)
+
+            async def before_send(req: GenRequest) -> int:
+                # written before the request leaves, at what it may cost: a kill in flight
+                # leaves it counted as possibly paid
+                return await self.commits.begin(
+                    req.key, name, b.max_cost(req) * self.budget.overspend
+                )
+
+            b.before_send = before_send
+            self.backends[name] = b
         return self.backends[name]
 
     def prompts(self, d: DatasetCfg) -> int:
@@ -354,10 +375,15 @@ class Runner(SamplesMixin):
     def first_prompts(self, d: DatasetCfg, page: list[Chain]) -> list[Chain]:
         """A page of conversations, each with its first turn's prompt ids where that turn is
         still to ask (one batched render; the prompt's samples share it)."""
-        todo = {c.prompt.id: c.prompt for c in page if 0 not in c.answers}
-        got = self.tokens.render_prompts(
-            [(turn_messages(p, d.turns, 0, []), p) for p in todo.values()]
-        )
+        todo: dict[str, tuple[tuple[Message, ...], Prompt]] = {}
+        for c in page:
+            if 0 in c.answers or c.prompt.id in todo:
+                continue
+            try:
+                todo[c.prompt.id] = (turn_messages(c.prompt, d.turns, 0, []), c.prompt)
+            except (DraftdataError, TypeError, ValueError, AttributeError):
+                continue  # rendered alone on its request path, and quarantined there
+        got = self.tokens.render_prompts(list(todo.values()))
         ids = dict(zip(todo, got, strict=True))
         return [replace(c, first_ids=ids.get(c.prompt.id)) for c in page]
 

@@ -84,8 +84,10 @@ class SamplesMixin:
                 msgs = turn_messages(p, d.turns, t, own)
                 try:
                     view = self.view(r)
-                except (DraftdataError, AttributeError, TypeError, ValueError):
-                    view = ApiView(content=None, finish_reason=r.finish_reason)
+                except (DraftdataError, AttributeError, TypeError, ValueError, RecursionError) as e:
+                    # an answer stored before the wire boundary checked it: quarantined now
+                    view = ApiView(content=None, finish_reason="stop")
+                    r = replace(r, problem=f"unusable_message: {e}"[:200])
                 own.append(answer_message(view))
                 yield Answered(Key(d.name, p.id, s, t), p, msgs, r, view)
 

@@ -116,6 +116,16 @@ class ApiView:
 
 
 @dataclass(frozen=True)
+class Usage:
+    """What a server says an answer cost, where each value is a finite, non-negative count
+    (or cost in USD) within what the ledger stores; None where it said nothing usable."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cost: float | None = None
+
+
+@dataclass(frozen=True)
 class Completion:
     """One successful answer from a backend, with everything the ledger stores verbatim:
     the request body and the response as the provider sent them (``request``/``response`` are
@@ -141,6 +151,13 @@ class Completion:
     problem: str | None = None
     #: ``response`` is ``response_text`` parsed as it is (the ledger then keeps the text only)
     response_is_body: bool = False
+    #: why the server's ``usage`` was not taken as it is: ``invalid:<fields>`` (not finite,
+    #: negative, out of range), ``under`` (fewer tokens than our own count); None: it agreed
+    usage_note: str | None = None
+    #: the answer's tokens by draftdata's own count (what it was charged for at least)
+    counted_tokens: int | None = None
+    #: the ledger row written before the request was sent (``Ledger.begin``)
+    intent: int | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +174,8 @@ class FailedAttempt:
     #: how long the client waits before the next attempt, and what the server asked for
     wait_s: float = 0.0
     asked_s: float | None = None
+    #: the ledger row written before the request was sent (``Ledger.begin``)
+    intent: int | None = None
 
 
 @dataclass(frozen=True)

@@ -5,13 +5,14 @@ ground-truth JSONL schema, which holds messages in this format."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import InputError
-from . import ApiView, Decoding, GroundTruth, LogprobToken, Message, Role, ToolCall
+from . import ApiView, Decoding, GroundTruth, LogprobToken, Message, Role, ToolCall, Usage
 
 #: provider fields that carry reasoning text, in the order they are trusted
 REASONING_FIELDS = ("reasoning_content", "reasoning", "reasoning_details")
@@ -27,85 +28,142 @@ _ROLE_MAP: dict[str, Role] = {
 _ROLES = set(_ROLE_MAP)
 
 
+#: ids a server sends are stored as int32
+ID_LIMIT = 2**31
+#: token counts a server sends are stored as SQLite integers (int64); anything near that is absurd
+COUNT_LIMIT = 2**53
+#: a finish reason is a short word; anything longer is not one
+FINISH_LIMIT = 64
+
+
+def _text(value: Any, what: str) -> str | None:
+    """``value`` where it is text or null; InputError naming ``what`` otherwise."""
+    if value is None or isinstance(value, str):
+        return value
+    raise InputError(f"{what} is a {type(value).__name__}, not text")
+
+
 def reasoning_of(msg: Mapping[str, Any]) -> tuple[str | None, str | None]:
     """(reasoning text, field it came from). ``reasoning_details`` joins its
-    ``reasoning.text`` entries (OpenRouter); encrypted or summary entries carry no raw text."""
+    ``reasoning.text`` entries (OpenRouter); encrypted or summary entries carry no raw text.
+    A reasoning field that holds something other than text raises InputError: dropping it
+    would rebuild the answer without its reasoning."""
     for key in REASONING_FIELDS:
         val = msg.get(key)
         if val is None:
             continue
         if key == "reasoning_details":
             if not isinstance(val, list):
-                continue
+                raise InputError(f"reasoning_details is a {type(val).__name__}, not a list")
             texts = [
-                d.get("text") or ""
+                _text(d.get("text"), "a reasoning_details text") or ""
                 for d in val
                 if isinstance(d, dict) and d.get("type") == "reasoning.text"
             ]
             if not texts:
                 continue
             return "".join(texts), key
-        if isinstance(val, str):
-            return val, key
+        return _text(val, key), key
     return None, None
 
 
 def tool_calls_of(raw: Any) -> tuple[ToolCall, ...]:
+    """A message's ``tool_calls``: a list of calls, each with a ``function`` object whose
+    ``name`` is text and whose ``arguments`` is text (an object is kept as its JSON text, as
+    some providers send it). Any other shape raises InputError."""
     if not raw:
         return ()
+    if not isinstance(raw, list):
+        raise InputError(f"tool_calls is a {type(raw).__name__}, not a list")
     out = []
-    for tc in raw:
-        fn = tc.get("function") or {}
+    for i, tc in enumerate(raw):
+        fn = tc.get("function") if isinstance(tc, Mapping) else None
+        if not isinstance(fn, Mapping):
+            raise InputError(f"tool call {i} has no function object")
         args = fn.get("arguments", "")
-        if not isinstance(args, str):  # some providers send an object; keep it as JSON text
+        if isinstance(args, (dict, list)):  # some providers send an object; keep it as JSON text
             args = json.dumps(args, ensure_ascii=False)
+        cid = tc.get("id")
         out.append(
             ToolCall(
-                name=str(fn.get("name", "")),
-                arguments=args,
-                id=tc.get("id"),
-                type=str(tc.get("type") or "function"),
+                name=_text(fn.get("name"), f"tool call {i}'s name") or "",
+                arguments=_text(args, f"tool call {i}'s arguments") or "",
+                id=None if cid is None else str(cid) if isinstance(cid, (str, int)) else None,
+                type=_text(tc.get("type"), f"tool call {i}'s type") or "function",
             )
         )
     return tuple(out)
 
 
 def logprobs_of(raw: Any) -> tuple[LogprobToken, ...] | None:
+    """``logprobs.content`` as tokens; None where it is absent or not in OpenAI's shape (the
+    answer is then read from its text)."""
     if not isinstance(raw, Mapping) or not isinstance(raw.get("content"), list):
         return None
     out = []
     for e in raw["content"]:
-        tok = str(e.get("token", ""))
+        if not isinstance(e, Mapping) or not isinstance(e.get("token"), str):
+            return None
+        tok = e["token"]
         m = _TOKEN_ID.match(tok)
         b = e.get("bytes")
+        ok_bytes = isinstance(b, list) and all(
+            isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 256 for x in b
+        )
+        tid = int(m.group(1)) if m and len(m.group(1)) < 11 else None
         out.append(
             LogprobToken(
-                tok, tuple(b) if isinstance(b, list) else None, int(m.group(1)) if m else None
+                tok,
+                tuple(b) if ok_bytes and isinstance(b, list) else None,
+                tid if tid is not None and tid < ID_LIMIT else None,
             )
         )
     return tuple(out)
 
 
+def finish_of(raw: Any) -> str:
+    """A choice's ``finish_reason``: short text, or "stop" where absent; InputError otherwise."""
+    if raw is None or raw == "":
+        return "stop"
+    if not isinstance(raw, str) or len(raw) > FINISH_LIMIT or not raw.isprintable():
+        shown = type(raw).__name__ if not isinstance(raw, str) else f"{len(raw)} characters"
+        raise InputError(f"finish_reason is not a short word ({shown})")
+    return raw
+
+
+def content_of(content: Any) -> str | None:
+    """A message's content: text, null, or a list of text parts joined."""
+    if isinstance(content, list):  # content parts
+        return "".join(
+            _text(p.get("text"), "a content part's text") or ""
+            for p in content
+            if isinstance(p, Mapping)
+        )
+    return _text(content, "content")
+
+
 def view_from_message(
     msg: Mapping[str, Any], finish_reason: str | None, logprobs: Any = None
 ) -> ApiView:
-    reasoning, field = reasoning_of(msg)
-    content = msg.get("content")
-    if isinstance(content, list):  # content parts
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    """An answer's message as a view. Every field is checked for its type: InputError names
+    the first that is not what the wire format says (text, a list of calls, ...)."""
+    if not isinstance(msg, Mapping):
+        raise InputError(f"the message is a {type(msg).__name__}, not an object")
+    reasoning, source = reasoning_of(msg)
     return ApiView(
-        content=content,
-        finish_reason=finish_reason or "stop",
+        content=content_of(msg.get("content")),
+        finish_reason=finish_of(finish_reason),
         reasoning=reasoning,
         tool_calls=tool_calls_of(msg.get("tool_calls")),
         logprobs=logprobs_of(logprobs),
-        reasoning_field=field,
+        reasoning_field=source,
     )
 
 
 def view_from_record(rec: Mapping[str, Any]) -> ApiView | None:
     """The API answer held by an input record: ``api_view`` (ground-truth schema), a raw
-    chat-completion ``response``, or the record itself when it is a chat completion."""
+    chat-completion ``response``, or the record itself when it is a chat completion.
+    InputError where a field is not of its type."""
     if isinstance(rec.get("api_view"), Mapping):
         v = rec["api_view"]
         return view_from_message(v, v.get("finish_reason"), v.get("logprobs"))
@@ -113,11 +171,111 @@ def view_from_record(rec: Mapping[str, Any]) -> ApiView | None:
     choices = resp.get("choices")
     if isinstance(choices, list) and choices:
         ch = choices[0]
+        if not isinstance(ch, Mapping):
+            raise InputError(f"choices[0] is a {type(ch).__name__}, not an object")
         view = view_from_message(
             ch.get("message") or {}, ch.get("finish_reason"), ch.get("logprobs")
         )
         return replace(view, server=detect_server(resp))
     return None
+
+
+@dataclass(frozen=True)
+class WireAnswer:
+    """A chat-completion body as the wire boundary read it: every field the rest of draftdata
+    uses, each checked for type and bounds. ``problem`` says why a paid-for answer cannot be
+    used (it is stored verbatim and quarantined); ``usage`` holds only the values that are
+    finite, non-negative counts and costs, and ``usage_invalid`` names the ones that were not."""
+
+    data: dict[str, Any]
+    finish_reason: str
+    view: ApiView
+    output_ids: tuple[int, ...] | None = None
+    prompt_ids: tuple[int, ...] | None = None
+    usage: Usage = field(default_factory=Usage)
+    usage_invalid: tuple[str, ...] = ()
+    problem: str | None = None
+
+
+def bounded_ids(raw: Any, what: str) -> tuple[int, ...]:
+    """A list of token ids, each an int in [0, 2**31); InputError otherwise."""
+    if not isinstance(raw, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < ID_LIMIT for i in raw
+    ):
+        raise InputError(f"{what} is not a list of token ids in [0, 2**31)")
+    return tuple(raw)
+
+
+def usage_of(raw: Any) -> tuple[Usage, tuple[str, ...]]:
+    """``usage``: the counts and cost that are finite and non-negative (within what is
+    stored); the names of those that were present but not."""
+    if not isinstance(raw, Mapping):
+        return Usage(), ("usage",) if raw is not None else ()
+    bad: list[str] = []
+
+    def count(name: str) -> int | None:
+        v = raw.get(name)
+        if v is None:
+            return None
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < COUNT_LIMIT:
+            return v
+        bad.append(name)
+        return None
+
+    pt, ct = count("prompt_tokens"), count("completion_tokens")
+    cost = raw.get("cost")
+    if cost is not None:
+        ok = (
+            isinstance(cost, (int, float))
+            and not isinstance(cost, bool)
+            and math.isfinite(cost)
+            and 0 <= cost < COUNT_LIMIT
+        )
+        if not ok:
+            bad.append("cost")
+        cost = float(cost) if ok else None
+    return Usage(pt, ct, cost), tuple(bad)
+
+
+def parse_answer(text: str, *, want_ids: bool, server: str | None = None) -> WireAnswer | str:
+    """A 200 body as a WireAnswer, or the reason to ask again (``http_200_invalid_json``,
+    ``no_choices``): the one place a server's answer is read. Ids are read only where they
+    were asked for (``want_ids``). An answer that arrived but cannot be used is a WireAnswer
+    with its ``problem``: nesting too deep to read, a message that is not an object, content
+    or reasoning that is not text, a finish reason that is not a short word, ids outside the
+    int32 range."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        return WireAnswer({}, "stop", ApiView(None, "stop"), problem="too_deep: nesting too deep")
+    except ValueError:
+        return "http_200_invalid_json"
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return "no_choices"
+    ch = choices[0]
+    usage, invalid = usage_of(data.get("usage"))
+    try:
+        finish = finish_of(ch.get("finish_reason"))
+    except InputError as e:
+        view = ApiView(None, "stop")
+        return WireAnswer(data, "stop", view, None, None, usage, invalid, f"bad_finish: {e}")
+    try:
+        msg = ch.get("message")
+        if msg is None:
+            msg = {}
+        view = view_from_message(msg, finish, ch.get("logprobs"))
+        view = replace(view, server=server if server is not None else detect_server(data))
+        out = bounded_ids(ch["token_ids"], "token_ids") if want_ids and "token_ids" in ch else None
+        prompt = data.get("prompt_token_ids") if want_ids else None
+        prompt_ids = bounded_ids(prompt, "prompt_token_ids") if prompt is not None else None
+    except InputError as e:
+        view = ApiView(None, finish)
+        return WireAnswer(data, finish, view, None, None, usage, invalid, f"unusable_message: {e}")
+    except RecursionError:
+        view = ApiView(None, finish)
+        return WireAnswer(data, finish, view, None, None, usage, invalid, "too_deep: nesting")
+    return WireAnswer(data, finish, view, out, prompt_ids, usage, invalid)
 
 
 def messages_of(raw: Sequence[Any]) -> tuple[Message, ...]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,11 @@ from .guard import LedgerError, explain, guarded
 from .reads import ReadsMixin
 from .scores import ScoresMixin
 
-__all__ = ["Ledger", "LedgerError"]
+__all__ = ["INTERRUPTED", "Ledger", "LedgerError"]
 
 _KEY = "dataset=? AND prompt_id=? AND sample_idx=? AND turn=?"
+#: the reason of an attempt that was in flight when its run was interrupted (possibly paid)
+INTERRUPTED = "interrupted"
 
 
 class Ledger(ReadsMixin, ScoresMixin):
@@ -231,9 +234,60 @@ class Ledger(ReadsMixin, ScoresMixin):
         return {r[0] for r in rows}
 
     # --- the write that matters ------------------------------------------------------------
+    def begin(self, intents: Sequence[tuple[Key, str, float]]) -> list[int]:
+        """Requests about to be sent, each (key, backend, what it may cost), written before
+        they are: one still here when the run stops was in flight at an interrupt
+        (``settle_interrupted``). Returns each row's id, which its outcome carries."""
+        now = time.time()
+        with self.tx():
+            return [
+                int(
+                    self.db.execute(
+                        "INSERT INTO inflight (dataset, prompt_id, sample_idx, turn, backend, "
+                        "started_at, estimate_usd) VALUES (?,?,?,?,?,?,?)",
+                        (*key.tuple(), backend, now, estimate),
+                    ).lastrowid
+                    or 0
+                )
+                for key, backend, estimate in intents
+            ]
+
+    def _end(self, intent: int | None) -> None:
+        if intent is not None:
+            self.db.execute("DELETE FROM inflight WHERE id=? AND state='open'", (intent,))
+
+    def settle_interrupted(self) -> tuple[int, float]:
+        """Requests written by ``begin`` whose outcome never was (the process was killed or
+        interrupted while they were in flight): each becomes an attempt with reason
+        ``interrupted`` and stays counted as possibly paid, at what it could have cost. Called
+        by the one writer before it sends anything. Returns (how many, their USD)."""
+        with self.tx():
+            rows = self.db.execute(
+                "SELECT id, dataset, prompt_id, sample_idx, turn, backend, started_at, "
+                "estimate_usd FROM inflight WHERE state='open'"
+            ).fetchall()
+            for _, ds, pid, s, t, backend, started, _ in rows:
+                self._attempt(
+                    Key(ds, pid, s, t), backend, False, INTERRUPTED, None, started, 0.0, None, None
+                )
+                self.db.execute(
+                    f"UPDATE work SET errors=errors+1, last_error=? WHERE {_KEY}",
+                    (INTERRUPTED, ds, pid, s, t),
+                )
+            self.db.execute("UPDATE inflight SET state='interrupted' WHERE state='open'")
+        return len(rows), sum(r[7] for r in rows)
+
+    def possibly_paid(self) -> float:
+        """USD of the requests in flight at an interrupt: counted against the budget."""
+        (usd,) = self.db.execute(
+            "SELECT coalesce(sum(estimate_usd), 0) FROM inflight WHERE state='interrupted'"
+        ).fetchone()
+        return float(usd)
+
     def record_failure(self, key: Key, backend: str, f: FailedAttempt) -> None:
         """A failed attempt, verbatim; the key stays pending unless the failure is final."""
         with self.tx():
+            self._end(f.intent)
             self._attempt(
                 key,
                 backend,
@@ -260,9 +314,16 @@ class Ledger(ReadsMixin, ScoresMixin):
         """One transaction for a group of answers: for each, the attempt (raw request/response
         verbatim), the canonical response and the work state. Either every answer of the group
         is durable or none is: an answer counts as done only after this returns."""
+        notes: dict[str, Counter[str]] = {}
         with self.tx():
             for key, backend, c, our_prompt_ids in answers:
                 self._answer(key, backend, c, our_prompt_ids)
+                self._end(c.intent)
+                if c.usage_note is not None:
+                    notes.setdefault(key.dataset, Counter())[c.usage_note.split(":")[0]] += 1
+            for dataset, got in notes.items():  # what the server's usage said, if not the truth
+                was = Counter(self.get_meta(f"usage_notes:{dataset}", {}))
+                self.set_meta(f"usage_notes:{dataset}", dict(was + got))
 
     def _answer(self, key: Key, backend: str, c: Completion, our_prompt_ids: list[int]) -> None:
         drift = None if c.prompt_ids is None else int(list(c.prompt_ids) != our_prompt_ids)

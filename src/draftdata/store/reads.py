@@ -138,15 +138,24 @@ def _prefixed(columns: str) -> str:
 
 
 def _stored(r: Sequence[Any]) -> StoredResponse:
-    body = r[5] if r[5] is not None else codec.unpack_text(r[6])
+    problem = r[12]
+    response: dict[str, Any] = {}
+    if problem is None:  # a quarantined answer's body is kept, never parsed again
+        body = r[5] if r[5] is not None else codec.unpack_text(r[6])
+        try:
+            got = json.loads(body) if body else {}
+        except (ValueError, RecursionError) as e:  # stored by a draftdata that read it less
+            got, problem = {}, f"unusable_message: the stored body does not parse ({e})"[:200]
+        if isinstance(got, dict):
+            response = got
     return StoredResponse(
         Key(*r[:4]),
         r[4],
-        json.loads(body) if body else {},
+        response,
         codec.unpack_ids(r[7]),
         codec.unpack_ids(r[8]),
         r[9],
         r[10],
         codec.unpack_ids(r[11]),
-        r[12],
+        problem,
     )

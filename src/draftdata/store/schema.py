@@ -53,6 +53,11 @@ CREATE TABLE IF NOT EXISTS scores (
   min_logprob REAL NOT NULL, flags_json TEXT NOT NULL, repairs_json TEXT NOT NULL,
   created_at REAL NOT NULL,
   PRIMARY KEY (dataset, prompt_id, sample_idx, turn));
+CREATE TABLE IF NOT EXISTS inflight (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  dataset TEXT NOT NULL, prompt_id TEXT NOT NULL, sample_idx INTEGER NOT NULL,
+  turn INTEGER NOT NULL, backend TEXT NOT NULL, started_at REAL NOT NULL,
+  estimate_usd REAL NOT NULL, state TEXT NOT NULL DEFAULT 'open');
 CREATE TABLE IF NOT EXISTS drops (
   dataset TEXT NOT NULL, prompt_id TEXT NOT NULL, sample_idx INTEGER NOT NULL,
   turn INTEGER NOT NULL, stage TEXT NOT NULL, reason TEXT NOT NULL,

@@ -34,6 +34,14 @@ class DatasetStatus:
     template_drift: tuple[int, int] | None = None
     #: the lossless request fields generation asked for, and what the server did with them
     server_options: ServerOptions | None = None
+    #: answers whose server ``usage`` was not taken as it is: ``invalid`` (not finite,
+    #: negative, out of range), ``under`` (fewer tokens than draftdata's own count)
+    usage_notes: dict[str, int] = field(default_factory=dict)
+    #: requests in flight when a run was interrupted (asked again), and what they may have cost
+    interrupted: int = 0
+    possibly_paid_usd: float = 0.0
+    #: requests written as in flight now (by a writer that is running, or one killed since)
+    in_flight: int = 0
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -49,6 +57,10 @@ class DatasetStatus:
             "samples": self.samples,
             "drops": dict(self.drops),
             "warnings": dict(self.warnings),
+            "usage_notes": dict(self.usage_notes),
+            "interrupted": self.interrupted,
+            "possibly_paid_usd": self.possibly_paid_usd,
+            "in_flight": self.in_flight,
         }
         if self.template_drift is not None:
             doc["template_drift"] = {
@@ -134,6 +146,23 @@ def status(led: Ledger) -> RunStatus:
     ):
         if checked:
             d(dataset)["template_drift"] = (checked, bad)
+    has_inflight = db.execute(
+        "SELECT 1 FROM sqlite_master WHERE name='inflight'"
+    ).fetchone()  # a ledger of an older draftdata, read-only, has none
+    if has_inflight:
+        for dataset, state, n, usd in db.execute(
+            "SELECT dataset, state, count(*), sum(estimate_usd) FROM inflight "
+            "GROUP BY dataset, state"
+        ):
+            if state == "open":
+                d(dataset)["in_flight"] = n
+            else:
+                d(dataset)["interrupted"] = n
+                d(dataset)["possibly_paid_usd"] = round(usd or 0.0, 6)
+    for dataset in ds:
+        notes = led.get_meta(f"usage_notes:{dataset}")
+        if notes:
+            d(dataset)["usage_notes"] = dict(notes)
     for dataset in ds:
         opts = server_options(db, dataset)
         if opts.asked or opts.refused:
@@ -218,7 +247,7 @@ def _body(blob: bytes | str | None) -> Any:
 
     try:
         return json.loads(unpack_text(blob) or "null")
-    except (ValueError, zlib.error):
+    except (ValueError, RecursionError, zlib.error):
         return None
 
 

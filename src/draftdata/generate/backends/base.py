@@ -25,6 +25,8 @@ class GenRequest:
 
 #: called for every failed attempt the moment it ends (the ledger stores it verbatim)
 OnFailure = Callable[[GenRequest, FailedAttempt], None]
+#: awaited before every request is sent: writes it to the ledger as in flight, returns the row
+BeforeSend = Callable[[GenRequest], Awaitable[int]]
 
 
 class Backend(ABC):
@@ -36,6 +38,8 @@ class Backend(ABC):
     concurrency: int = 1
     #: set when no retry can help (a refused key): the runner stops the dataset and says this
     fatal: str | None = None
+    #: set by the runner: every request is written to the ledger before it is sent
+    before_send: BeforeSend | None = None
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -54,4 +58,4 @@ class Backend(ABC):
         return 0.0
 
 
-__all__ = ["Backend", "Completion", "FailedAttempt", "GenRequest", "OnFailure"]
+__all__ = ["Backend", "BeforeSend", "Completion", "FailedAttempt", "GenRequest", "OnFailure"]

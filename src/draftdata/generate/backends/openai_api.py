@@ -21,15 +21,15 @@ from typing import Any
 
 import aiohttp
 
-from ...errors import DraftdataError, InputError
+from ...errors import DraftdataError
 from ...formats import BoundFormat
 from ...manifest import Manifest
 from ...records import ApiView
-from ...records.wire import detect_server, messages_to_wire, view_from_message
+from ...records.wire import WireAnswer, messages_to_wire, parse_answer
 from ...tokens.servers import profile as server_profile
 from .base import Backend, Completion, FailedAttempt, GenRequest, OnFailure
 from .config import OpenAIBackendCfg, redact_url
-from .http11 import LeanHttp, Reply, TransportError
+from .http11 import READ_STEP, LeanHttp, Reply, TransportError
 from .reach import reachable
 from .retry import AUTH_STATUSES, PROBE_REFUSED, retry_after, retry_delay, will_retry
 
@@ -40,9 +40,10 @@ class _Aiohttp:
     """aiohttp behind the lean client's interface (for `https://`, or ``http = "aiohttp"``)."""
 
     def __init__(
-        self, url: str, headers: dict[str, str], timeout_s: float, concurrency: int
+        self, url: str, headers: dict[str, str], timeout_s: float, concurrency: int, limit: int
     ) -> None:
         self.url = url
+        self.limit = limit
         self.session = aiohttp.ClientSession(
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=timeout_s),
@@ -53,7 +54,13 @@ class _Aiohttp:
         try:
             async with self.session.post(self.url, data=body, headers=_JSON) as r:
                 got = {k.lower(): v for k, v in r.headers.items()}
-                return Reply(r.status, got, await r.read())
+                data = bytearray()  # counted while reading: a body never sits whole past it
+                while len(data) <= self.limit:
+                    chunk = await r.content.read(READ_STEP)
+                    if not chunk:
+                        return Reply(r.status, got, bytes(data))
+                    data += chunk
+                return Reply(r.status, got, bytes(data[: self.limit]), cut=True)
         except aiohttp.ClientError as e:
             raise TransportError(type(e).__name__, str(e)) from e
 
@@ -88,11 +95,16 @@ class RateLimiter:
                 await asyncio.sleep((n - self.tokens) / self.rate)
 
 
-def _int_ids(raw: Any) -> tuple[int, ...] | None:
-    """Ids a server sent, where they are a list of ints (the tokens stage checks the range)."""
-    if isinstance(raw, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in raw):
-        return tuple(raw)
-    return None
+#: bytes a token is taken for where an answer is too large to read (English runs 4-5)
+BYTES_PER_TOKEN = 4
+#: an answer whose tokens (our count, or the server's where that is more) pass RUNAWAY_FACTOR x
+#: max_tokens + RUNAWAY_SLACK stops its backend: a re-tokenized answer differs from the model's
+#: count by a few percent (SmolLM2's "\n\n" before a list number is one token to the model,
+#: two canonically), and a server that honours max_tokens never comes near half as much again
+RUNAWAY_FACTOR = 1.5
+RUNAWAY_SLACK = 32
+#: ``usage.completion_tokens`` below this share of our own count is counted as under-reported
+UNDER_REPORT = 0.9
 
 
 def _is_empty(c: Completion) -> bool:
@@ -152,9 +164,20 @@ class OpenAIBackend(Backend):
                 self.cfg.http == "auto" and self.url.startswith("http://")
             )
             self._transport = (
-                LeanHttp(self.url, headers=self.headers, timeout_s=self.cfg.timeout_s)
+                LeanHttp(
+                    self.url,
+                    headers=self.headers,
+                    timeout_s=self.cfg.timeout_s,
+                    max_body=self.cfg.max_answer_bytes,
+                )
                 if lean
-                else _Aiohttp(self.url, self.headers, self.cfg.timeout_s, self.cfg.concurrency)
+                else _Aiohttp(
+                    self.url,
+                    self.headers,
+                    self.cfg.timeout_s,
+                    self.cfg.concurrency,
+                    self.cfg.max_answer_bytes,
+                )
             )
         return self._transport
 
@@ -212,32 +235,40 @@ class OpenAIBackend(Backend):
                 await self.rpm.acquire(1)
             if self.tpm:
                 await self.tpm.acquire(est_tokens)
+            intent = await self.before_send(req) if self.before_send is not None else None
             t0 = time.time()
             status: int | None = None
             headers: dict[str, str] = {}
             text: str | None = None
+            reply: Reply | None = None
             try:
                 reply = await self.transport.post(body.encode("utf-8"))
                 status, headers = reply.status, reply.headers
-                text = reply.body.decode("utf-8", errors="replace")
+                # undecodable bytes are kept as they came (surrogate escapes; the ledger's codec
+                # writes them back as the same bytes)
+                text = reply.body.decode("utf-8", errors="surrogateescape")
                 reason = None if status == 200 else f"http_{status}"
             except TimeoutError:
                 reason = "timeout"
             except TransportError as e:
                 reason = f"connection_error:{e.reason}"
             latency = time.time() - t0
-            if reason is None and text is not None:
-                done = self._parse(req, body, text, t0, latency, probing)
+            if reason is None and reply is not None and text is not None:
+                done = self._parse(req, body, reply, text, t0, latency, probing, with_ids)
                 if not isinstance(done, Completion):
                     reason = done
                 elif not _is_empty(done) or attempt >= self.cfg.empty_retries:
-                    return done  # an answer still empty after its retries is kept as such
+                    # an answer still empty after its retries is kept as such
+                    return replace(done, intent=intent)
                 else:
                     reason = "empty_response"
             if probing and status in (400, 422) and text and "return_token_ids" in text:
                 self.token_ids = False  # the server refuses the extension: plain text from now
                 on_failure(
-                    req, FailedAttempt(PROBE_REFUSED, status, body, text, t0, latency, False)
+                    req,
+                    FailedAttempt(
+                        PROBE_REFUSED, status, body, text, t0, latency, False, intent=intent
+                    ),
                 )
                 probing = False
                 continue
@@ -258,7 +289,16 @@ class OpenAIBackend(Backend):
             on_failure(
                 req,
                 FailedAttempt(
-                    reason, status, body, text, t0, latency, not retry, wait_s=wait, asked_s=asked
+                    reason,
+                    status,
+                    body,
+                    text,
+                    t0,
+                    latency,
+                    not retry,
+                    wait_s=wait,
+                    asked_s=asked,
+                    intent=intent,
                 ),
             )
             if not retry:
@@ -270,65 +310,53 @@ class OpenAIBackend(Backend):
         self,
         req: GenRequest,
         body: str,
+        reply: Reply,
         text: str,
         t0: float,
         latency: float,
         probing: bool,
+        with_ids: bool,
     ) -> Completion | str:
-        """A 200 body as a Completion, or the reason to retry it (not JSON, no choices). An
-        answer that arrived but cannot be used (a string for a message, tool calls that are not
-        a list, ids that are not ints, an answer past ``max_answer_bytes``) is still a
-        Completion: it is paid for, so it is stored verbatim and quarantined with its reason."""
-        if len(text) > self.cfg.max_answer_bytes:
+        """A 200 body as a Completion, or the reason to retry it (not JSON, no choices). The
+        body is read once, here, by ``records.wire.parse_answer``. An answer that arrived but
+        cannot be used (bytes that are not UTF-8, a body past ``max_answer_bytes``, a field of
+        the wrong type or out of bounds) is still a Completion: it is paid for, so it is stored
+        verbatim and quarantined with its reason."""
+        size = len(reply.body)
+        if reply.cut or size > self.cfg.max_answer_bytes:
+            more = "more than " if reply.cut else ""
             return self._completion(
                 req,
                 body,
                 text,
                 t0,
                 latency,
-                {"oversized_bytes": len(text)},
-                "stop",
-                ApiView(None, "stop"),
-                problem=f"oversized: {len(text):,} bytes, more than "
-                f"max_answer_bytes = {self.cfg.max_answer_bytes:,}",
+                WireAnswer({"oversized_bytes": size}, "stop", ApiView(None, "stop")),
+                problem=f"oversized: {more}{size:,} bytes, more than "
+                f"max_answer_bytes = {self.cfg.max_answer_bytes:,}"
+                + (" (the rest was not read)" if reply.cut else ""),
+                counted=size // BYTES_PER_TOKEN,
             )
         try:
-            data = json.loads(text)
-        except ValueError:
-            return "http_200_invalid_json"
-        choices = data.get("choices") if isinstance(data, dict) else None
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            return "no_choices"
-        ch = choices[0]
-        finish = str(ch.get("finish_reason") or "stop")
-        problem = None
-        try:
-            msg = ch.get("message") or {}
-            if not isinstance(msg, dict):
-                raise InputError(f"choices[0].message is a {type(msg).__name__}, not an object")
-            view = view_from_message(msg, finish, ch.get("logprobs"))
-            server = self.cfg.server if self.cfg.server != "auto" else detect_server(data)
-            view = replace(view, server=server)
-        except (InputError, AttributeError, TypeError, ValueError) as e:
-            view, problem = ApiView(None, finish), f"unusable_message: {e}"
-        out_ids = ch.get("token_ids")
-        prompt_ids = data.get("prompt_token_ids")
+            reply.body.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return self._completion(
+                req,
+                body,
+                text,
+                t0,
+                latency,
+                WireAnswer({"invalid_utf8_at": e.start}, "stop", ApiView(None, "stop")),
+                problem=f"invalid_utf8: byte {e.start:,} of the body is not UTF-8",
+            )
+        server = self.cfg.server if self.cfg.server != "auto" else None
+        got = parse_answer(text, want_ids=with_ids, server=server)
+        if isinstance(got, str):
+            return got
         if probing:
-            self.token_ids = isinstance(out_ids, list)
-        return self._completion(
-            req,
-            body,
-            text,
-            t0,
-            latency,
-            data,
-            finish,
-            view,
-            problem=problem,
-            output_ids=_int_ids(out_ids),
-            prompt_ids=_int_ids(prompt_ids),
-            is_body=True,
-        )
+            ch = got.data["choices"][0]
+            self.token_ids = isinstance(ch.get("token_ids"), list)
+        return self._completion(req, body, text, t0, latency, got, problem=got.problem)
 
     def _completion(
         self,
@@ -337,63 +365,74 @@ class OpenAIBackend(Backend):
         text: str,
         t0: float,
         latency: float,
-        data: dict[str, Any],
-        finish: str,
-        view: ApiView,
+        got: WireAnswer,
         *,
         problem: str | None = None,
-        output_ids: tuple[int, ...] | None = None,
-        prompt_ids: tuple[int, ...] | None = None,
-        is_body: bool = False,
+        counted: int | None = None,
     ) -> Completion:
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
-        pt = usage.get("prompt_tokens") if usage else None
-        ct = usage.get("completion_tokens") if usage else None
-        if usage and isinstance(usage.get("cost"), (int, float)):
-            cost = float(usage["cost"])
-        elif isinstance(ct, int):
-            cost = (
-                (pt if isinstance(pt, int) else len(req.prompt_ids)) * self.cfg.price_in_per_mtok
-                + ct * self.cfg.price_out_per_mtok
-            ) / 1e6
-        else:
-            # no usage: charge what was reserved, or what the answer's own length costs where a
-            # server ignored max_tokens and wrote more
-            ct = len(output_ids) if output_ids is not None else self._count(view, text)
-            cost = max(
-                self.max_cost(req),
-                (
-                    len(req.prompt_ids) * self.cfg.price_in_per_mtok
-                    + ct * self.cfg.price_out_per_mtok
-                )
-                / 1e6,
+        """The answer, charged what draftdata counts itself whatever ``usage`` says: its prompt
+        (our rendering) and its answer (the ids, or the text in the target's tokens); the
+        server's ``usage`` only where it is more. An answer far past ``max_tokens`` stops the
+        backend (the server ignores the limit, so no reservation bounds what it costs)."""
+        usage, view = got.usage, got.view
+        if counted is None:
+            if problem is not None:  # unreadable: count the most it may have been
+                counted = req.sampling.max_tokens
+            elif got.output_ids is not None:
+                counted = len(got.output_ids)
+            else:
+                counted = self._count(view)
+        pin, pout = self.cfg.price_in_per_mtok, self.cfg.price_out_per_mtok
+        prompt_n = len(req.prompt_ids)
+        cost = (prompt_n * pin + counted * pout) / 1e6
+        ct, pt = usage.completion_tokens, usage.prompt_tokens
+        if usage.cost is not None:
+            cost = max(cost, usage.cost)
+        elif ct is not None:
+            cost = max(cost, ((pt if pt is not None else prompt_n) * pin + ct * pout) / 1e6)
+        if not got.usage_invalid and ct is None and usage.cost is None:
+            cost = max(cost, self.max_cost(req))  # no usage at all: what was reserved
+        note = None
+        if got.usage_invalid:
+            note = "invalid:" + ",".join(got.usage_invalid)
+        elif ct is not None and ct < counted * UNDER_REPORT - 4:
+            note = "under"
+        limit = req.sampling.max_tokens
+        written = max(counted, ct or 0)
+        if written > RUNAWAY_FACTOR * limit + RUNAWAY_SLACK:
+            problem = problem or f"runaway: {written:,} tokens for max_tokens = {limit:,}"
+            self.fatal = (
+                f"backend {self.name}: the server ignores max_tokens: an answer of about "
+                f"{written:,} tokens came back for a request of at most {limit:,} "
+                f"({req.key.sample_id}); nothing more is sent to it, since no reservation "
+                "bounds what it costs (the answer is stored, quarantined as runaway)"
             )
         return Completion(
             request=body,
-            response=data,
+            response=got.data,
             response_text=text,
-            finish_reason=finish,
+            finish_reason=got.finish_reason,
             view=view,
-            output_ids=output_ids,
-            prompt_ids=prompt_ids,
-            prompt_tokens=pt if isinstance(pt, int) else None,
-            completion_tokens=ct if isinstance(ct, int) else None,
+            output_ids=got.output_ids if problem is None else None,
+            prompt_ids=got.prompt_ids if problem is None else None,
+            prompt_tokens=pt,
+            completion_tokens=ct,
             cost_usd=cost,
             http_status=200,
             started_at=t0,
             latency_s=latency,
             problem=problem,
-            response_is_body=is_body,
+            response_is_body=bool(got.data) and "choices" in got.data,
+            usage_note=note,
+            counted_tokens=counted,
         )
 
-    def _count(self, view: ApiView, text: str) -> int:
-        """Completion tokens of an answer whose server reported none (our own count)."""
-        answer = (view.reasoning or "") + (view.content or "")
-        if not answer and view.content is None:
-            return len(text.encode()) // 3  # unparsable: about three bytes a token
-        return len(self.bound.tokenizer.encode(answer)) + sum(
-            len(self.bound.tokenizer.encode(c.arguments)) for c in view.tool_calls
-        )
+    def _count(self, view: ApiView) -> int:
+        """An answer's tokens by our own count: its text in the target's tokens."""
+        tok = self.bound.tokenizer
+        n = len(tok.encode(view.reasoning)) if view.reasoning else 0
+        n += len(tok.encode(view.content)) if view.content else 0
+        return n + sum(len(tok.encode(c.name + c.arguments)) for c in view.tool_calls)
 
     def max_cost(self, req: GenRequest) -> float:
         """The most one request can cost at the manifest's prices."""

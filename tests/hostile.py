@@ -1,0 +1,198 @@
+"""A chat-completions server of the tests' own that lies: raw asyncio on loopback, no draftdata
+code. It answers every request in a shape the test names (absurd values that are still valid
+JSON, bodies too large or without a length, usage that under-reports), counts what it served,
+and counts the answer tokens it really sent with HF's `tokenizers` (not draftdata's), so what
+the run spent can be recounted independently of what the run charged.
+
+Prompts carry their index as a ``[N]`` prefix of the user message; a shape applies to the
+prompts whose index is in ``hit`` (all of them by default)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from conftest import TOKENIZERS
+
+_INDEX = re.compile(r"^\[(\d+)\]")
+TOKENIZER = Tokenizer.from_file(str(TOKENIZERS / "smollm2" / "tokenizer.json"))
+#: the text of a normal answer: about 40 SmolLM2 tokens
+ANSWER = (
+    "Here is a short answer. The capital of France is Paris, and the river that runs through "
+    "it is the Seine. I hope this helps with your question."
+)
+
+
+def tokens(text: str) -> int:
+    return len(TOKENIZER.encode(text, add_special_tokens=False).ids)
+
+
+@dataclass
+class Served:
+    requests: int = 0
+    answers: int = 0
+    #: completion tokens of every answer sent, by HF's own count of the content
+    answer_tokens: int = 0
+    #: requests held (``hold``), not answered yet
+    held: int = 0
+    by_shape: dict[str, int] = field(default_factory=dict)
+
+
+#: a shape: (request body, index of the prompt, answers sent so far) -> what to send. A dict
+#: is sent as JSON with a Content-Length; bytes as they are with a Content-Length; a
+#: ``Stream`` without one (to the close)
+Shape = Callable[[dict[str, Any], int, int], "dict[str, Any] | bytes | Stream"]
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A body with no Content-Length: ``head`` then ``chunk`` repeated to ``total`` bytes, then
+    the connection is closed (or the client hangs up first)."""
+
+    head: bytes
+    chunk: bytes
+    total: int
+
+
+def completion(
+    content: Any,
+    *,
+    finish: Any = "stop",
+    usage: dict[str, Any] | None = None,
+    extra_choice: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    choice = {"index": 0, "message": {"role": "assistant", "content": content}}
+    choice["finish_reason"] = finish
+    choice.update(extra_choice or {})
+    body: dict[str, Any] = {"id": "x", "object": "chat.completion", "choices": [choice]}
+    if usage is not None:
+        body["usage"] = usage
+    body.update(extra or {})
+    return body
+
+
+def honest(content: str = ANSWER, prompt_tokens: int = 30) -> dict[str, Any]:
+    n = tokens(content)
+    return completion(
+        content, usage={"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": n}
+    )
+
+
+class Hostile:
+    def __init__(self, shape: Shape, hit: Callable[[int], bool] = lambda i: True) -> None:
+        self.shape = shape
+        self.hit = hit
+        self.served = Served()
+        self.hold = threading.Event()  # set: requests are held until it is cleared
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self.port = 0
+
+    # -- the protocol -------------------------------------------------------------------------
+    async def _conn(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                try:
+                    head = await r.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                length = 0
+                for line in head.decode("latin-1").split("\r\n")[1:]:
+                    name, _, value = line.partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value.strip())
+                raw = await r.readexactly(length)
+                self.served.requests += 1
+                if not await self._answer(json.loads(raw), w):
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            w.close()
+
+    async def _answer(self, req: dict[str, Any], w: asyncio.StreamWriter) -> bool:
+        """Answers one request; False when the connection is to close after it."""
+        if self.hold.is_set():
+            self.served.held += 1
+            while self.hold.is_set():
+                await asyncio.sleep(0.02)
+            self.served.held -= 1
+        user = next(m["content"] for m in req["messages"] if m["role"] == "user")
+        m = _INDEX.match(user)
+        index = int(m.group(1)) if m else 0
+        out: dict[str, Any] | bytes | Stream
+        if self.hit(index):
+            out = self.shape(req, index, self.served.answers)
+            self.served.by_shape["hit"] = self.served.by_shape.get("hit", 0) + 1
+        else:
+            out = honest()
+        self.served.answers += 1
+        if isinstance(out, dict):
+            self._count(out)
+            body = json.dumps(out).encode()  # NaN stays NaN: Python writes it, as some servers do
+        elif isinstance(out, bytes):
+            body = out
+        else:
+            w.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
+            )
+            w.write(out.head)
+            sent = len(out.head)
+            while sent < out.total:
+                w.write(out.chunk)
+                sent += len(out.chunk)
+                await w.drain()
+            return False
+        w.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % len(body)
+            + body
+        )
+        await w.drain()
+        return True
+
+    def _count(self, out: dict[str, Any]) -> None:
+        try:
+            content = out["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
+            return
+        if isinstance(content, str):
+            self.served.answer_tokens += tokens(content)
+
+    # -- running --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def running(self) -> Iterator[str]:
+        ready = threading.Event()
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            self._server = loop.run_until_complete(
+                asyncio.start_server(self._conn, "127.0.0.1", 0, limit=1 << 20)
+            )
+            self.port = self._server.sockets[0].getsockname()[1]
+            ready.set()
+            loop.run_forever()
+            self._server.close()
+            loop.run_until_complete(self._server.wait_closed())
+            loop.close()
+
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        ready.wait()
+        try:
+            yield f"http://127.0.0.1:{self.port}/v1"
+        finally:
+            self.hold.clear()
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            t.join(timeout=30)

@@ -1,0 +1,361 @@
+"""Trust nothing a server sends: every answer below is well-formed HTTP and (but for the
+non-UTF-8 one) valid JSON, and absurd. Each is served by a raw asyncio server of the tests' own
+(tests/hostile.py: no draftdata code), and each failed on 4925d9d: answers lost or the run
+blocked for good, the budget walked through, memory past 1 GB, requests in flight forgotten."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import GROUNDTRUTH, TOKENIZERS
+from draftdata.store import codec
+from hostile import ANSWER, Hostile, Stream, completion, honest, tokens
+from test_audit_cli import run
+
+GT = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
+QUESTIONS = list(
+    dict.fromkeys(m["content"] for r in GT for m in r["messages"][:1] if m["role"] == "user")
+)
+
+
+def prompts(path: Path, n: int, tag: str = "") -> Path:
+    """``n`` real prompts, each prefixed with its index (``[i]``) and a tag the server reads."""
+    lines = [
+        json.dumps(
+            {
+                "id": f"{tag or 'p'}{i}",
+                "messages": [{"role": "user", "content": f"[{i}] {tag} {QUESTIONS[i]}"}],
+            }
+        )
+        for i in range(n)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def manifest(
+    tmp: Path,
+    url: str,
+    datasets: dict[str, Path],
+    *,
+    backend: str = "",
+    run_extra: str = "",
+    max_tokens: int = 128,
+) -> Path:
+    text = f"""
+[run]
+name = "hostile"
+output = "{tmp / "run"}"
+{run_extra}
+
+[target]
+tokenizer = "{TOKENIZERS / "smollm2"}"
+format = "chatml"
+model = "hostile"
+
+[backends.api]
+kind = "openai"
+base_url = "{url}"
+concurrency = 8
+timeout_s = 30
+max_retries = 3
+backoff_s = 0.05
+{backend}
+"""
+    for name, src in datasets.items():
+        text += f"""
+[[datasets]]
+name = "{name}"
+source = "{src}"
+reader = "openai"
+backend = "api"
+turns = "first"
+sampling = {{ temperature = 0.0, max_tokens = {max_tokens} }}
+"""
+    p = tmp / "manifest.toml"
+    p.write_text(text)
+    return p
+
+
+def attempts(run_dir: Path) -> int:
+    db = sqlite3.connect(run_dir / "ledger.sqlite")
+    try:
+        return int(db.execute("SELECT count(*) FROM attempts").fetchone()[0])
+    finally:
+        db.close()
+
+
+# --- absurd values, 30% of 20 prompts each ------------------------------------------------------
+
+N = 20
+HIT = 0.3
+
+
+def _deep(req: dict[str, Any], i: int, n: int) -> bytes:
+    body = json.dumps(honest())
+    return (body[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}").encode()
+
+
+def _huge_int(req: dict[str, Any], i: int, n: int) -> bytes:
+    body = honest()
+    body["usage"]["completion_tokens"] = "HUGE"
+    return json.dumps(body).replace('"HUGE"', str(10**400)).encode()
+
+
+def _usage(**kw: Any) -> dict[str, Any]:
+    u = {"prompt_tokens": 30, "completion_tokens": tokens(ANSWER)}
+    u.update(kw)
+    return completion(ANSWER, usage=u)
+
+
+SHAPES = {
+    "nan_cost": lambda req, i, n: _usage(cost=float("nan")),
+    "deep": _deep,
+    "tokens_2_64": lambda req, i, n: _usage(completion_tokens=2**64),
+    "tokens_10_400": _huge_int,
+    "big_ids": lambda req, i, n: completion(
+        ANSWER,
+        usage={"prompt_tokens": 30, "completion_tokens": tokens(ANSWER)},
+        extra_choice={"token_ids": [2**31 + 7] * 4},
+        extra={"prompt_token_ids": [2**40]},
+    ),
+    "int_content": lambda req, i, n: completion(12345),
+    "dict_finish": lambda req, i, n: completion(ANSWER, finish={"type": "stop", "why": "eos"}),
+    "not_utf8": lambda req, i, n: json.dumps(honest()).encode().replace(b"Paris", b"Par\xffis"),
+}
+#: the shapes whose answer cannot be used: stored and quarantined, never trained on
+UNUSABLE = {"deep", "int_content", "dict_finish", "not_utf8"}
+
+
+def _by_tag(req: dict[str, Any], i: int, n: int) -> dict[str, Any] | bytes | Stream:
+    user = next(m["content"] for m in req["messages"] if m["role"] == "user")
+    tag = user.split()[1]
+    return SHAPES[tag](req, i, n)
+
+
+def test_absurd_values_are_bounded_at_the_wire_and_block_nothing(tmp_path):
+    """Each shape at 30% of 20 prompts: generate twice and export exit 0, every request the
+    server served is an attempt in the ledger, and every answer is a sample or a counted
+    drop. Absurd usage is not trusted (and counted); unusable answers are quarantined."""
+    server = Hostile(_by_tag, hit=lambda i: i % 10 < HIT * 10)
+    srcs = {tag: prompts(tmp_path / f"{tag}.jsonl", N, tag) for tag in SHAPES}
+    with server.running() as url:
+        m = manifest(tmp_path, url, srcs, backend='token_ids = "never"')
+        for _ in range(2):
+            r = run("generate", str(m), "--quiet")
+            assert r.returncode == 0, r.stderr
+            assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+        served = server.served.requests
+        e = run("export", str(tmp_path / "run"))
+        assert e.returncode == 0, e.stderr
+    assert served == attempts(tmp_path / "run")
+    assert server.served.by_shape["hit"] == len(SHAPES) * N * HIT
+    st = json.loads(run("status", str(m), "--json").stdout)
+    assert st["cost_usd"] >= 0
+    for tag in SHAPES:
+        d = st["datasets"][tag]
+        assert d["done"] == d["total"] == N and d["failed"] == 0, (tag, d)
+        assert d["samples"] + sum(d["drops"].values()) == d["done"], (tag, d)
+        quarantined = sum(n for k, n in d["drops"].items() if k.startswith("quarantined:"))
+        if tag in UNUSABLE:
+            assert quarantined == N * HIT, (tag, d)
+        else:
+            assert quarantined == 0 and d["samples"] == N, (tag, d)
+    notes = {tag: st["datasets"][tag].get("usage_notes", {}) for tag in SHAPES}
+    for tag in ("nan_cost", "tokens_2_64", "tokens_10_400"):
+        assert notes[tag] == {"invalid": N * HIT}, (tag, notes[tag])
+    # the bytes that were not UTF-8 are stored as they came
+    db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
+    blobs = [zlib_raw(b) for (b,) in db.execute("SELECT response FROM attempts WHERE ok=1")]
+    db.close()
+    assert sum(b"Par\xffis" in b for b in blobs) == N * HIT
+
+
+def zlib_raw(blob: bytes) -> bytes:
+    import zlib
+
+    return zlib.decompress(blob)
+
+
+# --- the budget against usage that lies ---------------------------------------------------------
+
+CAP = 2.0
+PRICE_IN, PRICE_OUT = 1.0, 1000.0
+BUDGET_PROMPTS = 100
+
+
+def _escalate(req: dict[str, Any], i: int, n: int) -> dict[str, Any]:
+    body = honest()
+    if n >= 10:  # honest for 10 answers, then 30x under what it sent
+        body["usage"]["completion_tokens"] = max(1, tokens(ANSWER) // 30)
+    return body
+
+
+LIARS = {
+    "under": lambda req, i, n: _usage(completion_tokens=1),
+    "negative": lambda req, i, n: _usage(
+        prompt_tokens=-500_000, completion_tokens=-100_000, cost=-600_000.0
+    ),
+    "nan": lambda req, i, n: _usage(
+        prompt_tokens=float("nan"), completion_tokens=float("nan"), cost=float("nan")
+    ),
+    "ignore_max_tokens": lambda req, i, n: completion(
+        ANSWER * 12, usage={"prompt_tokens": 30, "completion_tokens": 1}
+    ),
+    "escalating": _escalate,
+}
+
+
+def real_spend(run_dir: Path) -> tuple[float, int]:
+    """What the answers the run stored really cost: each 200 body's content in HF's count of
+    SmolLM2 tokens, and its prompt as the run rendered it. Also the answer tokens counted."""
+    db = sqlite3.connect(run_dir / "ledger.sqlite")
+    prompt_len = {
+        tuple(k): len(codec.unpack_ids(ids) or ())
+        for *k, ids in db.execute(
+            "SELECT dataset, prompt_id, sample_idx, turn, our_prompt_ids FROM responses"
+        )
+    }
+    total, answer_tokens = 0.0, 0
+    for *k, blob in db.execute(
+        "SELECT dataset, prompt_id, sample_idx, turn, response FROM attempts "
+        "WHERE http_status = 200"
+    ):
+        content = json.loads(codec.unpack_text(blob))["choices"][0]["message"]["content"]
+        n = tokens(content)
+        answer_tokens += n
+        total += (prompt_len.get(tuple(k), 0) * PRICE_IN + n * PRICE_OUT) / 1e6
+    db.close()
+    return total, answer_tokens
+
+
+@pytest.mark.parametrize("liar", sorted(LIARS))
+def test_the_budget_charges_its_own_count_whatever_usage_says(tmp_path, liar):
+    server = Hostile(LIARS[liar])
+    src = prompts(tmp_path / "p.jsonl", BUDGET_PROMPTS)
+    with server.running() as url:
+        m = manifest(
+            tmp_path,
+            url,
+            {"d": src},
+            backend=f"price_in_per_mtok = {PRICE_IN}\nprice_out_per_mtok = {PRICE_OUT}",
+            run_extra=f"budget_usd = {CAP}",
+        )
+        r = run("generate", str(m), "--quiet")
+        assert "Traceback" not in r.stderr, r.stderr
+    spent, counted = real_spend(tmp_path / "run")
+    assert counted == server.served.answer_tokens  # every answer served is stored
+    print(f"{liar}: real spend ${spent:.3f} against a ${CAP} cap ({spent / CAP:.2f}x)")
+    assert spent <= 1.1 * CAP, f"{liar}: real spend ${spent:.2f} for a ${CAP} cap"
+    st = json.loads(run("status", str(m), "--json").stdout)
+    assert 0 <= st["cost_usd"] <= CAP
+    if liar == "ignore_max_tokens":
+        assert r.returncode == 1 and "ignores max_tokens" in r.stderr, r.stderr
+        assert server.served.requests == 1  # the first answer of a capped run goes alone
+    else:
+        assert "budget reached" in r.stderr, r.stderr
+        assert st["cost_usd"] >= 0.8 * CAP  # the cap is used, not refused early
+    if liar != "escalating":
+        assert sum(st["datasets"]["d"]["usage_notes"].values()) >= 1
+
+
+# --- memory ---------------------------------------------------------------------------------
+
+
+def peak_generate(m: Path) -> tuple[subprocess.CompletedProcess[str], int]:
+    """``generate`` in a process that reports its own peak RSS (VmHWM: ru_maxrss would start
+    from pytest's peak at fork)."""
+    probe = (
+        "import runpy, sys\n"
+        "sys.argv = ['draftdata', 'generate', sys.argv[1], '--quiet']\n"
+        "try:\n    runpy.run_module('draftdata', run_name='__main__')\n"
+        "finally:\n"
+        "    hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')]\n"
+        "    print('peak_kb', hwm[0].split()[1], file=sys.stderr)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", probe, str(m)], capture_output=True, text=True, timeout=600
+    )
+    return r, int(r.stderr.split("peak_kb")[-1].split()[0])
+
+
+CJK = "漢字" * (2_100_000)  # 12.6 MB of UTF-8
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        pytest.param(lambda req, i, n: completion(CJK, usage={"completion_tokens": 5}), id="cjk"),
+        pytest.param(
+            lambda req, i, n: Stream(
+                b'{"choices":[{"message":{"role":"assistant","content":"',
+                b"a" * (1 << 20),
+                400 << 20,
+            ),
+            id="no_length_400mb",
+        ),
+    ],
+)
+def test_a_huge_body_is_cut_while_reading_and_memory_stays_flat(tmp_path, shape):
+    server = Hostile(shape)
+    src = prompts(tmp_path / "p.jsonl", 3)
+    with server.running() as url:
+        m = manifest(tmp_path, url, {"d": src})
+        r, peak_kb = peak_generate(m)
+    print(f"peak RSS of generate: {peak_kb / 1024:.0f} MB")
+    assert peak_kb < 300 * 1024, f"peak RSS {peak_kb / 1024:.0f} MB"
+    assert r.returncode == 1 and "ignores max_tokens" in r.stderr, r.stderr
+    st = json.loads(run("status", str(m), "--json").stdout)["datasets"]["d"]
+    # the answers already in flight when the first came back are stored too; nothing after
+    assert st["done"] == server.served.requests == attempts(tmp_path / "run") >= 1, st
+    assert st["drops"] == {"quarantined:oversized": st["done"]}, st
+
+
+# --- requests in flight at an interrupt -------------------------------------------------------
+
+
+def test_requests_in_flight_at_ctrl_c_or_kill_9_are_counted_and_asked_again(tmp_path):
+    server = Hostile(lambda req, i, n: honest())
+    src = prompts(tmp_path / "p.jsonl", 30)
+    with server.running() as url:
+        m = manifest(
+            tmp_path,
+            url,
+            {"d": src},
+            # no capability probe: it goes alone, and the test waits for 8 requests at once
+            backend=f'token_ids = "never"\nprice_in_per_mtok = {PRICE_IN}\n'
+            f"price_out_per_mtok = {PRICE_OUT}",
+        )
+        cmd = [sys.executable, "-m", "draftdata", "generate", str(m), "--quiet"]
+        for sig in (signal.SIGINT, signal.SIGKILL, signal.SIGINT):
+            server.hold.set()
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            deadline = time.monotonic() + 300
+            while server.served.held < 8:  # every worker has a request in the server's hands
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                assert time.monotonic() < deadline, "the run never had 8 requests in flight"
+                time.sleep(0.05)
+            os.kill(proc.pid, sig)
+            proc.wait(timeout=120)
+            server.hold.clear()
+            while server.served.held:  # the dead run's requests are let go before the next
+                time.sleep(0.02)
+        r = run("generate", str(m), "--quiet")
+        assert r.returncode == 0, r.stderr
+        served = server.served.requests
+    assert served == attempts(tmp_path / "run")
+    st = json.loads(run("status", str(m), "--json").stdout)["datasets"]["d"]
+    assert st["done"] == st["total"] == 30
+    assert st["errors"].get("interrupted") == 24, st  # 8 in flight at each of 3 interrupts
+    max_cost = 128 * PRICE_OUT / 1e6
+    assert st["possibly_paid_usd"] >= 24 * max_cost * 0.99, st
