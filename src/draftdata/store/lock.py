@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 from typing import IO
 
@@ -17,6 +18,21 @@ LOCK_NAME = ".draftdata.lock"
 
 class RunBusyError(DraftdataError):
     """Another process is writing to this run folder."""
+
+
+#: how long a refused writer waits for the holder to write its name (it locks, then writes)
+HOLDER_WAIT_S = 2.0
+
+
+def _holder(f: IO[str]) -> str:
+    """The holder's line; it may not be written yet when the lock was taken a moment ago."""
+    deadline = time.monotonic() + HOLDER_WAIT_S
+    while True:
+        f.seek(0)
+        line = f.read().strip()
+        if line or time.monotonic() > deadline:
+            return line or "another process"
+        time.sleep(0.01)
 
 
 class RunLock:
@@ -30,8 +46,7 @@ class RunLock:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
+            holder = _holder(f)
             f.close()
             raise RunBusyError(
                 f"{self.path.parent} is in use by {holder}; wait for it to finish or stop it "
