@@ -289,13 +289,19 @@ def peak_generate(m: Path) -> tuple[subprocess.CompletedProcess[str], int]:
     return r, int(r.stderr.split("peak_kb")[-1].split()[0])
 
 
-CJK = "漢字" * (2_100_000)  # 12.6 MB of UTF-8
+#: 4.1 million characters (under a 4 MiB cap that counts characters), 12.3 MB of UTF-8
+CJK = "漢字" * 2_050_000
 
 
 @pytest.mark.parametrize(
     "shape",
     [
-        pytest.param(lambda req, i, n: completion(CJK, usage={"completion_tokens": 5}), id="cjk"),
+        pytest.param(
+            lambda req, i, n: json.dumps(
+                completion(CJK, usage={"completion_tokens": 5}), ensure_ascii=False
+            ).encode(),
+            id="cjk",
+        ),
         pytest.param(
             lambda req, i, n: Stream(
                 b'{"choices":[{"message":{"role":"assistant","content":"',
@@ -359,3 +365,29 @@ def test_requests_in_flight_at_ctrl_c_or_kill_9_are_counted_and_asked_again(tmp_
     assert st["errors"].get("interrupted") == 24, st  # 8 in flight at each of 3 interrupts
     max_cost = 128 * PRICE_OUT / 1e6
     assert st["possibly_paid_usd"] >= 24 * max_cost * 0.99, st
+
+
+# --- a prompt with no user message ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("turns", ["first", "last", "all", "joined"])
+def test_a_prompt_with_no_user_message_is_counted_and_blocks_nothing(tmp_path, turns):
+    """It has no turn to answer in any mode: counted when the dataset is read. With first|last
+    it blocked the run (the batched first-turn render raised outside the quarantine); with
+    all|joined it vanished uncounted."""
+    src = prompts(tmp_path / "p.jsonl", 4)
+    lonely = {"id": "lonely", "messages": [{"role": "system", "content": "You are terse."}]}
+    src.write_text(src.read_text() + json.dumps(lonely) + "\n")
+    server = Hostile(lambda req, i, n: honest())
+    with server.running() as url:
+        m = manifest(tmp_path, url, {"d": src})
+        m.write_text(m.read_text().replace('turns = "first"', f'turns = "{turns}"'))
+        for _ in range(2):
+            r = run("generate", str(m), "--quiet")
+            assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        e = run("export", str(tmp_path / "run"))
+        assert e.returncode == 0, e.stderr
+    st = json.loads(run("status", str(m), "--json").stdout)["datasets"]["d"]
+    assert st["done"] == st["total"] == 4 and st["samples"] == 4, st
+    doc = json.loads((tmp_path / "run" / "export" / "manifest.json").read_text())
+    assert doc["datasets"]["d"]["read_drops"] == {"no_user_message": 1}

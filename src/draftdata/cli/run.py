@@ -166,10 +166,8 @@ def status(
     ] = False,
 ) -> None:
     """Counts by dataset and state, cost so far, error reasons."""
-    import sqlite3
-
     from ..manifest import load_manifest
-    from ..store.guard import LedgerError, explain
+    from ..store.guard import reading
     from ..store.ledger import Ledger
     from ..store.stats import status as ledger_status
 
@@ -179,11 +177,10 @@ def status(
         raise InputError(f"{path}: no ledger yet; run `draftdata generate {manifest}` first")
     ledger = Ledger.read(path)
     try:
-        run_status = ledger_status(ledger)
-        st = run_status.to_json()
-        bad = ledger.failed() if failed else []
-    except sqlite3.Error as e:  # a damaged page the open did not touch
-        raise LedgerError(explain(path, e)) from e
+        with reading(path):  # a damaged page the open did not touch
+            run_status = ledger_status(ledger)
+            st = run_status.to_json()
+            bad = ledger.failed() if failed else []
     finally:
         ledger.close()
     if failed:

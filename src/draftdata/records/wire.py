@@ -198,11 +198,12 @@ class WireAnswer:
 
 
 def bounded_ids(raw: Any, what: str) -> tuple[int, ...]:
-    """A list of token ids, each an int in [0, 2**31); InputError otherwise."""
+    """A list of ints that fit the ledger's int32 ids; InputError otherwise. Whether each is in
+    the vocabulary is the tokens stage's check (``id_out_of_vocabulary``)."""
     if not isinstance(raw, list) or not all(
-        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < ID_LIMIT for i in raw
+        isinstance(i, int) and not isinstance(i, bool) and -ID_LIMIT <= i < ID_LIMIT for i in raw
     ):
-        raise InputError(f"{what} is not a list of token ids in [0, 2**31)")
+        raise InputError(f"{what} is not a list of int32 token ids")
     return tuple(raw)
 
 

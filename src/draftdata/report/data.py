@@ -8,7 +8,6 @@ sequence, not by the number of rows), so a report over millions of samples holds
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from typing import Any
 from .. import __version__
 from ..errors import InputError
 from ..export.preview import PREVIEW_FILE, Preview, read_preview
-from ..store.guard import explain
+from ..store.guard import reading
 from ..store.ledger import Ledger, LedgerError
 from ..store.stats import Throughput, throughput, work_datasets
 
@@ -215,18 +214,17 @@ def read_ledger(run_dir: Path) -> LedgerFigures | None:
     try:
         led = Ledger.read(path)
         try:
-            per = {name: throughput(led, name) for name in work_datasets(led)}
-            cfg, argv = led.get_meta("manifest"), led.get_meta("command_line")
-            return LedgerFigures(
-                per,
-                throughput(led, None),
-                cfg if isinstance(cfg, dict) else None,
-                [str(a) for a in argv] if isinstance(argv, list) else None,
-            )
+            with reading(path):  # a damaged page the open did not touch
+                per = {name: throughput(led, name) for name in work_datasets(led)}
+                cfg, argv = led.get_meta("manifest"), led.get_meta("command_line")
+                return LedgerFigures(
+                    per,
+                    throughput(led, None),
+                    cfg if isinstance(cfg, dict) else None,
+                    [str(a) for a in argv] if isinstance(argv, list) else None,
+                )
         finally:
             led.close()
-    except sqlite3.Error as e:  # a damaged page the open did not touch
-        raise LedgerError(explain(path, e)) from e
     except LedgerError as e:
         raise InputError(
             f"{e}; point the report at the run folder that `draftdata generate` wrote"

@@ -3,9 +3,10 @@ not a ledger. Every ``Ledger`` method that touches the file is wrapped with ``gu
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,3 +44,13 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise LedgerError(explain(self.path, e)) from e
 
     return inner
+
+
+@contextlib.contextmanager
+def reading(path: Path) -> Iterator[None]:
+    """For readers outside ``store`` that query a ledger: a sqlite error in the block (a damaged
+    page the open did not touch) is one LedgerError line."""
+    try:
+        yield
+    except sqlite3.Error as e:
+        raise LedgerError(explain(path, e)) from e

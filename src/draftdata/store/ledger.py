@@ -26,17 +26,16 @@ from typing import Any
 from ..records import Completion, FailedAttempt, Key, Prompt, Sample
 from . import codec, schema
 from .guard import LedgerError, explain, guarded
+from .inflight import INTERRUPTED, InflightMixin
 from .reads import ReadsMixin
 from .scores import ScoresMixin
 
 __all__ = ["INTERRUPTED", "Ledger", "LedgerError"]
 
 _KEY = "dataset=? AND prompt_id=? AND sample_idx=? AND turn=?"
-#: the reason of an attempt that was in flight when its run was interrupted (possibly paid)
-INTERRUPTED = "interrupted"
 
 
-class Ledger(ReadsMixin, ScoresMixin):
+class Ledger(ReadsMixin, ScoresMixin, InflightMixin):
     """``Ledger(path)`` opens (or creates) a run's ledger for writing; ``Ledger.read(path)``
     opens an existing one read-only, beside a writer."""
 
@@ -234,56 +233,6 @@ class Ledger(ReadsMixin, ScoresMixin):
         return {r[0] for r in rows}
 
     # --- the write that matters ------------------------------------------------------------
-    def begin(self, intents: Sequence[tuple[Key, str, float]]) -> list[int]:
-        """Requests about to be sent, each (key, backend, what it may cost), written before
-        they are: one still here when the run stops was in flight at an interrupt
-        (``settle_interrupted``). Returns each row's id, which its outcome carries."""
-        now = time.time()
-        with self.tx():
-            return [
-                int(
-                    self.db.execute(
-                        "INSERT INTO inflight (dataset, prompt_id, sample_idx, turn, backend, "
-                        "started_at, estimate_usd) VALUES (?,?,?,?,?,?,?)",
-                        (*key.tuple(), backend, now, estimate),
-                    ).lastrowid
-                    or 0
-                )
-                for key, backend, estimate in intents
-            ]
-
-    def _end(self, intent: int | None) -> None:
-        if intent is not None:
-            self.db.execute("DELETE FROM inflight WHERE id=? AND state='open'", (intent,))
-
-    def settle_interrupted(self) -> tuple[int, float]:
-        """Requests written by ``begin`` whose outcome never was (the process was killed or
-        interrupted while they were in flight): each becomes an attempt with reason
-        ``interrupted`` and stays counted as possibly paid, at what it could have cost. Called
-        by the one writer before it sends anything. Returns (how many, their USD)."""
-        with self.tx():
-            rows = self.db.execute(
-                "SELECT id, dataset, prompt_id, sample_idx, turn, backend, started_at, "
-                "estimate_usd FROM inflight WHERE state='open'"
-            ).fetchall()
-            for _, ds, pid, s, t, backend, started, _ in rows:
-                self._attempt(
-                    Key(ds, pid, s, t), backend, False, INTERRUPTED, None, started, 0.0, None, None
-                )
-                self.db.execute(
-                    f"UPDATE work SET errors=errors+1, last_error=? WHERE {_KEY}",
-                    (INTERRUPTED, ds, pid, s, t),
-                )
-            self.db.execute("UPDATE inflight SET state='interrupted' WHERE state='open'")
-        return len(rows), sum(r[7] for r in rows)
-
-    def possibly_paid(self) -> float:
-        """USD of the requests in flight at an interrupt: counted against the budget."""
-        (usd,) = self.db.execute(
-            "SELECT coalesce(sum(estimate_usd), 0) FROM inflight WHERE state='interrupted'"
-        ).fetchone()
-        return float(usd)
-
     def record_failure(self, key: Key, backend: str, f: FailedAttempt) -> None:
         """A failed attempt, verbatim; the key stays pending unless the failure is final."""
         with self.tx():
@@ -490,6 +439,9 @@ for _name in (
     "pending_chains",
     "chain_responses",
     "responses",
+    "begin",
+    "settle_interrupted",
+    "possibly_paid",
     "record_failure",
     "record_answer",
     "record_answers",

@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
@@ -148,7 +149,9 @@ class OpenAIBackend(Backend):
                 f"backend {name}: {shown}: {why}; is the server running? nothing was "
                 "sent (`draftdata plan MANIFEST` checks every backend before a run)"
             )
-        self.url = cfg.base_url + "/chat/completions"
+        # the endpoint's path goes before a query string (some gateways take ?api-version=...)
+        u = urlsplit(cfg.base_url)
+        self.url = urlunsplit(u._replace(path=u.path + "/chat/completions"))
         self._transport: LeanHttp | _Aiohttp | None = None
         self.sem = asyncio.Semaphore(cfg.concurrency)
         self.rpm = RateLimiter(cfg.rpm) if cfg.rpm else None
@@ -337,6 +340,10 @@ class OpenAIBackend(Backend):
                 + (" (the rest was not read)" if reply.cut else ""),
                 counted=size // BYTES_PER_TOKEN,
             )
+        server = self.cfg.server if self.cfg.server != "auto" else None
+        got = parse_answer(text, want_ids=with_ids, server=server)
+        if isinstance(got, str):  # not JSON (a body cut short, also inside a character): ask again
+            return got
         try:
             reply.body.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -349,10 +356,6 @@ class OpenAIBackend(Backend):
                 WireAnswer({"invalid_utf8_at": e.start}, "stop", ApiView(None, "stop")),
                 problem=f"invalid_utf8: byte {e.start:,} of the body is not UTF-8",
             )
-        server = self.cfg.server if self.cfg.server != "auto" else None
-        got = parse_answer(text, want_ids=with_ids, server=server)
-        if isinstance(got, str):
-            return got
         if probing:
             ch = got.data["choices"][0]
             self.token_ids = isinstance(ch.get("token_ids"), list)
