@@ -18,9 +18,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+#: every fault a run goes on through; ``overlong`` (an answer far past max_tokens) stops its
+#: backend at the first answer since issue 25, so it has a test of its own instead
 FAULTS = (
     "429=0.05,500=0.05,truncated=0.04,empty=0.04,cut=0.05,slowbody=0.03,401=0.0,"
-    "badtools=0.03,strmessage=0.03,nousage=0.05,overlong=0.04,length=0.03"
+    "badtools=0.03,strmessage=0.03,nousage=0.05,length=0.03"
 )
 
 
