@@ -25,20 +25,40 @@ class GroupCommit:
         self.most = most
         self._group: list[tuple[Answer, asyncio.Future[None]]] = []
         self._intents: list[tuple[tuple[Key, str, float], asyncio.Future[int]]] = []
+        self._intent_call: asyncio.Handle | None = None
         self._timer: asyncio.TimerHandle | None = None
 
     async def begin(self, key: Key, backend: str, estimate: float) -> int:
         """Write that a request is about to be sent, and wait until that is durable: a request
-        in flight when the process dies is then known (``Ledger.settle_interrupted``). Grouped
-        with the answers queued beside it; returns the row's id for the outcome to close."""
+        in flight when the process dies is then known (``Ledger.settle_interrupted``). The
+        requests queued in one turn of the event loop are written in one transaction on the
+        next (waiting the answers' 5 ms would hold every request back by it); returns the
+        row's id for the outcome to close."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[int] = loop.create_future()
         self._intents.append(((key, backend, estimate), done))
-        self._schedule(loop)
+        if self._intent_call is None:  # the next turn of the loop: the request is waiting on it
+            self._intent_call = loop.call_soon(self._flush_intents)
         return await done
 
+    def _flush_intents(self) -> None:
+        self._intent_call = None
+        intents, self._intents = self._intents, []
+        if not intents:
+            return
+        try:
+            ids = self.ledger.begin([i for i, _ in intents])
+        except Exception as e:
+            for _, started in intents:
+                if not started.done():
+                    started.set_exception(e)
+            return
+        for (_, started), row in zip(intents, ids, strict=True):
+            if not started.done():
+                started.set_result(row)
+
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
-        if len(self._group) + len(self._intents) >= self.most:
+        if len(self._group) >= self.most:
             self.flush()
         elif self._timer is None:
             self._timer = loop.call_later(self.delay_s, self.flush)
@@ -64,18 +84,7 @@ class GroupCommit:
             self._timer.cancel()
             self._timer = None
         group, self._group = self._group, []
-        intents, self._intents = self._intents, []
-        if intents:
-            try:
-                ids = self.ledger.begin([i for i, _ in intents])
-            except Exception as e:
-                for _, started in intents:
-                    if not started.done():
-                        started.set_exception(e)
-            else:
-                for (_, started), row in zip(intents, ids, strict=True):
-                    if not started.done():
-                        started.set_result(row)
+        self._flush_intents()
         if not group:
             return
         try:
