@@ -5,6 +5,7 @@ profile's business (``tokens.servers``)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -116,6 +117,19 @@ def response_segments(
             f"the answer calls tools but format {fmt.name} has no tool-call grammar",
             "tool_calls_without_grammar",
         )
+    if view.finish_reason == "tool_calls" and not view.tool_calls:
+        # the server's tool parser saw a call it could not return (unreadable, or the content
+        # cut where marker-like text began): the section's ids are unknown, so no honest rebuild
+        raise ReconstructError(
+            "the server says the answer ended in tool calls but returned none (its tool parser "
+            "could not read them); the model's ids for that section are unknown",
+            "tool_calls_finish_without_calls",
+        )
+    if _holds_control_text(bound, content, reasoning or ""):
+        # a control token's text in the answer: the model most likely wrote the token (a
+        # parser that failed returns the raw output, markers as text), and text is never
+        # encoded as a control id; the model may also have typed it, so it is labelled
+        warnings.append("lossy:control_text_in_answer")
     if view.finish_reason not in FINISHED and view.finish_reason != "length":
         warnings.append(f"finish_reason_{view.finish_reason}")
     # the content before a tool call: exactly the model's text (a verbatim server), or the
@@ -138,6 +152,22 @@ def response_segments(
         tool_text="as_is" if as_is else "add_missing",
     )
     return segs, warnings
+
+
+_CONTROL_TEXT: dict[int, tuple[Any, re.Pattern[str] | None]] = {}
+
+
+def _holds_control_text(bound: BoundFormat, *texts: str) -> bool:
+    """Whether any of ``texts`` holds the text of one of the tokenizer's control tokens (one
+    compiled pattern per tokenizer)."""
+    tok = bound.tokenizer
+    got = _CONTROL_TEXT.get(id(tok))
+    if got is None or got[0] is not tok:
+        words = sorted((t for t in tok.control_by_text if t.strip()), key=len, reverse=True)
+        got = (tok, re.compile("|".join(map(re.escape, words))) if words else None)
+        _CONTROL_TEXT[id(tok)] = got
+    pattern = got[1]
+    return pattern is not None and any(t and pattern.search(t) for t in texts)
 
 
 def _spaced_markers(th: Any, reasoning: str, content: str, cut: bool, tools: bool) -> bool:
