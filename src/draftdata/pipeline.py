@@ -20,7 +20,7 @@ from .export.shards import write_json
 from .generate.runner import Runner
 from .generate.samples import Tokenized
 from .manifest import DatasetCfg, Manifest, ModelCfg
-from .measure.gate import Gate, GateError, decide, is_ground_truth
+from .measure.gate import Gate, GateError, gate_on, is_ground_truth
 from .measure.validate import ValidationReport, validate
 from .records import GroundTruth
 from .tokens.reconstruct import check_ids
@@ -125,16 +125,7 @@ def run_pipeline(
             res.validation = measure(runner, evidence, scorer)
             write_json(m.output_dir / "validation.json", res.validation.to_json())
         # 4. the gate, before the first paid request
-        v = res.validation
-        lossless = v.n - v.lossy if v else 0
-        rate = v.lossless_exact_match_rate if v and lossless else None
-        overall = (
-            f" over {lossless} lossless views ({v.exact_match_rate:.4f} over all {v.n}: "
-            f"{v.lossy} lost text at their server)"
-            if v and v.lossy
-            else ""
-        )
-        res.gate = decide(m.run.min_exact, rate, gated=bool(text), overall=overall)
+        res.gate = gate_on(m.run.min_exact, res.validation, gated=bool(text))
         if text and not res.gate.passed:
             if not force:
                 runner.ledger.set_meta("gate", res.gate.to_json())

@@ -361,10 +361,18 @@ def run_cmd(
                 "(learned on one half of the prompts, measured on the other)",
             )
         if v is not None and v.n:
+            lossy = ""
+            if v.lossy:
+                lossless = (
+                    f"{v.lossless_exact}/{v.lossless} lossless"
+                    if v.lossless
+                    else "no lossless views to measure"
+                )
+                lossy = f"; {lossless}; lost at the server, guessed back: {v.held_summary()}"
             say(
                 out,
-                f"validation on ground truth: exact-match {v.exact_match_rate:.1%} "
-                f"({v.exact}/{v.n}), token accuracy {v.token_accuracy:.4f}",
+                f"validation on ground truth: exact-match {v.exact_match_rate or 0:.1%} "
+                f"({v.exact}/{v.n}), token accuracy {v.token_accuracy or 0:.4f}{lossy}",
             )
         if g is not None:
             say(out, g.verdict(), None if g.passed else "bold yellow")

@@ -10,6 +10,14 @@ from rich.table import Table
 from .app import out, say
 
 
+def _pct(x: float | None, nothing: str = "nothing measured") -> str:
+    return nothing if x is None else f"{x:.1%}"
+
+
+def _acc(x: float | None) -> str:
+    return "–" if x is None else f"{x:.4f}"
+
+
 def print_validation(doc: dict[str, Any]) -> None:
     t = Table(
         "source",
@@ -27,29 +35,34 @@ def print_validation(doc: dict[str, Any]) -> None:
             s,
             str(v["n"]),
             str(v["exact"]),
-            f"{v['exact_match_rate']:.1%}",
-            f"{v['token_accuracy']:.4f}",
+            _pct(v["exact_match_rate"]),
+            _acc(v["token_accuracy"]),
             ", ".join(f"{k} {n}" for k, n in sorted(v["categories"].items())),
         )
     t.add_row(
         "[bold]all[/]",
         str(doc["n"]),
         str(doc["exact"]),
-        f"[bold]{doc['exact_match_rate']:.1%}[/]",
-        f"[bold]{doc['token_accuracy']:.4f}[/]",
+        f"[bold]{_pct(doc['exact_match_rate'])}[/]",
+        f"[bold]{_acc(doc['token_accuracy'])}[/]",
         ", ".join(f"{k} {n}" for k, n in sorted(doc["categories"].items())),
     )
     out.print(t)
     if doc.get("lossy"):
-        reasons = ", ".join(
-            f"{k.removeprefix('lossy:')} {n}"
-            for k, n in sorted(doc["categories"].items())
-            if k.startswith("lossy:")
+        held = ", ".join(
+            f"{k.removeprefix('lossy:')} held {t['held']} of {t['views']}"
+            for k, t in sorted((doc.get("lossy_labels") or {}).items())
+        )
+        lossless = (
+            f"over the {doc['lossless']} lossless views "
+            f"[bold]{doc['lossless_exact_match_rate']:.1%}[/]"
+            if doc.get("lossless_exact_match_rate") is not None
+            else "no lossless views to measure"
         )
         out.print(
-            f"{doc['lossy']} of {doc['n']} views lost text at the server ({reasons}): never "
-            f"counted exact; exact-match over the {doc['n'] - doc['lossy']} lossless views "
-            f"[bold]{doc['lossless_exact_match_rate']:.1%}[/] (the gate's figure)"
+            f"{doc['lossy']} of {doc['n']} views lost text at the server; the format's guess, "
+            f"checked on the truth: {esc(held)}. Ids equal over all {doc['n']} views "
+            f"[bold]{_pct(doc['exact_match_rate'])}[/] (the gate's figure); {lossless}"
         )
     for cat, exs in doc["examples"].items():
         out.print(f"[bold]{esc(cat)}[/] ({doc['categories'][cat]})")
@@ -76,8 +89,8 @@ def print_validation(doc: dict[str, Any]) -> None:
         say(
             out,
             f"repair with {doc.get('repair_with')}: exact {b['exact']} -> {doc['exact']} "
-            f"({b['exact_match_rate']:.1%} -> {doc['exact_match_rate']:.1%}), token accuracy "
-            f"{b['token_accuracy']:.4f} -> {doc['token_accuracy']:.4f}; fixed {rp['fixed']}, "
+            f"({_pct(b['exact_match_rate'])} -> {_pct(doc['exact_match_rate'])}), token accuracy "
+            f"{_acc(b['token_accuracy'])} -> {_acc(doc['token_accuracy'])}; fixed {rp['fixed']}, "
             f"broken {rp['broken']}, unchanged {rp['unchanged_exact']} exact + "
             f"{rp['unchanged_wrong']} not; {rp['repairs']} repairs in "
             f"{rp['samples_repaired']} samples",

@@ -338,13 +338,13 @@ def validate(
     if json_out is None or str(json_out) != "-":
         print_validation(doc)
     _print_skipped(skipped)
-    if min_exact is not None and rep.lossless_exact_match_rate < min_exact:
-        err.print(
-            f"[bold red]GATE FAILED[/] exact-match {rep.lossless_exact_match_rate:.4f} over the "
-            f"{rep.n - rep.lossy} lossless views ({rep.exact_match_rate:.4f} over all {rep.n}) "
-            f"< --min-exact {min_exact}"
-        )
-        raise typer.Exit(1)
+    if min_exact is not None:
+        from ..measure.gate import gate_on
+
+        gate = gate_on(min_exact, rep, gated=True)  # the run's gate, on this evidence
+        if not gate.passed:
+            err.print(f"[bold red]GATE FAILED[/] (--min-exact): {esc(gate.reason)}")
+            raise typer.Exit(1)
 
 
 @app.command(

@@ -1,5 +1,11 @@
 """Reconstruction measured against ground truth: exact-match, token accuracy, where and why it
-diverges. This is the gate that protects paid API runs."""
+diverges. This is the gate that protects paid API runs.
+
+A view whose server lost text for good carries a ``lossy:*`` label, and its ids there are the
+format's guess. With ground truth at hand the guess is checked like any other id: a labelled
+view whose ids equal the truth counts as equal (the guess held), and the report says, per
+label, how many views carried it and how many held. Where nothing was measured, a rate is None
+(null in JSON), never 0.0."""
 
 from __future__ import annotations
 
@@ -31,6 +37,12 @@ CATEGORIES = (
     "text_mismatch",
 )
 EXAMPLES = 5
+
+
+def rate(k: int, n: int) -> float | None:
+    """``k / n`` rounded for the report; None where nothing was measured (``n`` 0)."""
+    return round(k / n, 6) if n else None
+
 
 #: ``repairer(sample, decoding) -> (response ids, repairs made, tokens forwarded)``: the target
 #: model's repair of one reconstructed sample (``draftdata.model.repair``), injected so this
@@ -82,10 +94,8 @@ class RepairTally:
             "repairs": self.repairs,
             "before": {
                 "exact": self.before_exact,
-                "exact_match_rate": round(self.before_exact / n, 6) if n else 0.0,
-                "token_accuracy": round(self.before_token_matches / self.before_token_total, 6)
-                if self.before_token_total
-                else 0.0,
+                "exact_match_rate": rate(self.before_exact, n),
+                "token_accuracy": rate(self.before_token_matches, self.before_token_total),
             },
             "tokens": self.tokens,
             "tokens_forwarded": self.tokens_forwarded,
@@ -93,12 +103,24 @@ class RepairTally:
 
 
 @dataclass
+class LabelTally:
+    """One ``lossy:*`` label: the views that carried it, and those whose ids equal the truth
+    all the same (the format's guess held)."""
+
+    views: int = 0
+    held: int = 0
+
+
+@dataclass
 class ValidationReport:
     n: int = 0
+    #: views whose ids (prompt and response) equal the truth, labelled or not
     exact: int = 0
-    #: samples whose server view lost something for good (a ``lossy:*`` warning): never
-    #: counted exact, whatever their ids
+    #: views whose server lost something for good (a ``lossy:*`` warning)
     lossy: int = 0
+    #: of those, the views whose ids equal the truth all the same
+    lossy_held: int = 0
+    labels: dict[str, LabelTally] = field(default_factory=dict)
     prompt_exact: int = 0
     token_matches: int = 0
     token_total: int = 0
@@ -113,23 +135,47 @@ class ValidationReport:
     repair: RepairTally | None = None
 
     @property
-    def exact_match_rate(self) -> float:
-        return self.exact / self.n if self.n else 0.0
+    def exact_match_rate(self) -> float | None:
+        """Ids equal to the truth over every view, a held guess counted equal (the gate's
+        figure); None: no view measured."""
+        return self.exact / self.n if self.n else None
 
     @property
-    def lossless_exact_match_rate(self) -> float:
-        """Exact over the samples whose view kept everything: the rate that measures us, not
-        the server (the gate's figure)."""
-        n = self.n - self.lossy
-        return self.exact / n if n else 0.0
+    def lossless(self) -> int:
+        """Views that kept everything (no ``lossy:*`` label)."""
+        return self.n - self.lossy
 
     @property
-    def token_accuracy(self) -> float:
-        return self.token_matches / self.token_total if self.token_total else 0.0
+    def lossless_exact(self) -> int:
+        return self.exact - self.lossy_held
+
+    @property
+    def lossless_exact_match_rate(self) -> float | None:
+        """Ids equal over the views that kept everything: reconstruction alone, no guess in
+        it; None: no lossless view to measure."""
+        return self.lossless_exact / self.lossless if self.lossless else None
+
+    @property
+    def token_accuracy(self) -> float | None:
+        return self.token_matches / self.token_total if self.token_total else None
+
+    def held_summary(self) -> str:
+        """``think_whitespace held 40 of 40, ...``: each label's guess against the truth."""
+        return ", ".join(
+            f"{k.removeprefix('lossy:')} held {t.held} of {t.views}"
+            for k, t in sorted(self.labels.items())
+        )
 
     def add(self, r: ValidationResult) -> None:
         self.n += 1
         self.exact += r.exact
+        if r.lossy:
+            self.lossy += 1
+            self.lossy_held += r.exact
+        for label in r.lossy:
+            tally = self.labels.setdefault(label, LabelTally())
+            tally.views += 1
+            tally.held += r.exact
         self.prompt_exact += r.prompt_exact
         self.token_matches += r.token_matches
         self.token_total += r.token_total
@@ -152,20 +198,22 @@ class ValidationReport:
         return {
             "n": self.n,
             "exact": self.exact,
-            "exact_match_rate": round(self.exact_match_rate, 6),
+            "exact_match_rate": rate(self.exact, self.n),
             "lossy": self.lossy,
-            "lossless_exact_match_rate": round(self.lossless_exact_match_rate, 6),
-            "token_accuracy": round(self.token_accuracy, 6),
-            "prompt_exact_rate": round(self.prompt_exact / self.n, 6) if self.n else 0.0,
+            "lossy_held": self.lossy_held,
+            "lossy_labels": {k: asdict(t) for k, t in sorted(self.labels.items())},
+            "lossless": self.lossless,
+            "lossless_exact": self.lossless_exact,
+            "lossless_exact_match_rate": rate(self.lossless_exact, self.lossless),
+            "token_accuracy": rate(self.token_matches, self.token_total),
+            "prompt_exact_rate": rate(self.prompt_exact, self.n),
             "categories": dict(self.categories),
             "by_source": {
                 s: {
                     "n": v["n"],
                     "exact": v["exact"],
-                    "exact_match_rate": round(v["exact"] / v["n"], 6),
-                    "token_accuracy": round(v["token_matches"] / v["token_total"], 6)
-                    if v["token_total"]
-                    else 0.0,
+                    "exact_match_rate": rate(v["exact"], v["n"]),
+                    "token_accuracy": rate(v["token_matches"], v["token_total"]),
                     "categories": dict(v["categories"]),
                 }
                 for s, v in sorted(self.by_source.items())
@@ -173,7 +221,7 @@ class ValidationReport:
             "examples": {k: [asdict(e) for e in v] for k, v in self.examples.items()},
             "token_sources": dict(self.token_sources),
             "by_decoding": {
-                k: {"n": n, "exact": e, "exact_match_rate": round(e / n, 6)}
+                k: {"n": n, "exact": e, "exact_match_rate": rate(e, n)}
                 for k, (n, e) in sorted(self.by_decoding.items())
             },
             **({"repair": self.repair.to_json(self.n)} if self.repair is not None else {}),
@@ -372,13 +420,12 @@ def validate(
         prompt_ids = sample.input_ids[: sample.prompt_len]
         truth_prompt = gt.prompt_ids if gt.prompt_ids is not None else prompt_ids
 
-        result = _measure(
-            bound, gt, truth_prompt, prompt_ids, sample.response_ids, sample.token_source
+        # the server's loss, guessed back by the format: measured like any id, tallied per label
+        lost = tuple(w for w in sample.warnings if w.startswith("lossy:"))
+        result = replace(
+            _measure(bound, gt, truth_prompt, prompt_ids, sample.response_ids, sample.token_source),
+            lossy=lost,
         )
-        lost = next((w for w in sample.warnings if w.startswith("lossy:")), None)
-        if lost is not None:  # the server's loss, not ours: counted apart, never exact
-            result = replace(result, exact=False, category=lost, example=None)
-            rep.lossy += 1
         if repairer is not None and rep.repair is not None:
             before = result
             n_repairs = 0
@@ -387,7 +434,10 @@ def validate(
                 rep.repair.tokens += len(sample.input_ids)
                 rep.repair.tokens_forwarded += forwarded
                 if n_repairs:
-                    result = _measure(bound, gt, truth_prompt, prompt_ids, response, "repaired")
+                    result = replace(
+                        _measure(bound, gt, truth_prompt, prompt_ids, response, "repaired"),
+                        lossy=lost,
+                    )
             rep.repair.add(gt.id, before, result, n_repairs)
         rep.add(result)
         tally = rep.by_decoding.setdefault(gt.decoding.label, [0, 0])

@@ -314,3 +314,6 @@ class ValidationResult:
     first_divergence: int | None  # index into the response ids (or the prompt, for prompt_*)
     token_source: str
     example: Mismatch | None = None
+    #: the ``lossy:*`` labels the sample carried (its server lost text, and the ids there are
+    #: the format's guess); ``exact`` still says whether the ids equal the truth (the guess held)
+    lossy: tuple[str, ...] = ()

@@ -108,11 +108,17 @@ class ExactnessSections(PageBase):
                 )
             )
             return "".join(out)
+        lossless = (
+            "no lossless views to measure"
+            if val.get("lossless") == 0
+            else pct(val.get("lossless_exact_match_rate"))
+        )
         totals = [
             [
-                f"{val.get('n', 0):,}",
+                f"{val.get('n', 0):,}" if val.get("n") else "nothing measured",
                 f"{val.get('exact', 0):,}",
                 pct(val.get("exact_match_rate")),
+                lossless,
                 pct(val.get("token_accuracy"), 2),
                 pct(val.get("prompt_exact_rate")),
             ]
@@ -136,7 +142,11 @@ class ExactnessSections(PageBase):
         out += [
             "<h3>Validation against ground truth</h3>",
             split(
-                table("records|exact|exact match|token accuracy|prompt exact", totals)
+                table(
+                    "records|exact|exact match|exact match, lossless views|token accuracy|"
+                    "prompt exact",
+                    totals,
+                )
                 + table("source|records|exact|exact match|token accuracy|mismatches", srows),
                 hbars(
                     bars,
@@ -147,6 +157,7 @@ class ExactnessSections(PageBase):
                 ),
             ),
         ]
+        out.append(self.lossy_labels(val))
         for title, key in (("Validation drops", "drops"), ("Validation warnings", "warnings")):
             if items := Counter(val.get(key) or {}):
                 out.append(
@@ -167,6 +178,29 @@ class ExactnessSections(PageBase):
             )
             out += ["<h3>Mismatches</h3>", split(examples or hint("No examples."), chart)]
         return "".join(out)
+
+    def lossy_labels(self, val: dict[str, Any]) -> str:
+        """Each ``lossy:*`` label: the views that carried it and those whose guessed ids
+        equalled the truth all the same."""
+        labels = val.get("lossy_labels") or {}
+        rows = [
+            [k, f"{views:,}", f"{held:,}", pct(held / views if views else None)]
+            for k, t in sorted(labels.items())
+            if isinstance(t, dict)
+            for views, held in [(int(t.get("views") or 0), int(t.get("held") or 0))]
+        ]
+        if not rows:
+            return ""
+        return (
+            "<h3>Views that lost text at their server</h3>"
+            + hint(
+                "A server that loses text for good leaves the sample a <b>lossy:</b> label, and "
+                "its ids there are the format's guess. On ground truth the guess is checked: a "
+                "view whose ids equal the truth (the guess held) counts as exact, and the "
+                "exact match above is over every view."
+            )
+            + table("label|views|held|held share", rows)
+        )
 
     def examples(self, cat: str, exs: Sequence[Any]) -> str:
         cats = (self.val or {}).get("categories") or {}
