@@ -305,3 +305,40 @@ backend = "paid"
     doc = json.loads(r.stdout)
     assert doc["scored_now"] == 0 and doc["samples"] == 6
     assert "Loading weights" not in r.stderr  # nothing left to score: the model is not loaded
+
+
+def test_score_names_a_marker_the_model_would_not_have_written_there(scorer, bound):
+    """A chatml analogue of a view that contradicts itself (issue 26): a server cut the content
+    where marker-like text began and said it stopped, so the rebuilt answer closes with the end
+    of turn right after text where the model went on writing. Its ids carry no label; the
+    target model is the last check: it scores that end of turn far below the threshold, and
+    the flag names the marker and its position. The whole answer raises no flag."""
+    from draftdata.records import ApiView
+
+    tok = bound.tokenizer
+    end = tok.token_to_id("<|im_end|>")
+    finished = [
+        k for k, r in RAW.items() if r["output_ids"][-1:] == [end] and len(r["output_ids"]) > 60
+    ]
+    flagged = 0
+    for key in finished[:3]:
+        gt = ground_truth_of(RAW[key])
+        text = tok.decode(list(gt.output_ids[:-1]))
+        # cut mid-answer after a word, mid-sentence (not after a full stop)
+        at = next(
+            i for i in range(len(text) // 2, 0, -1) if text[i] == " " and text[i - 1].isalpha()
+        )
+        cut = text[:at]
+        whole = reconstruct(bound, gt.messages, ApiView(text, "stop"))
+        short = reconstruct(bound, gt.messages, ApiView(cut, "stop"))
+        lp_whole, lp_short = scorer.logprobs([whole.input_ids, short.input_ids])
+        assert not [
+            f
+            for f in flags_of(whole.input_ids, whole.loss_mask, lp_whole, tok.control_ids, -12.0)
+            if f.kind == "marker"
+        ]
+        flags = flags_of(short.input_ids, short.loss_mask, lp_short, tok.control_ids, -12.0)
+        markers = [f for f in flags if f.kind == "marker"]
+        assert [(f.position, f.token) for f in markers] == [(len(short.input_ids) - 1, end)]
+        flagged += 1
+    assert flagged == 3

@@ -15,7 +15,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..records import Flag, SampleScore
+from ..records import Flag, FlagKind, SampleScore
 
 __all__ = ["DEFAULT_THRESHOLD", "Flag", "SampleScore", "ScoreReport", "flags_of"]
 
@@ -33,8 +33,9 @@ def flags_of(
     control_ids: Collection[int],
     threshold: float,
 ) -> list[Flag]:
-    """``logprobs[j - 1]`` is log p(ids[j] | ids[:j]). Flags: trained tokens below ``threshold``,
-    and prompt tokens right after a control id that score below it. A control id's own score is
+    """``logprobs[j - 1]`` is log p(ids[j] | ids[:j]). Flags: trained tokens below ``threshold``
+    (``marker`` where the token is a control id, ``trained`` otherwise), and prompt tokens right
+    after a control id that score below it. A control id's own score is
     no evidence (the end of a system prompt is hard to predict: -15.5 on SmolLM2's default one),
     but what follows a marker the template wrote is near certain (a newline, a role name)."""
     out: list[Flag] = []
@@ -42,7 +43,11 @@ def flags_of(
         lp = logprobs[j - 1]
         if loss_mask[j]:
             if lp < threshold:
-                out.append(Flag(j, ids[j], lp, "trained"))
+                # a trained marker the model would not have written there: an end of turn
+                # after an answer a server cut short, a close marker right after text where
+                # the model writes whitespace first (a server stripped it)
+                kind: FlagKind = "marker" if ids[j] in control_ids else "trained"
+                out.append(Flag(j, ids[j], lp, kind))
         elif ids[j - 1] in control_ids and lp < threshold:
             out.append(Flag(j, ids[j], lp, "after_prompt_control"))
     return out

@@ -243,7 +243,7 @@ class Decoding:
         return "greedy" if self.greedy else "sampled"
 
 
-FlagKind = Literal["trained", "after_prompt_control"]
+FlagKind = Literal["trained", "marker", "after_prompt_control"]
 
 
 @dataclass(frozen=True)
