@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import DraftdataError, GenerateError
 from ..formats import BoundFormat, derive_view
 from ..manifest import DatasetCfg
-from ..records import ApiView, Key, Message, Prompt, StoredResponse
+from ..records import Answered, ApiView, Drop, Key, Message, StoredResponse
 from ..records.wire import view_from_record
 from ..store import codec
 from ..store.ledger import Ledger
@@ -24,17 +24,6 @@ from .conversation import answer_message, n_turns, turn_messages
 
 #: samples written per statement by the tokens stage
 SAMPLE_WRITES = 512
-
-
-@dataclass(frozen=True)
-class Answered:
-    """One stored answer with the conversation it answered."""
-
-    key: Key
-    prompt: Prompt
-    messages: tuple[Message, ...]
-    stored: StoredResponse
-    view: ApiView
 
 
 @dataclass(frozen=True)
@@ -130,7 +119,7 @@ class SamplesMixin:
         if joined:
             stage = replace(stage, joined=True)
         answers = (
-            (a.key, a.prompt, a.messages, a.stored, a.view)
+            a
             for a in (
                 self.joined_conversations(d, drops, done) if joined else self.conversations(d)
             )
@@ -139,13 +128,13 @@ class SamplesMixin:
         made: list[tuple[Key, tuple[Any, ...]]] = []
         n_jobs = jobs_for(todo if todo is not None else self.ledger.count_responses(d.name), jobs)
         with self.ledger.tx():
-            for key, got in outcomes(stage, answers, codec.sample_row, n_jobs, window):
-                if got[0] == "drop":
-                    drops[got[1]] += 1
-                    self.ledger.put_drop(key, "tokens", got[1])
+            for got in outcomes(stage, answers, codec.sample_row, n_jobs, window):
+                if isinstance(got, Drop):
+                    drops[got.reason] += 1
+                    self.ledger.put_drop(got.key, "tokens", got.reason)
                 else:
-                    counts[got[1]] += 1
-                    made.append((key, got[2]))
+                    counts[got.token_source] += 1
+                    made.append((got.key, got.row))
                     if len(made) >= SAMPLE_WRITES:
                         self.ledger.put_sample_rows(made)
                         made.clear()

@@ -17,7 +17,6 @@ from typing import Any, Literal
 
 Role = Literal["system", "user", "assistant", "tool"]
 TokenSource = Literal["engine", "logprobs", "reconstructed", "repaired"]
-FinishReason = Literal["stop", "length", "tool_calls"]
 
 #: finish reasons after which the model wrote its end-of-turn marker
 FINISHED = frozenset({"stop", "tool_calls", "function_call"})
@@ -194,6 +193,36 @@ class StoredResponse:
     our_prompt_ids: tuple[int, ...] | None = None
     #: why the answer cannot be used (quarantined), None when it can
     problem: str | None = None
+
+
+@dataclass(frozen=True)
+class Answered:
+    """One stored answer with the conversation it answered (its on-policy history rebuilt) and
+    the view read from it: what the tokens stage makes a sample of."""
+
+    key: Key
+    prompt: Prompt
+    messages: tuple[Message, ...]
+    stored: StoredResponse
+    view: ApiView
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    """The tokens stage's outcome for an answer that became a sample: its token source and its
+    columns packed for the ledger (``store.codec.sample_row``: compressed in the worker)."""
+
+    key: Key
+    token_source: str
+    row: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Drop:
+    """The tokens stage's outcome for an answer that could not become a sample: why."""
+
+    key: Key
+    reason: str
 
 
 @dataclass(frozen=True)

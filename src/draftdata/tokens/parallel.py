@@ -16,15 +16,15 @@ from itertools import islice
 from typing import Any
 
 from ..errors import DraftdataError, ReconstructError
-from ..records import Key, Sample
+from ..records import Answered, Drop, Sample, SampleRow
 from .reconstruct import WINDOW
-from .stage import Answer, TokensStage
+from .stage import TokensStage
 
 #: stored answers at least this many use one worker per core (fewer: the fork costs more)
 AUTO_ANSWERS = 4096
 
-#: (key, ("sample", token_source, packed columns) | ("drop", reason))
-Outcome = tuple[Key, tuple[Any, ...]]
+#: an answer's outcome: its sample's packed columns, or why it was dropped
+Outcome = SampleRow | Drop
 
 #: what a worker runs: the stage and how a sample is packed for storing (set before the fork)
 _STAGE: list[tuple[TokensStage, Callable[[Sample], Any]]] = []
@@ -40,7 +40,7 @@ def jobs_for(n_answers: int, asked: int = 0) -> int:
 
 def outcomes(
     stage: TokensStage,
-    answers: Iterable[Answer],
+    answers: Iterable[Answered],
     pack: Callable[[Sample], Any],
     jobs: int = 1,
     window: int = WINDOW,
@@ -75,18 +75,18 @@ def _forget_threads() -> None:
     reconstruct._ENCODER = None
 
 
-def _work(chunk: list[Answer], window: int) -> list[Outcome]:
+def _work(chunk: list[Answered], window: int) -> list[Outcome]:
     stage, pack = _STAGE[0]
     return list(_outcomes(stage, pack, chunk, window))
 
 
 def _outcomes(
-    stage: TokensStage, pack: Callable[[Sample], Any], answers: Iterable[Answer], window: int
+    stage: TokensStage, pack: Callable[[Sample], Any], answers: Iterable[Answered], window: int
 ) -> Iterator[Outcome]:
     for key, got in stage.samples(answers, window):
         if isinstance(got, ReconstructError):
-            yield key, ("drop", got.reason)
+            yield Drop(key, got.reason)
         elif isinstance(got, DraftdataError):
-            yield key, ("drop", type(got).__name__)
+            yield Drop(key, type(got).__name__)
         else:
-            yield key, ("sample", got.token_source, pack(got))
+            yield SampleRow(key, got.token_source, pack(got))

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import DraftdataError, ReconstructError
 from ..formats import BoundFormat
-from ..records import ApiView, Key, Message, Prompt, Sample, StoredResponse
+from ..records import Answered, ApiView, Key, Message, Prompt, Sample, StoredResponse
 from .reconstruct import (
     WINDOW,
     Item,
@@ -30,9 +30,6 @@ from .reconstruct import (
     provenance,
     reconstruct_many,
 )
-
-#: one stored answer and what it answered: key, prompt, messages, stored response, view
-Answer = tuple[Key, Prompt, Sequence[Message], StoredResponse, ApiView]
 
 #: a warning on samples whose prompt ids (the server's) differ from our rendering
 PROMPT_DRIFT = "prompt_drift"
@@ -69,13 +66,13 @@ class TokensStage:
         view: ApiView,
     ) -> Sample:
         """The sample for one stored answer; a ReconstructError (with its reason) otherwise."""
-        ((_, got),) = self.samples([(key, prompt, messages, stored, view)])
+        ((_, got),) = self.samples([Answered(key, prompt, tuple(messages), stored, view)])
         if isinstance(got, DraftdataError):
             raise got
         return got
 
     def samples(
-        self, answers: Iterable[Answer], window: int = WINDOW
+        self, answers: Iterable[Answered], window: int = WINDOW
     ) -> Iterator[tuple[Key, Sample | DraftdataError]]:
         """``sample`` over a stream of stored answers, in order, each with its key: the sample,
         or the error that made the answer unusable. Answers given as text are encoded in one
@@ -85,7 +82,9 @@ class TokensStage:
             first: list[Sample | Item | DraftdataError] = []
             for a in chunk:
                 try:
-                    first.append(self._engine_or_item(*a))
+                    first.append(
+                        self._engine_or_item(a.key, a.prompt, a.messages, a.stored, a.view)
+                    )
                 except DraftdataError as e:
                     first.append(e)
             items = [x for x in first if isinstance(x, Item)]
@@ -98,11 +97,11 @@ class TokensStage:
                     window=max(len(items), 1),
                 )
             )
-            for (key, _, _, stored, _), x in zip(chunk, first, strict=True):
+            for a, x in zip(chunk, first, strict=True):
                 if isinstance(x, Item):
-                    yield key, self._as_engine(stored, self._checked(key, next(made)))
+                    yield a.key, self._as_engine(a.stored, self._checked(a.key, next(made)))
                 else:
-                    yield key, x
+                    yield a.key, x
 
     def _as_engine(
         self, stored: StoredResponse, s: Sample | DraftdataError
