@@ -89,3 +89,18 @@ def test_bad_format_files_name_the_problem(tmp_path, body, needle):
     p.write_text(body)
     with pytest.raises(FormatError, match=needle):
         get_format(str(p))
+
+
+def test_a_declared_think_grammar_can_say_tools_open_inside_the_reasoning(tmp_path):
+    """Every field of the think grammar can be declared: ``tools_in_think`` (Qwen3.5's calls may
+    open inside the reasoning) was missing from the TOML schema, so a declared Qwen3.5 variant
+    was refused as an unknown key."""
+    p = tmp_path / "q35.toml"
+    p.write_text(
+        'name = "qwen3.5-house"\nversion = "1"\nbase = "qwen3.5"\n'
+        '[think]\nopen = "think_open"\nclose = "think_close"\nopen_suffix = "\\n"\n'
+        'close_prefix = "\\n"\nclose_suffix = "\\n\\n"\nprompt_opens = true\ntools_in_think = true\n'
+    )
+    fmt = get_format(str(p))
+    assert fmt.think is not None and fmt.think.tools_in_think
+    assert fmt.think == get_format("qwen3.5").think

@@ -77,6 +77,8 @@ class _Think(BaseModel):
     close_prefix: str = ""
     close_suffix: str = ""
     prompt_opens: bool = False
+    #: the model may open its tool-call section inside the reasoning (Qwen3.5's XML calls)
+    tools_in_think: bool = False
 
 
 class _FormatDoc(BaseModel):

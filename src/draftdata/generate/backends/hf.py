@@ -29,9 +29,10 @@ from typing import Any, ClassVar, Literal
 from ...model.folders import ModelError
 from ...model.load import load_causal_lm
 
-__all__ = ["EngineOutput", "FinishReason", "HFEngine"]
+__all__ = ["EngineOutput", "HFEngine"]
 
-FinishReason = Literal["stop", "length"]
+#: how a local engine ends an answer (a server may also say tool_calls)
+EngineFinish = Literal["stop", "length"]
 
 
 class GenerationCancelled(Exception):
@@ -43,7 +44,7 @@ class EngineOutput:
     """The generated ids of one prompt, a final stop id included, and why generation ended."""
 
     output_ids: list[int]
-    finish_reason: FinishReason
+    finish_reason: EngineFinish
 
 
 class HFEngine:
@@ -113,7 +114,7 @@ class HFEngine:
             generators = [torch.Generator(device=self.device).manual_seed(int(s)) for s in seeds]
 
         outputs: list[list[int]] = [[] for _ in range(rows)]
-        finish: list[FinishReason | None] = [None] * rows
+        finish: list[EngineFinish | None] = [None] * rows
         with torch.inference_mode():
             step_out = self.model(
                 input_ids=input_ids,
@@ -161,7 +162,7 @@ class HFEngine:
         temperature: float,
         top_p: float,
         generators: list[Any] | None,
-        finish: list[FinishReason | None],
+        finish: list[EngineFinish | None],
     ) -> list[int]:
         """One next id per row: arg-max, or a draw from the temperature / top-p distribution."""
         torch = self._torch
