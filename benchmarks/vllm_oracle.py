@@ -449,7 +449,14 @@ def classify(bound: Any, truth: list[int], resp: dict[str, Any], server: str, th
     if server != "auto":
         view = replace(view, server=server)
     try:
-        s = reconstruct(bound, (Message("user", USER),), view, thinking=thinking)
+        # the request offered TOOLS, as vLLM's was; a format whose template takes no tool schemas
+        # (DeepSeek V3.1) is rebuilt without them, as a run would have to
+        try:
+            s = reconstruct(bound, (Message("user", USER),), view, tools=TOOLS, thinking=thinking)
+        except DraftdataError as e:
+            if getattr(e, "reason", "") != "tools_not_rendered" and "tool" not in str(e):
+                raise
+            s = reconstruct(bound, (Message("user", USER),), view, thinking=thinking)
     except DraftdataError as e:
         return {"class": "dropped", "reason": getattr(e, "reason", type(e).__name__),
                 "detail": str(e)[:160], "server": view.server}  # fmt: skip

@@ -165,6 +165,10 @@ CASES = [
         "I should look it up.\n\n" + Q35_CALL + "<|im_end|>",
         "vllm",
         ApiView(None, "tool_calls", "I should look it up.\n\n", (PARIS,)),
+        # vLLM 0.34.0 (run, benchmarks/vllm_oracle.py) returns `</think>\n\n<tool_call>` as
+        # this same view: its parser engine strips the content next to calls. The grammar's
+        # layout is the better guess, and it is labelled
+        lossy="content_stripped",
         old_main="a </think> the model never wrote was added",
     ),
     Case(
@@ -172,7 +176,9 @@ CASES = [
         "qwen3.5",
         "I should look it up.\n</think>\n\nChecking now.\n\n" + Q35_CALL + "<|im_end|>",
         "vllm",
-        ApiView("\n\nChecking now.\n\n", "tool_calls", "I should look it up.\n", (PARIS,)),
+        # what vLLM 0.34.0 really returns: the content next to the call stripped
+        ApiView("Checking now.", "tool_calls", "I should look it up.\n", (PARIS,)),
+        lossy="content_stripped",
     ),
     Case(
         "qwen3.5-typed-parameter",
@@ -190,6 +196,8 @@ CASES = [
         "A greeting and a sum.</think>Hello! It is mild in Paris, and 2 + 2 = 4.<|im_end|>",
         "vllm",
         ApiView("Hello! It is mild in Paris, and 2 + 2 = 4.", "stop", "A greeting and a sum."),
+        # vLLM's Kimi parser strips the whitespace that ends the reasoning: not undoable
+        lossy="think_whitespace",
     ),
     Case(
         "kimi-vllm-tool-call",
@@ -237,6 +245,7 @@ CASES = [
         "Checking." + DS_CALL + "<｜end▁of▁sentence｜>",
         "vllm",
         ApiView("Checking.", "tool_calls", None, (ToolCall("get_weather", '{"city": "Paris"}'),)),
+        lossy="content_stripped",  # vLLM strips the content next to calls
     ),
     Case(
         "qwen3-thinking-only",
@@ -276,6 +285,7 @@ CASES = [
             (PARIS, ToolCall("get_weather", '{"city": "Rome"}')),
         ),
         thinking=False,
+        lossy="content_stripped",  # vLLM strips the content next to calls
         old_main="written in the V3 layout (function<sep>NAME and fenced JSON)",
     ),
     Case(
@@ -403,7 +413,8 @@ def test_validation_counts_lossy_views_per_label_and_reports_both_rates(bound):
         assert all(0 <= t["held"] <= t["views"] for t in labels.values())
         assert not any(k.startswith("lossy:") for k in rep["categories"])  # a label is no why
         assert rep["lossless"] == rep["lossless_exact"] == len(cases) - len(lossy)
-        assert rep["lossless_exact_match_rate"] == 1.0
+        # (Kimi through vLLM has no lossless view with reasoning: nothing measured, not 0%)
+        assert rep["lossless_exact_match_rate"] == (1.0 if rep["lossless"] else None)
         assert rep["exact"] == len(cases) - len(lossy) + held  # a held guess counts as equal
         assert rep["exact_match_rate"] == pytest.approx(rep["exact"] / len(cases))
 

@@ -171,6 +171,15 @@ class ChatFormat:
         None where the view keeps everything the model wrote."""
         return None
 
+    def think_loss(self, server: Any) -> str | None:
+        """What a server's reasoning parser lost of this family's reasoning for good, or None."""
+        return None
+
+    def cut_loss(self, server: Any) -> str | None:
+        """What a server's tool parser may have dropped of an answer cut by ``max_tokens`` that
+        came back with no call (a section it could not parse), or None."""
+        return None
+
     def parse_tool_calls(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
         """Tool calls from an answer's tool-call section, the way a server's tool parser returns
         them (the inverse of ``render_tool_calls``)."""
@@ -209,7 +218,14 @@ class ChatFormat:
             post = "" if as_is else th.close_suffix
             if cut_in_reasoning:
                 return train(merge_text([*head, Text(opened + (reasoning or ""))]))
-            if verbatim and th.tools_in_think and tool_calls and not content and reasoning:
+            if (
+                verbatim
+                and as_is
+                and th.tools_in_think
+                and tool_calls
+                and not content
+                and reasoning
+            ):
                 # the tool-call section opened inside the reasoning: no close marker was written
                 out += [*head, Text(reasoning)]
                 out += self.render_tool_calls(tool_calls, "", tool_text)

@@ -26,6 +26,11 @@ class DeepSeekV3Format(ChatFormat):
 
     supports_tools: bool = False
 
+    def cut_loss(self, server: Any) -> str | None:
+        # vLLM's DeepSeek tool parsers drop a tool-call section cut by max_tokens and return the
+        # text before it (R1's close marker went with it): the view cannot show whether it did
+        return "truncated_tool_call" if server.drops_cut_tool_sections else None
+
     def parse_tool_calls(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
         calls: list[ToolCall] = []
         for body in _between(segments, "tool_call_begin", "tool_call_end", keep_markers=True):

@@ -60,6 +60,11 @@ class KimiK2Format(ChatFormat):
             out.append(c)
         return tuple(out), rebuilt
 
+    def think_loss(self, server: Any) -> str | None:
+        # vLLM's Kimi parser strips the whitespace that ends the reasoning: `.\n</think>` comes
+        # back as `.</think>`, and the grammar has no whitespace there to restore
+        return "think_whitespace" if server.strips_kimi_reasoning_whitespace else None
+
     def tool_call_loss(self, calls: Sequence[ToolCall], server: Any) -> str | None:
         # vLLM's and SGLang's Kimi parsers match whitespace around the id and the arguments
         return "tool_whitespace_stripped" if server.strips_kimi_tool_whitespace else None

@@ -379,6 +379,7 @@ def _plan(
         merged = merge_text(segs)
         layout = _layout(bound, merged, enc, item.view.finish_reason == "length")
         flags = [s.trained for s in merged]
+        warns = [*warns, *_cut_with_tools(bound, item)]
         return _Plan(None, layout, None, "reconstructed", list(warns), flags)
     prompt = None
     if item.prompt_ids is None:
@@ -403,9 +404,20 @@ def _plan(
             view = replace(view, tool_calls=calls)
             warnings.append("tool_call_ids_rebuilt")
     segs, warns = answer_segments(bound, item.messages, view, thinking)
-    warnings += warns
+    warnings += warns + _cut_with_tools(bound, item)
     response = _layout(bound, segs, enc, view.finish_reason == "length")
     return _Plan(prompt, response, None, "reconstructed", warnings)
+
+
+def _cut_with_tools(bound: BoundFormat, item: Item) -> list[str]:
+    """An answer cut by ``max_tokens`` to a request that offered tools, with no call in the
+    view: a tool parser may have dropped a section it could not parse (vLLM's DeepSeek parsers
+    return the text before it, and R1's ``</think>`` with it), so the end is not known."""
+    v = item.view
+    if v.finish_reason != "length" or v.tool_calls or not bound.format.has_tool_grammar:
+        return []
+    lost = "truncated_tool_call" if item.tools else bound.format.cut_loss(profile(v.server))
+    return [f"lossy:{lost}"] if lost else []
 
 
 def reconstruct(

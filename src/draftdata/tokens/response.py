@@ -106,6 +106,9 @@ def response_segments(
                 content = content.lstrip("\n")  # stripped by the server: the grammar's suffix
             if _spaced_markers(th, reasoning, content, cut, bool(view.tool_calls)):
                 warnings.append("lossy:special_token_spaces")
+            lost = fmt.think_loss(prof) if reasoning and not cut else None
+            if lost and f"lossy:{lost}" not in warnings:
+                warnings.append(f"lossy:{lost}")
     elif reasoning:
         raise ReconstructError(
             f"format {fmt.name} has no think markers for this tokenizer, but the response has "
@@ -138,6 +141,10 @@ def response_segments(
     if view.tool_calls:
         if prof.strips_tool_content:
             warnings.append("lossy:content_stripped")
+        if view.finish_reason == "length":
+            # a call cut by max_tokens: the server returned what it could parse, and the
+            # section is closed by the grammar where the model never wrote its end
+            warnings.append("lossy:truncated_tool_call")
         lost = fmt.tool_call_loss(view.tool_calls, prof)
         if lost:
             warnings.append(f"lossy:{lost}")
@@ -177,6 +184,8 @@ def _spaced_markers(th: Any, reasoning: str, content: str, cut: bool, tools: boo
     joined with one space). Told only where the grammar writes no whitespace on either side of
     the marker (Kimi): reasoning that ends in a space before it and an answer that starts with
     one after it. The model may have written both, so it is labelled, not undone."""
+    if th.prompt_opens and not th.open_suffix and reasoning.startswith(" "):
+        return True  # the space joined after the prompt's own open marker
     if th.close_prefix or th.close_suffix or cut or not reasoning.endswith(" "):
         return False
     return content.startswith(" ") or (not content and tools)

@@ -9,10 +9,12 @@ never counts it exact.
 
 Read from the servers' own parsers (non-streaming paths):
 
-- vLLM: the reasoning parsers split at the think markers and keep both sides verbatim (the
-  newlines the model wrote around ``</think>`` included); the Hermes-style tool parser keeps the
-  content before ``<tool_call>`` verbatim and re-dumps the arguments with ``json.dumps``; the
-  Kimi K2 tool parser matches ``\\s*`` around ids and arguments (whitespace there is lost).
+- vLLM (0.34.0, its own code run by ``benchmarks/vllm_oracle.py``): the reasoning parsers split
+  at the think markers and keep both sides verbatim (the newlines the model wrote around
+  ``</think>`` included), except Kimi's, which strips the whitespace that ends the reasoning; its
+  parser engine strips the content next to tool calls (whitespace-only content becomes null);
+  the Hermes-style tool parser re-dumps the arguments with ``json.dumps``; the Kimi K2 tool
+  parser matches ``\\s*`` around ids and arguments (whitespace there is lost).
 - SGLang: the reasoning detectors keep both sides verbatim; every tool detector strips the
   content before the tool-call section (``.strip()``) and re-dumps JSON arguments; Kimi ids are
   numbered by SGLang's own counter.
@@ -43,6 +45,10 @@ class ServerProfile:
     strips_kimi_tool_whitespace: bool
     #: Kimi tool-call ids are the server's own numbering, not the model's
     renumbers_kimi_ids: bool
+    #: the whitespace that ends Kimi's reasoning (before ``</think>``) is stripped
+    strips_kimi_reasoning_whitespace: bool = False
+    #: a tool-call section cut by max_tokens may be dropped (DeepSeek's parsers)
+    drops_cut_tool_sections: bool = False
     #: request fields that keep the view lossless, asked for by generation
     lossless_request: dict[str, Any] = field(default_factory=dict)
 
@@ -52,10 +58,14 @@ PROFILES: dict[str, ServerProfile] = {
     "vllm": ServerProfile(
         "vllm",
         think_verbatim=True,
-        strips_tool_content=False,
+        # run, not read (benchmarks/vllm_oracle.py on vLLM 0.34.0): its parser engine strips
+        # the content next to tool calls, and content that is only whitespace becomes null
+        strips_tool_content=True,
         redumps_json_arguments=True,
         strips_kimi_tool_whitespace=True,
         renumbers_kimi_ids=False,
+        strips_kimi_reasoning_whitespace=True,
+        drops_cut_tool_sections=True,
         lossless_request={"skip_special_tokens": False, "spaces_between_special_tokens": False},
     ),
     "sglang": ServerProfile(
