@@ -200,6 +200,17 @@ CASES = [
         lossy="think_whitespace",
     ),
     Case(
+        "kimi-thinking-off-spaced-after-the-prompt",
+        "kimi-k2",
+        "Four.<|im_end|>",
+        "vllm",
+        # vLLM's default request (spaces_between_special_tokens) joins a space after the
+        # prompt's last added token: measured with vLLM 0.34.0 (benchmarks/vllm_oracle.py)
+        ApiView(" Four.", "stop"),
+        lossy="special_token_spaces",
+        thinking=False,
+    ),
+    Case(
         "kimi-vllm-tool-call",
         "kimi-k2",
         "Weather first.</think>" + KIMI_CALL.format(n=0) + "<|im_end|>",

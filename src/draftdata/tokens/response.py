@@ -87,6 +87,10 @@ def response_segments(
             )
         else:
             reasoning = None
+            if th.prompt_opens and not th.open_suffix and content.startswith(" "):
+                # the space a spaced detokenizer joins after the prompt's last marker (Kimi's
+                # grammar writes none there; the model may have, so it is labelled)
+                warnings.append("lossy:special_token_spaces")
         if reasoning is not None:
             cut = view.finish_reason == "length" and not content and not view.tool_calls
             verbatim = _think_verbatim(prof, th, reasoning, content, cut, bool(view.tool_calls))
