@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..records import Decoding
+from ..records import Decoding, Repair
 from ..tokenizers import Tokenizer
 from .score import Scorer
 
@@ -56,17 +56,6 @@ PATH_MARGIN = 1.0
 LOOKAHEAD = 4
 #: repairs allowed in one answer; past it the answer is kept as repaired so far (still the same text)
 MAX_REPAIRS = 64
-
-
-@dataclass(frozen=True)
-class Repair:
-    """One change: at ``position`` (in the answer) ``old`` became ``new``."""
-
-    position: int
-    old: int
-    new: int
-    old_logprob: float
-    new_logprob: float
 
 
 @dataclass

@@ -106,12 +106,12 @@ def _keep(ledger: Ledger, model: str, threshold: float, batch: list[Scored]) -> 
 def run_report(ledger: Ledger, model: str | None = None) -> ScoreReport | None:
     """The stored scores added up per dataset and token source (``None`` when there are none)."""
     rep: ScoreReport | None = None
-    for _key, m, threshold, score, _fixes in ledger.scores():
-        if model is not None and m != model:
+    for stored in ledger.scores():
+        if model is not None and stored.model != model:
             continue
         if rep is None:
-            rep = ScoreReport(threshold)
-        rep.add(score)
+            rep = ScoreReport(stored.threshold)
+        rep.add(stored.score)
     return rep
 
 

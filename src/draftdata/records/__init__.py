@@ -286,6 +286,18 @@ class Flag:
 
 
 @dataclass(frozen=True)
+class Repair:
+    """One change the model stage made to an answer: at ``position`` (in the answer) ``old``
+    became ``new``, with both log-probabilities."""
+
+    position: int
+    old: int
+    new: int
+    old_logprob: float
+    new_logprob: float
+
+
+@dataclass(frozen=True)
 class SampleScore:
     """One sample's figures: log p of its trained tokens and the flags raised."""
 
@@ -297,6 +309,18 @@ class SampleScore:
     min_logprob: float
     flags: tuple[Flag, ...] = ()
     repairs: int = 0
+
+
+@dataclass(frozen=True)
+class StoredScore:
+    """A sample's score as the ledger keeps it: which model and threshold made it, and the
+    repairs it made."""
+
+    key: Key
+    model: str
+    threshold: float
+    score: SampleScore
+    repairs: tuple[Repair, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,18 @@ from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..records import Flag, Key, Message, Prompt, Provenance, Sample, SampleScore, ToolCall
+from ..records import (
+    Flag,
+    Key,
+    Message,
+    Prompt,
+    Provenance,
+    Repair,
+    Sample,
+    SampleScore,
+    StoredScore,
+    ToolCall,
+)
 
 
 def dumps(obj: Any) -> str:
@@ -182,7 +193,7 @@ def sample_of(key: Key, row: Sequence[Any]) -> Sample:
 
 
 def score_row(
-    model: str, threshold: float, s: SampleScore, repairs: Sequence[Any]
+    model: str, threshold: float, s: SampleScore, repairs: Sequence[Repair]
 ) -> tuple[Any, ...]:
     """A sample's score as the ``scores`` columns from ``model`` to ``repairs_json``."""
     flags = [[f.position, f.token, f.logprob, f.kind] for f in s.flags]
@@ -199,14 +210,11 @@ def score_row(
     )
 
 
-def score_of(key: Key, row: Sequence[Any]) -> tuple[SampleScore, list[dict[str, Any]]]:
+def score_of(key: Key, row: Sequence[Any]) -> StoredScore:
     """A score back from the columns ``model`` .. ``repairs_json``."""
     flags = tuple(Flag(p, t, lp, k) for p, t, lp, k in json.loads(row[6]))
-    fixes = [
-        {"position": p, "old": o, "new": n, "old_logprob": a, "new_logprob": b}
-        for p, o, n, a, b in json.loads(row[7])
-    ]
-    return (
-        SampleScore(key.sample_id, key.dataset, row[2], row[3], row[4], row[5], flags, len(fixes)),
-        fixes,
+    fixes = tuple(Repair(p, o, n, a, b) for p, o, n, a, b in json.loads(row[7]))
+    score = SampleScore(
+        key.sample_id, key.dataset, row[2], row[3], row[4], row[5], flags, len(fixes)
     )
+    return StoredScore(key, row[0], row[1], score, fixes)

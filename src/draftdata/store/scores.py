@@ -6,9 +6,8 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
 
-from ..records import Key, Sample, SampleScore
+from ..records import Key, Repair, Sample, SampleScore, StoredScore
 from . import codec
 
 
@@ -17,7 +16,12 @@ class ScoresMixin:
 
     # --- scores (the model stage) ----------------------------------------------------------
     def put_score(
-        self, key: Key, model: str, threshold: float, score: SampleScore, repairs: Sequence[Any]
+        self,
+        key: Key,
+        model: str,
+        threshold: float,
+        score: SampleScore,
+        repairs: Sequence[Repair],
     ) -> None:
         self.db.execute(
             "INSERT OR REPLACE INTO scores VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -37,15 +41,14 @@ class ScoresMixin:
         ).fetchall()
         return {Key(*r) for r in rows}
 
-    def scores(self) -> Iterator[tuple[Key, str, float, SampleScore, list[dict[str, Any]]]]:
-        """Every stored score: key, model, threshold, the score and its repairs."""
+    def scores(self) -> Iterator[StoredScore]:
+        """Every stored score, with the model and threshold that made it and its repairs."""
         if not self._has_table("scores"):
             return
         for r in self.db.execute(
             "SELECT * FROM scores ORDER BY dataset, prompt_id, sample_idx, turn"
         ).fetchall():
-            key = Key(*r[:4])
-            yield key, r[4], r[5], *codec.score_of(key, r[4:12])
+            yield codec.score_of(Key(*r[:4]), r[4:12])
 
     def sample_keys(self, dataset: str) -> list[Key]:
         """The keys of a dataset's samples, in the order ``samples`` yields them."""
