@@ -243,11 +243,11 @@ def test_pending_conversations_page_through_the_dataset_in_source_order(tmp_path
     assert led.work_counts("d") == (80, 77)
     got, after = [], -1
     while True:
-        page, last = led.pending_chains("d", after, 7)
-        if last is None:
+        page = led.pending_chains("d", after, 7)
+        if page.next_after is None:
             break
-        got += [(p.id, s, k) for p, s, k in page]
-        after = last
+        got += [(c.prompt.id, c.sample, c.answered) for c in page.chains]
+        after = page.next_after
     want = [(pid, s) for pid in ids for s in range(2) if (pid, s) != ("p00", 0)]
     assert [(pid, s) for pid, s, _ in got] == want
     assert [k for pid, s, k in got if (pid, s) == ("p07", 1)] == [1]

@@ -362,14 +362,20 @@ class Runner(SamplesMixin):
         with its stored answers where it has some (a resumed conversation)."""
         after = -1
         while True:
-            got, last = self.ledger.pending_chains(d.name, after, PROMPT_WINDOW)
-            if last is None:
+            page = self.ledger.pending_chains(d.name, after, PROMPT_WINDOW)
+            if page.next_after is None:
                 return
-            after = last
-            if got:
+            after = page.next_after
+            if page.chains:
                 yield [
-                    Chain(p, s, self.ledger.chain_responses(d.name, p.id, s) if n else {})
-                    for p, s, n in got
+                    Chain(
+                        c.prompt,
+                        c.sample,
+                        self.ledger.chain_responses(d.name, c.prompt.id, c.sample)
+                        if c.answered
+                        else {},
+                    )
+                    for c in page.chains
                 ]
 
     def first_prompts(self, d: DatasetCfg, page: list[Chain]) -> list[Chain]:

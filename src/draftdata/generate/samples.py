@@ -63,8 +63,9 @@ class SamplesMixin:
     def conversations(self, d: DatasetCfg) -> Iterator[Answered]:
         """Every stored answer with the conversation it answered (on-policy history rebuilt),
         streamed from the ledger a conversation at a time."""
-        for p, s, rows in self.ledger.iter_chains(d.name):
-            turns = {r.key.turn: r for r in rows}
+        for chain in self.ledger.iter_chains(d.name):
+            p, s = chain.prompt, chain.sample
+            turns = {r.key.turn: r for r in chain.responses}
             own: list[Message] = []
             for t in range(n_turns(p, d.turns)):
                 r = turns.get(t)

@@ -226,6 +226,34 @@ class Drop:
 
 
 @dataclass(frozen=True)
+class PendingChain:
+    """A conversation (prompt, sample) with a turn still to ask, and how many of its turns are
+    answered."""
+
+    prompt: Prompt
+    sample: int
+    answered: int
+
+
+@dataclass(frozen=True)
+class ChainPage:
+    """One page of a run's pending conversations, and the position to read the next from
+    (None past the last prompt)."""
+
+    chains: tuple[PendingChain, ...]
+    next_after: int | None
+
+
+@dataclass(frozen=True)
+class AnsweredChain:
+    """An answered conversation: its prompt, sample and stored answers in turn order."""
+
+    prompt: Prompt
+    sample: int
+    responses: tuple[StoredResponse, ...]
+
+
+@dataclass(frozen=True)
 class Sample:
     """Token ids a trainer consumes: ``input_ids`` = prompt ids + response ids, ``loss_mask``
     True exactly on the trained ids (the response, including the end-of-turn marker when the

@@ -9,7 +9,15 @@ from collections.abc import Iterator, Sequence
 from itertools import groupby
 from typing import Any
 
-from ..records import Key, Prompt, Sample, StoredResponse
+from ..records import (
+    AnsweredChain,
+    ChainPage,
+    Key,
+    PendingChain,
+    Prompt,
+    Sample,
+    StoredResponse,
+)
 from . import codec
 
 #: a stored answer's columns (``_stored`` reads them in this order) and where they come from
@@ -48,9 +56,7 @@ class ReadsMixin:
         ).fetchone()
         return int(total), int(todo)
 
-    def pending_chains(
-        self, dataset: str, after: int, limit: int
-    ) -> tuple[list[tuple[Prompt, int, int]], int | None]:
+    def pending_chains(self, dataset: str, after: int, limit: int) -> ChainPage:
         """The conversations (prompt, sample) with a turn still to ask among the ``limit``
         prompts after position ``after``, in order, each with how many of its turns are
         answered; and the position to ask from next (None past the last prompt). A run pages
@@ -63,14 +69,14 @@ class ReadsMixin:
             "GROUP BY p.idx, w.sample_idx ORDER BY p.idx, w.sample_idx",
             (dataset, after, limit),
         ).fetchall()
-        out: list[tuple[Prompt, int, int]] = []
+        out: list[PendingChain] = []
         last: Prompt | None = None
         for r in rows:
             if r[6]:
                 if last is None or last.id != r[1]:
                     last = codec.prompt_of(r[1], dataset, r[2], r[3], r[4])
-                out.append((last, r[5], r[7]))
-        return out, (rows[-1][0] if rows else None)
+                out.append(PendingChain(last, r[5], r[7]))
+        return ChainPage(tuple(out), rows[-1][0] if rows else None)
 
     def chain_responses(
         self, dataset: str, prompt_id: str, sample: int
@@ -81,7 +87,7 @@ class ReadsMixin:
         ).fetchall()
         return {s.key.turn: s for s in map(_stored, rows)}
 
-    def iter_chains(self, dataset: str) -> Iterator[tuple[Prompt, int, list[StoredResponse]]]:
+    def iter_chains(self, dataset: str) -> Iterator[AnsweredChain]:
         """Every answered conversation of a dataset with its prompt and stored answers (turn
         order), one at a time (a cursor in the responses' key order: memory holds one
         conversation)."""
@@ -95,10 +101,10 @@ class ReadsMixin:
         for (pid, s), group in groupby(rows, key=lambda r: (r[1], r[2])):
             chain = list(group)
             head = chain[0]
-            yield (
+            yield AnsweredChain(
                 codec.prompt_of(pid, dataset, head[13], head[14], head[15]),
                 s,
-                [_stored(r) for r in chain],
+                tuple(_stored(r) for r in chain),
             )
 
     _RESPONSE = f"SELECT {_COLUMNS} {_FROM} WHERE r.dataset=?"
