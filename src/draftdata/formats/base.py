@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import FormatError, MarkerError
-from ..records import FINISHED, Message, ToolCall
+from ..records import FINISHED, Message, ServerProfile, ToolCall
 from ..tokenizers import Tokenizer
 from .segments import Segment, Special, Text, encode_segments, merge_text, segments_text, train
 
@@ -160,22 +160,22 @@ class ChatFormat:
         raise FormatError(f"format {self.name} has no tool-call grammar")
 
     def with_model_ids(
-        self, calls: Sequence[ToolCall], history: Sequence[Message], server: Any
+        self, calls: Sequence[ToolCall], history: Sequence[Message], server: ServerProfile
     ) -> tuple[tuple[ToolCall, ...], int]:
         """The calls with the ids the model itself wrote, where a server rewrote them and the
         model's numbering rule gives them back; and how many were rebuilt."""
         return tuple(calls), 0
 
-    def tool_call_loss(self, calls: Sequence[ToolCall], server: Any) -> str | None:
+    def tool_call_loss(self, calls: Sequence[ToolCall], server: ServerProfile) -> str | None:
         """What a server's tool parser lost of these calls for good (``lossy:<reason>``), or
         None where the view keeps everything the model wrote."""
         return None
 
-    def think_loss(self, server: Any) -> str | None:
+    def think_loss(self, server: ServerProfile) -> str | None:
         """What a server's reasoning parser lost of this family's reasoning for good, or None."""
         return None
 
-    def cut_loss(self, server: Any) -> str | None:
+    def cut_loss(self, server: ServerProfile) -> str | None:
         """What a server's tool parser may have dropped of an answer cut by ``max_tokens`` that
         came back with no call (a section it could not parse), or None."""
         return None

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..records import Message, ToolCall
+from ..records import Message, ServerProfile, ToolCall
 from ..tokenizers import Tokenizer
 from ._common import _between, _text
 from .base import ChatFormat, MarkerSpec, ThinkGrammar
@@ -26,7 +26,7 @@ class DeepSeekV3Format(ChatFormat):
 
     supports_tools: bool = False
 
-    def cut_loss(self, server: Any) -> str | None:
+    def cut_loss(self, server: ServerProfile) -> str | None:
         # vLLM's DeepSeek tool parsers drop a tool-call section cut by max_tokens and return the
         # text before it (R1's close marker went with it): the view cannot show whether it did
         return "truncated_tool_call" if server.drops_cut_tool_sections else None

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..records import Message, ToolCall
+from ..records import Message, ServerProfile, ToolCall
 from ._common import _between, _text
 from .base import ChatFormat, MarkerSpec, ThinkGrammar, tojson
 from .segments import Segment, Special, Text
@@ -44,7 +44,7 @@ class KimiK2Format(ChatFormat):
         return tuple(calls)
 
     def with_model_ids(
-        self, calls: Sequence[ToolCall], history: Sequence[Message], server: Any
+        self, calls: Sequence[ToolCall], history: Sequence[Message], server: ServerProfile
     ) -> tuple[tuple[ToolCall, ...], int]:
         # Kimi writes ``functions.NAME:N``, N counting the conversation's tool calls from 0
         # (Moonshot's tool-call guidance); providers rewrite ids (``call_...``) and SGLang
@@ -60,12 +60,12 @@ class KimiK2Format(ChatFormat):
             out.append(c)
         return tuple(out), rebuilt
 
-    def think_loss(self, server: Any) -> str | None:
+    def think_loss(self, server: ServerProfile) -> str | None:
         # vLLM's Kimi parser strips the whitespace that ends the reasoning: `.\n</think>` comes
         # back as `.</think>`, and the grammar has no whitespace there to restore
         return "think_whitespace" if server.strips_kimi_reasoning_whitespace else None
 
-    def tool_call_loss(self, calls: Sequence[ToolCall], server: Any) -> str | None:
+    def tool_call_loss(self, calls: Sequence[ToolCall], server: ServerProfile) -> str | None:
         # vLLM's and SGLang's Kimi parsers match whitespace around the id and the arguments
         return "tool_whitespace_stripped" if server.strips_kimi_tool_whitespace else None
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FormatError
-from ..records import Message, ToolCall
+from ..records import Message, ServerProfile, ToolCall
 from ._common import _between, _text, _unstring
 from .base import ChatFormat, MarkerSpec, ThinkGrammar, separator, tojson
 from .segments import Segment, Special, Text
@@ -146,7 +146,7 @@ class Qwen3Format(ChatFormat):
             )
         return tuple(calls)
 
-    def tool_call_loss(self, calls: Sequence[ToolCall], server: Any) -> str | None:
+    def tool_call_loss(self, calls: Sequence[ToolCall], server: ServerProfile) -> str | None:
         # arguments that are not JSON are written as they came, inside the call's JSON
         # (render_tool_calls): labelled, not dropped. A parser that does not re-dump them may
         # pass on the model's own text, and then the splice is exactly what the model wrote
@@ -348,7 +348,7 @@ class Qwen35Format(Qwen3Format):
             calls.append(ToolCall(m.group(1), tojson(args), f"call_{len(calls)}"))
         return tuple(calls)
 
-    def tool_call_loss(self, calls: Sequence[ToolCall], server: Any) -> str | None:
+    def tool_call_loss(self, calls: Sequence[ToolCall], server: ServerProfile) -> str | None:
         # parameters are text between tags; a parser turns them into JSON values by the
         # schema's types (numbers, booleans, objects) and trims the newlines around them: only
         # plain strings without edge newlines come back as the model wrote them

@@ -125,6 +125,31 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class ServerProfile:
+    """What a server's reasoning and tool parsers do to a model's raw output before we see it
+    (``tokens.servers`` holds one per server); the chat formats read it to say what is lost."""
+
+    name: str
+    #: reasoning and content come back exactly as written around the think markers (None: tell
+    #: from the answer's newlines)
+    think_verbatim: bool | None
+    #: the content before a tool-call section comes back stripped
+    strips_tool_content: bool
+    #: JSON tool-call arguments come back re-serialised (json.dumps of the parsed object)
+    redumps_json_arguments: bool
+    #: whitespace around Kimi tool-call ids and arguments is stripped
+    strips_kimi_tool_whitespace: bool
+    #: Kimi tool-call ids are the server's own numbering, not the model's
+    renumbers_kimi_ids: bool
+    #: the whitespace that ends Kimi's reasoning (before ``</think>``) is stripped
+    strips_kimi_reasoning_whitespace: bool = False
+    #: a tool-call section cut by max_tokens may be dropped (DeepSeek's parsers)
+    drops_cut_tool_sections: bool = False
+    #: request fields that keep the view lossless, asked for by generation
+    lossless_request: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Completion:
     """One successful answer from a backend, with everything the ledger stores verbatim:
     the request body and the response as the provider sent them (``request``/``response`` are

@@ -25,32 +25,11 @@ Read from the servers' own parsers (non-streaming paths):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from ..records import ServerProfile
 
 SERVERS = ("auto", "vllm", "sglang", "openrouter")
 
-
-@dataclass(frozen=True)
-class ServerProfile:
-    name: str
-    #: reasoning and content come back exactly as written around the think markers (None: tell
-    #: from the answer's newlines)
-    think_verbatim: bool | None
-    #: the content before a tool-call section comes back stripped
-    strips_tool_content: bool
-    #: JSON tool-call arguments come back re-serialised (json.dumps of the parsed object)
-    redumps_json_arguments: bool
-    #: whitespace around Kimi tool-call ids and arguments is stripped
-    strips_kimi_tool_whitespace: bool
-    #: Kimi tool-call ids are the server's own numbering, not the model's
-    renumbers_kimi_ids: bool
-    #: the whitespace that ends Kimi's reasoning (before ``</think>``) is stripped
-    strips_kimi_reasoning_whitespace: bool = False
-    #: a tool-call section cut by max_tokens may be dropped (DeepSeek's parsers)
-    drops_cut_tool_sections: bool = False
-    #: request fields that keep the view lossless, asked for by generation
-    lossless_request: dict[str, Any] = field(default_factory=dict)
+__all__ = ["PROFILES", "SERVERS", "ServerProfile", "profile"]
 
 
 PROFILES: dict[str, ServerProfile] = {
