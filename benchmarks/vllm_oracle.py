@@ -61,6 +61,7 @@ from draftdata.formats import get_format  # noqa: E402
 from draftdata.records import Message  # noqa: E402
 from draftdata.records.wire import view_from_record  # noqa: E402
 from draftdata.tokenizers import load_tokenizer  # noqa: E402
+from draftdata.tokenizers.hf import _bytes_to_unicode  # noqa: E402
 from draftdata.tokens.reconstruct import reconstruct  # noqa: E402
 
 USER = "What is the weather in Paris, and what is two plus two?"
@@ -83,20 +84,7 @@ TOOLS = [
 # --- transformers tokenizers from the local files (vLLM takes a transformers tokenizer) --------
 
 
-def _byte_unicode() -> dict[int, str]:
-    """GPT-2's bytes-to-unicode table (the byte-level alphabet of every vocabulary here)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
-
-
-B2U = _byte_unicode()
+B2U = _bytes_to_unicode()  # GPT-2's byte-level alphabet, as draftdata's HF loader has it
 U2B = {v: k for k, v in B2U.items()}
 
 

@@ -120,3 +120,20 @@ sampling = {{ temperature = 0.0, max_tokens = 256 }}
     p = tmp / "manifest.toml"
     p.write_text(text)
     return p
+
+
+def peak_generate(m: Path) -> tuple[subprocess.CompletedProcess[str], int]:
+    """``draftdata generate m`` in a process that reports its own peak RSS in kB as it exits
+    (VmHWM of its own address space: ru_maxrss would start from pytest's peak at fork)."""
+    probe = (
+        "import runpy, sys\n"
+        "sys.argv = ['draftdata', 'generate', sys.argv[1], '--quiet']\n"
+        "try:\n    runpy.run_module('draftdata', run_name='__main__')\n"
+        "finally:\n"
+        "    hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')]\n"
+        "    print('peak_kb', hwm[0].split()[1], file=sys.stderr)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", probe, str(m)], capture_output=True, text=True, timeout=600
+    )
+    return r, int(r.stderr.split("peak_kb")[-1].split()[0])

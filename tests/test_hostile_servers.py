@@ -20,6 +20,7 @@ import pytest
 from conftest import GROUNDTRUTH, TOKENIZERS
 from draftdata.store import codec
 from hostile import ANSWER, Hostile, Stream, completion, honest, tokens
+from servers import peak_generate
 from test_audit_cli import run
 
 GT = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
@@ -270,23 +271,6 @@ def test_the_budget_charges_its_own_count_whatever_usage_says(tmp_path, liar):
 
 
 # --- memory ---------------------------------------------------------------------------------
-
-
-def peak_generate(m: Path) -> tuple[subprocess.CompletedProcess[str], int]:
-    """``generate`` in a process that reports its own peak RSS (VmHWM: ru_maxrss would start
-    from pytest's peak at fork)."""
-    probe = (
-        "import runpy, sys\n"
-        "sys.argv = ['draftdata', 'generate', sys.argv[1], '--quiet']\n"
-        "try:\n    runpy.run_module('draftdata', run_name='__main__')\n"
-        "finally:\n"
-        "    hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')]\n"
-        "    print('peak_kb', hwm[0].split()[1], file=sys.stderr)\n"
-    )
-    r = subprocess.run(
-        [sys.executable, "-c", probe, str(m)], capture_output=True, text=True, timeout=600
-    )
-    return r, int(r.stderr.split("peak_kb")[-1].split()[0])
 
 
 #: 4.1 million characters (under a 4 MiB cap that counts characters), 12.3 MB of UTF-8

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import GROUNDTRUTH
 from draftdata.store import codec
-from servers import manifest, replay_server, stats
+from servers import manifest, peak_generate, replay_server, stats
 from test_audit_cli import run
 
 GT = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
@@ -379,22 +379,9 @@ def test_a_16_mib_answer_is_stored_quarantined_and_memory_stays_flat(tmp_path):
     src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:3])
     with replay_server(GROUNDTRUTH, "--faults", "huge=1.0") as url:
         m = manifest(tmp_path, url, src, limit=3, turns="first")
-        # the generate process reports its own peak RSS as it exits: VmHWM of its own address
-        # space (ru_maxrss would start from the parent's peak at fork, here pytest's)
-        probe = (
-            "import runpy, sys\n"
-            "sys.argv = ['draftdata', 'generate', sys.argv[1], '--quiet']\n"
-            "try:\n    runpy.run_module('draftdata', run_name='__main__')\n"
-            "finally:\n"
-            "    hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')]\n"
-            "    print('peak_kb', hwm[0].split()[1], file=sys.stderr)\n"
-        )
-        r = subprocess.run(
-            [sys.executable, "-c", probe, str(m)], capture_output=True, text=True, timeout=600
-        )
+        r, peak_kb = peak_generate(m)
     # far past max_tokens: the backend stops (the answers already in flight are stored)
     assert r.returncode == 1 and "ignores max_tokens" in r.stderr, r.stderr
-    peak_kb = int(r.stderr.split("peak_kb")[-1].split()[0])
     print(f"peak RSS of generate with a 16 MiB answer: {peak_kb / 1024:.0f} MB")
     assert peak_kb < 300 * 1024, f"peak RSS {peak_kb / 1024:.0f} MB"
     st = json.loads(run("status", str(m), "--json").stdout)["datasets"]["gt"]

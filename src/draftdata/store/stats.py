@@ -146,10 +146,7 @@ def status(led: Ledger) -> RunStatus:
     ):
         if checked:
             d(dataset)["template_drift"] = (checked, bad)
-    has_inflight = db.execute(
-        "SELECT 1 FROM sqlite_master WHERE name='inflight'"
-    ).fetchone()  # a ledger of an older draftdata, read-only, has none
-    if has_inflight:
+    if led._has_table("inflight"):  # a ledger of an older draftdata, read-only, has none
         for dataset, state, n, usd in db.execute(
             "SELECT dataset, state, count(*), sum(estimate_usd) FROM inflight "
             "GROUP BY dataset, state"

@@ -326,16 +326,21 @@ class OpenAIBackend(Backend):
         the wrong type or out of bounds) is still a Completion: it is paid for, so it is stored
         verbatim and quarantined with its reason."""
         size = len(reply.body)
+
+        def unread(
+            stand_in: dict[str, Any], problem: str, counted: int | None = None
+        ) -> Completion:
+            """A paid answer that is not parsed: stored as it came, quarantined with why."""
+            got = WireAnswer(stand_in, "stop", ApiView(None, "stop"))
+            return self._completion(
+                req, body, text, t0, latency, got, problem=problem, counted=counted
+            )
+
         if reply.cut or size > self.cfg.max_answer_bytes:
             more = "more than " if reply.cut else ""
-            return self._completion(
-                req,
-                body,
-                text,
-                t0,
-                latency,
-                WireAnswer({"oversized_bytes": size}, "stop", ApiView(None, "stop")),
-                problem=f"oversized: {more}{size:,} bytes, more than "
+            return unread(
+                {"oversized_bytes": size},
+                f"oversized: {more}{size:,} bytes, more than "
                 f"max_answer_bytes = {self.cfg.max_answer_bytes:,}"
                 + (" (the rest was not read)" if reply.cut else ""),
                 counted=size // BYTES_PER_TOKEN,
@@ -347,14 +352,9 @@ class OpenAIBackend(Backend):
         try:
             reply.body.decode("utf-8")
         except UnicodeDecodeError as e:
-            return self._completion(
-                req,
-                body,
-                text,
-                t0,
-                latency,
-                WireAnswer({"invalid_utf8_at": e.start}, "stop", ApiView(None, "stop")),
-                problem=f"invalid_utf8: byte {e.start:,} of the body is not UTF-8",
+            return unread(
+                {"invalid_utf8_at": e.start},
+                f"invalid_utf8: byte {e.start:,} of the body is not UTF-8",
             )
         if probing:
             ch = got.data["choices"][0]
