@@ -1,0 +1,49 @@
+"""Files written whole or not at all: the one atomic writer every stage uses.
+
+A file is written under a temporary name in its own folder (``.NAME.PID.tmp``), then renamed
+over the target in one step, so a reader, or a run killed mid-write, sees the old file or the
+new one and never half of one. A write that fails removes its temporary file."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+__all__ = ["atomic_path", "write_bytes", "write_json", "write_text"]
+
+
+@contextmanager
+def atomic_path(path: Path | str) -> Iterator[Path]:
+    """The temporary path to write ``path`` through: renamed over ``path`` when the block ends
+    without an error, removed when it raises. The folder is made where missing."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_bytes(path: Path | str, data: bytes) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def write_text(path: Path | str, text: str) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def write_json(path: Path | str, doc: Any, indent: int | None = 2) -> Path:
+    """``doc`` as JSON (UTF-8, not ASCII-escaped; values JSON cannot hold written with str)."""
+    text = json.dumps(doc, indent=indent, ensure_ascii=False, default=str) + "\n"
+    return write_text(path, text)
