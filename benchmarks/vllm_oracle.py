@@ -59,10 +59,11 @@ from tokenizers import AddedToken, Tokenizer, decoders, models  # noqa: E402
 from draftdata.errors import DraftdataError  # noqa: E402
 from draftdata.formats import get_format  # noqa: E402
 from draftdata.records import Message  # noqa: E402
+from draftdata.records.wire import raw_ids as wire_raw_ids  # noqa: E402
 from draftdata.records.wire import view_from_record  # noqa: E402
 from draftdata.tokenizers import load_tokenizer  # noqa: E402
 from draftdata.tokenizers.hf import _bytes_to_unicode  # noqa: E402
-from draftdata.tokens.reconstruct import reconstruct  # noqa: E402
+from draftdata.tokens.reconstruct import Item, reconstruct, reconstruct_many  # noqa: E402
 
 USER = "What is the weather in Paris, and what is two plus two?"
 TOOLS = [
@@ -278,8 +279,22 @@ def hf_tokenizer(fam: Family) -> Any:
 # --- vLLM's view -------------------------------------------------------------------------------
 
 VARIANTS = {
+    # what draftdata sends a vLLM server: the profile's fields and return_token_ids (asked on
+    # the first request, kept while the server accepts it; generate/backends/openai_api.py)
+    "ids": {
+        "skip_special_tokens": False, "spaces_between_special_tokens": False,
+        "return_token_ids": True,
+    },
+    "ids-default": {"return_token_ids": True},  # the same with vLLM's defaults (extra_body)
+    # text-only views, where ids are not offered (a proxy in front, a vLLM before 0.10.2)
     "profile": {"skip_special_tokens": False, "spaces_between_special_tokens": False},
     "default": {},  # vLLM's defaults: skip_special_tokens and spaces_between_special_tokens true
+}  # fmt: skip
+VARIANT_TITLE = {
+    "ids": "draftdata's request: profile fields + return_token_ids",
+    "ids-default": "return_token_ids with vLLM's defaults (profile fields overridden)",
+    "profile": "text only: skip_special_tokens/spaces false",
+    "default": "text only: vLLM defaults",
 }
 
 
@@ -360,9 +375,12 @@ def vllm_response(
             "stop" if finished else "length", request, bool(message.tool_calls)
         ),
         stop_reason=None,
+        # chat_completion_full_generator: the engine output's ids where they were asked for
+        token_ids=list(ids) if request.return_token_ids else None,
     )
     resp = ChatCompletionResponse(
         id="chatcmpl-r", model="m", choices=[choice],
+        prompt_token_ids=list(prompt_ids) if request.return_token_ids else None,
         usage=UsageInfo(prompt_tokens=len(prompt_ids), completion_tokens=len(ids),
                         total_tokens=len(prompt_ids) + len(ids)),
     )  # fmt: skip
@@ -421,6 +439,10 @@ LABEL_PARTS = {
     "arguments_converted": {"tool section"},
     "tool_whitespace_stripped": {"tool section"},
     "control_text_in_answer": {"any"},
+    # a call cut by max_tokens: the section the server returned (or dropped, from its first
+    # marker on) and the end the grammar closed it with
+    "truncated_tool_call": {"tool section", "end", "marker"},
+    "reasoning_without_answer": {"reasoning", "after </think>", "marker </think>", "end"},
 }
 
 
@@ -436,11 +458,19 @@ def classify(bound: Any, truth: list[int], resp: dict[str, Any], server: str, th
     view = view_from_record({"response": resp})
     if server != "auto":
         view = replace(view, server=server)
+    out_ids, prompt_ids = wire_raw_ids(resp)
     try:
+        if out_ids is not None:  # the tokens stage's path for a view with ids (token source engine)
+            s = _from_ids(bound, view, out_ids, prompt_ids, TOOLS, thinking)
+            if isinstance(s, DraftdataError) and "tool" in str(s):  # template without schemas
+                s = _from_ids(bound, view, out_ids, prompt_ids, (), thinking)
+            if isinstance(s, DraftdataError):
+                raise s
+            return _compared(s, truth, view, bound)
         # the request offered TOOLS, as vLLM's was; a format whose template takes no tool schemas
         # (DeepSeek V3.1) is rebuilt without them, as a run would have to
         try:
-            s = reconstruct(bound, (Message("user", USER),), view, tools=TOOLS, thinking=thinking)
+            s = reconstruct(bound, (Message("user", USER),), view, tools=TOOLS, thinking=thinking)  # noqa: E501
         except DraftdataError as e:
             if getattr(e, "reason", "") != "tools_not_rendered" and "tool" not in str(e):
                 raise
@@ -448,6 +478,16 @@ def classify(bound: Any, truth: list[int], resp: dict[str, Any], server: str, th
     except DraftdataError as e:
         return {"class": "dropped", "reason": getattr(e, "reason", type(e).__name__),
                 "detail": str(e)[:160], "server": view.server}  # fmt: skip
+    return _compared(s, truth, view, bound)
+
+
+def _from_ids(bound: Any, view: Any, out: Any, prompt: Any, tools: Any, thinking: bool) -> Any:
+    item = Item((Message("user", USER),), view, tools, output_ids=out, server_prompt_ids=prompt)
+    (s,) = reconstruct_many(bound, [item], thinking=thinking)
+    return s
+
+
+def _compared(s: Any, truth: list[int], view: Any, bound: Any) -> dict[str, Any]:
     got = list(s.response_ids)
     labels = [w for w in s.warnings if w.startswith("lossy:")]
     k = first_divergence(got, truth)
@@ -541,8 +581,7 @@ def report(rows: list[dict[str, Any]], elapsed: float, version: str, n_cases: in
         for variant in VARIANTS:
             sel = [r for r in rows if r.get("server_mode", server) == server
                    and r["variant"] == variant]  # fmt: skip
-            print(f"\n== --server {server}, request: {variant} "
-                  f"({'skip_special_tokens/spaces false' if variant == 'profile' else 'vLLM defaults'})")  # fmt: skip
+            print(f"\n== --server {server}, request: {variant} ({VARIANT_TITLE[variant]})")
             print(f"{'parser':<15}" + "".join(f"{c:>13}" for c in CLASSES)
                   + f"{'lossy share':>13}{'label@div':>11}")  # fmt: skip
             by = defaultdict(list)

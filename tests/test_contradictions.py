@@ -95,3 +95,30 @@ def test_tool_calls_for_a_format_with_no_tool_grammar_are_dropped(bound):
     with pytest.raises(ReconstructError) as e:
         reconstruct(b, USER, ApiView(None, "tool_calls", tool_calls=(PARIS,)))
     assert e.value.reason == "tool_calls_without_grammar"
+
+
+@pytest.mark.parametrize("server", ["vllm", "sglang", "auto", "openrouter"])
+def test_reasoning_with_no_answer_after_it_is_labelled(bound, server):
+    """vLLM's Qwen3.5 parser cut the reasoning where the model typed ``<tool_call>`` as text
+    and returned nothing after it (content null, no call, finish ``stop``): run through vLLM
+    0.34.0's own parser by benchmarks/vllm_oracle.py (case q35-typed-tool-call-in-reasoning).
+    Rebuilt as ``</think><|im_end|>``, the ids differed from the model's with no label. A
+    finished answer that is nothing but reasoning is also what vLLM returns for a model that
+    wrote only whitespace after ``</think>`` (whitespace-only content becomes null), so the
+    ids after the reasoning are a guess either way."""
+    b = bound("qwen3.5")
+    raw_head = "<think>\nCalls look like "
+    typed = b.tokenizer.encode("<tool_call>")  # typed as text: ordinary ids
+    truth = [*_truth(b, raw_head), *typed, *_truth(b, " this.\n</think>\n\nOk.<|im_end|>")]
+    view = ApiView(None, "stop", "Calls look like ", server=server)
+    s = reconstruct(b, USER, view, thinking=True)
+    assert list(s.response_ids) != truth[1:]  # the view cannot give the model's ids back
+    assert "lossy:reasoning_without_answer" in s.warnings
+
+
+def test_an_answer_after_the_reasoning_carries_no_such_label(bound):
+    b = bound("qwen3.5")
+    s = reconstruct(b, USER, ApiView("\n\nOk.", "stop", "\nShort.\n", server="vllm"), thinking=True)
+    assert not any(w.startswith("lossy:reasoning_without") for w in s.warnings)
+    cut = reconstruct(b, USER, ApiView(None, "length", "\nShort", server="vllm"), thinking=True)
+    assert not any(w.startswith("lossy:reasoning_without") for w in cut.warnings)

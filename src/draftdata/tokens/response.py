@@ -132,6 +132,11 @@ def response_segments(
             "could not read them); the model's ids for that section are unknown",
             "tool_calls_finish_without_calls",
         )
+    if reasoning and not content.strip() and not view.tool_calls and view.finish_reason in FINISHED:
+        # a finished answer that is only reasoning: a parser that cut the reasoning at marker
+        # text the model typed returns this (vLLM's Qwen3.5), and so does one that nulls
+        # whitespace-only content; what followed the reasoning is unknown either way
+        warnings.append("lossy:reasoning_without_answer")
     if _holds_control_text(bound, content, reasoning or ""):
         # a control token's text in the answer: the model most likely wrote the token (a
         # parser that failed returns the raw output, markers as text), and text is never
