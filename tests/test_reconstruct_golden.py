@@ -121,17 +121,28 @@ def test_kimi_template_drops_final_reasoning_unless_preserve_thinking(bound):
 
 
 def test_deepseek_v3_reasoning_without_think_tokens_is_refused(bound):
+    """DeepSeek V3's vocabulary has no think tokens, so an answer with reasoning cannot be laid
+    out in ids: reconstruct refuses it with its documented reason instead of inventing markers.
+    That the vocabulary lacks them is read from the tokenizer files, not from our format code."""
     from draftdata.errors import ReconstructError
     from draftdata.records import ApiView
 
+    folder = Path(REAL["deepseek-v3"][0])
+    spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    added = {t["content"] for t in spec["added_tokens"]}
+    assert len(added) > 800 and "<｜Assistant｜>" in added  # the real file, read right
+    assert not {t for t in added if "think" in t.lower()}
+    assert not {"<think>", "</think>"} & set(spec["model"]["vocab"])
     b = bound("deepseek-v3")
-    with pytest.raises(ReconstructError, match="no think markers"):
-        reconstruct(
-            b,
-            messages_of([{"role": "user", "content": "q"}]),
-            ApiView(content="a", reasoning="r", finish_reason="stop"),
-        )
-    assert REAL["deepseek-v3"][1] == "deepseek-v3"
+    assert b.format.think is None  # our format agrees with the file
+    user = messages_of([{"role": "user", "content": "q"}])
+    with pytest.raises(ReconstructError) as refused:
+        reconstruct(b, user, ApiView(content="a", reasoning="r", finish_reason="stop"))
+    assert refused.value.reason == "reasoning_without_think_grammar"
+    assert "has no think markers" in str(refused.value)
+    # the refusal is for the reasoning alone: the same answer without it reconstructs
+    s = reconstruct(b, user, ApiView(content="a", reasoning=None, finish_reason="stop"))
+    assert s.response_ids == [*b.tokenizer.encode("a"), b.end_id]
 
 
 @pytest.mark.parametrize(("key", "doc", "case"), [c for c in _cases() if c.values[2]["tool_calls"]])
