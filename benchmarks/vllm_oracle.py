@@ -286,7 +286,7 @@ VARIANTS = {
         "return_token_ids": True,
     },
     "ids-default": {"return_token_ids": True},  # the same with vLLM's defaults (extra_body)
-    # text-only views, where ids are not offered (a proxy in front, a vLLM before 0.10.2)
+    # text-only views, where ids are not offered (a proxy in front, an older vLLM without it)
     "profile": {"skip_special_tokens": False, "spaces_between_special_tokens": False},
     "default": {},  # vLLM's defaults: skip_special_tokens and spaces_between_special_tokens true
 }  # fmt: skip
@@ -470,7 +470,7 @@ def classify(bound: Any, truth: list[int], resp: dict[str, Any], server: str, th
         # the request offered TOOLS, as vLLM's was; a format whose template takes no tool schemas
         # (DeepSeek V3.1) is rebuilt without them, as a run would have to
         try:
-            s = reconstruct(bound, (Message("user", USER),), view, tools=TOOLS, thinking=thinking)  # noqa: E501
+            s = reconstruct(bound, (Message("user", USER),), view, tools=TOOLS, thinking=thinking)
         except DraftdataError as e:
             if getattr(e, "reason", "") != "tools_not_rendered" and "tool" not in str(e):
                 raise
