@@ -267,8 +267,9 @@ def parse_answer(text: str, *, want_ids: bool, server: str | None = None) -> Wir
             msg = {}
         view = view_from_message(msg, finish, ch.get("logprobs"))
         view = replace(view, server=server if server is not None else detect_server(data))
-        out = bounded_ids(ch["token_ids"], "token_ids") if want_ids and "token_ids" in ch else None
-        prompt = data.get("prompt_token_ids") if want_ids else None
+        field = ids_field(ch) if want_ids else None
+        out = bounded_ids(ch[field], field) if field else None
+        prompt = prompt_ids_of(data, ch) if want_ids else None
         prompt_ids = bounded_ids(prompt, "prompt_token_ids") if prompt is not None else None
     except InputError as e:
         view = ApiView(None, finish)
@@ -357,12 +358,13 @@ def ground_truth_of(rec: Mapping[str, Any], index: int = 0) -> GroundTruth:
     choice = choices[0] if isinstance(choices, list) and choices else {}
     output = rec.get("output_ids")
     if output is None and isinstance(choice, Mapping):
-        output = choice.get("token_ids")
+        field = ids_field(choice)
+        output = choice.get(field) if field else None
     if output is None:
         raise InputError("record has no output_ids (nor choices[0].token_ids)")
     prompt = rec.get("prompt_ids")
     if prompt is None:
-        prompt = resp.get("prompt_token_ids")
+        prompt = prompt_ids_of(resp, choice if isinstance(choice, Mapping) else {})
     tools = rec.get("tools") or ()
     if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
         raise InputError("tools must be a list of JSON objects")
@@ -404,8 +406,9 @@ def raw_ids(rec: Mapping[str, Any]) -> tuple[tuple[int, ...] | None, tuple[int, 
     resp = rec["response"] if isinstance(rec.get("response"), Mapping) else rec
     choices = resp.get("choices")
     ch = choices[0] if isinstance(choices, list) and choices else None
-    out = ch.get("token_ids") if isinstance(ch, Mapping) else None
-    prompt = resp.get("prompt_token_ids")
+    field = ids_field(ch) if isinstance(ch, Mapping) else None
+    out = ch.get(field) if isinstance(ch, Mapping) and field else None
+    prompt = prompt_ids_of(resp, ch if isinstance(ch, Mapping) else {})
 
     def ints(v: Any) -> tuple[int, ...] | None:
         ok = isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
@@ -413,6 +416,22 @@ def raw_ids(rec: Mapping[str, Any]) -> tuple[tuple[int, ...] | None, tuple[int, 
 
     out_ids = ints(out)
     return out_ids, ints(prompt) if out_ids is not None else None
+
+
+#: where a choice carries the model's answer ids when ``return_token_ids`` was asked: vLLM's
+#: name, then SGLang's (0.5: ``ChatCompletionResponseChoice.response_token_ids``)
+IDS_FIELDS = ("token_ids", "response_token_ids")
+
+
+def ids_field(choice: Mapping[str, Any]) -> str | None:
+    """The field of ``choice`` that holds answer ids (present and not null), if any."""
+    return next((f for f in IDS_FIELDS if choice.get(f) is not None), None)
+
+
+def prompt_ids_of(response: Mapping[str, Any], choice: Mapping[str, Any]) -> Any:
+    """The prompt ids a response reports: top level (vLLM) or in the choice (SGLang)."""
+    got = response.get("prompt_token_ids")
+    return got if got is not None else choice.get("prompt_token_ids")
 
 
 def detect_server(response: Mapping[str, Any]) -> str | None:
@@ -424,7 +443,7 @@ def detect_server(response: Mapping[str, Any]) -> str | None:
     choices = response.get("choices")
     ch = choices[0] if isinstance(choices, list) and choices else None
     if isinstance(ch, Mapping):
-        if "matched_stop" in ch:
+        if "matched_stop" in ch or "response_token_ids" in ch:
             return "sglang"
         if "stop_reason" in ch or "token_ids" in ch:
             return "vllm"

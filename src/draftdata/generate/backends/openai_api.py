@@ -26,7 +26,7 @@ from ...errors import DraftdataError
 from ...formats import BoundFormat
 from ...manifest import Manifest
 from ...records import ApiView
-from ...records.wire import WireAnswer, messages_to_wire, parse_answer
+from ...records.wire import WireAnswer, ids_field, messages_to_wire, parse_answer
 from ...tokens.servers import profile as server_profile
 from .base import Backend, Completion, FailedAttempt, GenRequest, OnFailure
 from .config import OpenAIBackendCfg, redact_url
@@ -358,7 +358,7 @@ class OpenAIBackend(Backend):
             )
         if probing:
             ch = got.data["choices"][0]
-            self.token_ids = isinstance(ch.get("token_ids"), list)
+            self.token_ids = ids_field(ch) is not None
         return self._completion(req, body, text, t0, latency, got, problem=got.problem)
 
     def _completion(
