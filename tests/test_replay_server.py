@@ -9,6 +9,7 @@ import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -64,6 +65,20 @@ def server(records: Records) -> Iterator[Server]:
 
 def chat(client: httpx.Client, messages: Any, **extra: Any) -> httpx.Response:
     return client.post("/v1/chat/completions", json={"model": "m", "messages": messages, **extra})
+
+
+def _until(ready: Callable[[], bool], what: str) -> None:
+    """Wait for a readiness condition (a request the server has counted, headers that
+    arrived), polling; a test asserts order and counts, never a time."""
+    for _ in range(4000):
+        if ready():
+            return
+        time.sleep(0.005)
+    pytest.fail(f"never happened: {what}")
+
+
+def _attempts(c: httpx.Client) -> int:
+    return int(c.get("/stats").json()["attempts"])
 
 
 # ---------------------------------------------------------------- matching
@@ -297,24 +312,41 @@ def test_faults_are_reproducible_from_seed_record_and_attempt(
 
 
 def test_slow_only_on_first_attempt(server: Server, by_id: dict[str, dict[str, Any]]) -> None:
+    """A slow fault holds an answer on its first attempt only, and holds no other request:
+    shown by the order answers finish in, not by a clock. While a patient client waits on one
+    record's slow answer, another record's retry is served whole; the slow one comes after."""
     rec, other = by_id["humaneval-0-greedy"], by_id["humaneval-1-greedy"]
-    with server(faults="slow=1", slow_seconds=1.0) as c:
-        with pytest.raises(httpx.ReadTimeout):
+    with server(faults="slow=1", slow_seconds=2.0) as c:
+        with pytest.raises(httpx.ReadTimeout):  # attempt 1 is slow: an impatient client gives up
             c.post(
                 "/v1/chat/completions",
                 json={"model": "m", "messages": rec["messages"]},
                 timeout=httpx.Timeout(5, read=0.3),
             )
-        t0 = time.perf_counter()
-        r = chat(c, rec["messages"])  # the retry is attempt 2: not slow
-        assert time.perf_counter() - t0 < 0.5
+        slow_done = threading.Event()
+        slow: list[httpx.Response] = []
+
+        def patient() -> None:  # a patient client gets the slow answer in full
+            try:
+                with httpx.Client(base_url=c.base_url, timeout=30) as c2:
+                    slow.append(chat(c2, other["messages"]))
+            finally:
+                slow_done.set()
+
+        waiter = threading.Thread(target=patient)
+        waiter.start()
+        try:
+            _until(lambda: _attempts(c) == 2, "the server took the slow request")
+            assert not slow_done.is_set(), "the slow answer came at once"
+            r = chat(c, rec["messages"])  # the retry is attempt 2: not slow
+            assert not slow_done.is_set(), "the retry was served only after the slow answer"
+        finally:
+            waiter.join(30)
         assert r.status_code == 200 and "x-replay-fault" not in r.headers
         assert r.json()["choices"][0]["message"]["content"] == rec["api_view"]["content"]
-        t0 = time.perf_counter()
-        r = chat(c, other["messages"])  # a patient client gets the slow answer in full
-        assert time.perf_counter() - t0 >= 1.0
-        assert r.headers["x-replay-fault"] == "slow"
-        assert r.json()["choices"][0]["message"]["content"] == other["api_view"]["content"]
+        (s,) = slow
+        assert s.status_code == 200 and s.headers["x-replay-fault"] == "slow"
+        assert s.json()["choices"][0]["message"]["content"] == other["api_view"]["content"]
         stats = c.get("/stats").json()
         assert stats["faults"]["slow"] == 2 and stats["attempts"] == 3
 
@@ -415,15 +447,15 @@ def test_serve_runs_as_a_process(tmp_path: Path) -> None:
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 15
-        while True:
+
+        def healthy() -> bool:
+            assert proc.poll() is None, "the server exited before it was ready"
             try:
-                if httpx.get(base + "/health").status_code == 200:
-                    break
+                return httpx.get(base + "/health").status_code == 200
             except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
-            time.sleep(0.05)
+                return False
+
+        _until(healthy, "the server answers /health")
         rec = json.loads(lines[0])
         r = httpx.post(base + "/v1/chat/completions", json={"messages": rec["messages"]})
         assert r.headers["x-replay-record"] == rec["id"]
@@ -442,17 +474,32 @@ def test_serve_runs_as_a_process(tmp_path: Path) -> None:
 class _Aio:
     """What an aiohttp client (the project's own HTTP client) got for one request."""
 
-    def __init__(self, status: int, headers: dict[str, str], body: bytes, error: Exception | None):
+    def __init__(
+        self,
+        status: int,
+        headers: dict[str, str],
+        body: bytes,
+        error: Exception | None,
+        chunks: int = 0,
+    ):
         self.status, self.headers, self.body, self.error = status, headers, body, error
+        self.chunks = chunks  # how many reads the body arrived in
 
     def json(self) -> Any:
         assert self.error is None, self.error
         return json.loads(self.body)
 
 
-def aio_chats(c: httpx.Client, plan: list[Any], timeout: float = 10.0, **extra: Any) -> list[_Aio]:
+def aio_chats(
+    c: httpx.Client,
+    plan: list[Any],
+    timeout: float = 10.0,
+    headers_in: threading.Event | None = None,
+    **extra: Any,
+) -> list[_Aio]:
     """POST each messages list of ``plan`` in turn with aiohttp, reading the body in chunks;
-    a body that breaks or times out keeps what arrived and the exception."""
+    a body that breaks or times out keeps what arrived and the exception. ``headers_in`` is
+    set once the first answer's headers and first body bytes have arrived."""
 
     async def go() -> list[_Aio]:
         out = []
@@ -460,14 +507,18 @@ def aio_chats(c: httpx.Client, plan: list[Any], timeout: float = 10.0, **extra: 
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as s:
             for messages in plan:
                 got = bytearray()
+                chunks = 0
                 error: Exception | None = None
                 async with s.post(url, json={"model": "m", "messages": messages, **extra}) as r:
                     try:
                         while chunk := await r.content.read(1 << 16):
                             got += chunk
+                            chunks += 1
+                            if headers_in is not None:
+                                headers_in.set()
                     except (aiohttp.ClientPayloadError, asyncio.TimeoutError) as e:
                         error = e
-                    out.append(_Aio(r.status, dict(r.headers), bytes(got), error))
+                    out.append(_Aio(r.status, dict(r.headers), bytes(got), error, chunks))
         return out
 
     return asyncio.run(go())
@@ -508,24 +559,38 @@ def test_cut_breaks_the_body_mid_way(server: Server, by_id: dict[str, dict[str, 
 
 
 def test_slowbody_times_out_mid_body(server: Server, by_id: dict[str, dict[str, Any]]) -> None:
+    """A slowbody answer sends its headers at once and trickles its body, on the first attempt
+    only, without holding other requests: shown by what arrived and in which order, not by a
+    clock. A retry is served whole while another record's trickle is still under way."""
     rec, other = by_id["humaneval-0-greedy"], by_id["humaneval-1-greedy"]
-    with server(faults="slowbody=1", slow_seconds=0.8) as c:
-        t0 = time.perf_counter()
+    with server(faults="slowbody=1", slow_seconds=2.0) as c:
         (r,) = aio_chats(c, [rec["messages"]], timeout=0.25)
-        assert time.perf_counter() - t0 < 0.8
         assert r.status == 200 and r.headers["x-replay-fault"] == "slowbody"  # headers at once
         assert isinstance(r.error, asyncio.TimeoutError)  # ... the timeout hit mid-body
         assert 0 < len(r.body) < int(r.headers["Content-Length"])
-        t0 = time.perf_counter()
-        (r,) = aio_chats(c, [rec["messages"]])  # the retry is attempt 2: no fault
-        assert time.perf_counter() - t0 < 0.4
-        assert "x-replay-fault" not in r.headers
+        started, trickle_done = threading.Event(), threading.Event()
+        trickled: list[_Aio] = []
+
+        def patient() -> None:  # a patient client gets it all, slowly
+            try:
+                trickled.extend(aio_chats(c, [other["messages"]], headers_in=started))
+            finally:
+                trickle_done.set()
+
+        waiter = threading.Thread(target=patient)
+        waiter.start()
+        try:
+            _until(started.is_set, "the trickled answer's first piece")
+            (r,) = aio_chats(c, [rec["messages"]])  # the retry is attempt 2: no fault
+            assert not trickle_done.is_set(), "the retry was served only after the trickle"
+        finally:
+            waiter.join(30)
+        assert "x-replay-fault" not in r.headers and r.chunks >= 1
         assert r.json()["choices"][0]["message"]["content"] == rec["api_view"]["content"]
-        t0 = time.perf_counter()
-        (r,) = aio_chats(c, [other["messages"]])  # a patient client gets it all, slowly
-        assert time.perf_counter() - t0 >= 0.8
-        assert r.headers["x-replay-fault"] == "slowbody"
-        assert r.json()["choices"][0]["message"]["content"] == other["api_view"]["content"]
+        (t,) = trickled
+        assert t.headers["x-replay-fault"] == "slowbody"
+        assert t.chunks >= 2  # the body came in pieces, apart
+        assert t.json()["choices"][0]["message"]["content"] == other["api_view"]["content"]
         stats = c.get("/stats").json()
     assert stats["faults"]["slowbody"] == 2 and stats["attempts"] == 3
 
