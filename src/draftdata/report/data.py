@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from .. import __version__
 from ..errors import InputError
 from ..export.preview import PREVIEW_FILE, Preview, read_preview
+from ..records import ExportManifest
 from ..store.guard import reading
 from ..store.ledger import Ledger, LedgerError
 from ..store.stats import Throughput, throughput, work_datasets
@@ -64,6 +64,7 @@ class LedgerFigures:
 @dataclass
 class ReportData:
     run_dir: Path
+    #: export/manifest.json as written (the pages read fields a hand-made or older one may lack)
     manifest: dict[str, Any]
     datasets: list[str]
     tokens: dict[str, DatasetTokens]
@@ -75,6 +76,8 @@ class ReportData:
     command_line: list[str] | None = None
     #: RUN/scores.json from the model stage (`score RUN` or `[model]` in the manifest)
     scores: dict[str, Any] | None = None
+    #: the same manifest read as a record (``ExportManifest.from_json``)
+    export: ExportManifest | None = None
 
     def ds_manifest(self, name: str) -> dict[str, Any]:
         d = self.manifest.get("datasets", {}).get(name)
@@ -92,7 +95,8 @@ class ReportData:
 
 
 # --- reading -----------------------------------------------------------------------------------
-def load_manifest(run_dir: Path) -> dict[str, Any]:
+def load_manifest(run_dir: Path) -> tuple[ExportManifest, dict[str, Any]]:
+    """export/manifest.json as a record, and the document it was read from."""
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such run folder; pass the run's output folder")
     path = run_dir / "export" / "manifest.json"
@@ -107,35 +111,29 @@ def load_manifest(run_dir: Path) -> dict[str, Any]:
         raise InputError(
             f"{path}: not readable JSON ({e}); re-run `draftdata export {run_dir}`"
         ) from e
-    if not isinstance(doc, dict) or not isinstance(doc.get("datasets"), dict):
+    try:
+        return ExportManifest.from_json(doc), doc
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise InputError(
-            f"{path}: not an export manifest (no 'datasets' object); "
-            f"re-run `draftdata export {run_dir}`"
-        )
-    return doc
+            f"{path}: not an export manifest ({e}); re-run `draftdata export {run_dir}`"
+        ) from e
 
 
-def _shard_paths(run_dir: Path, manifest: Mapping[str, Any], notes: list[str]) -> list[Path]:
+def _shard_paths(run_dir: Path, manifest: ExportManifest, notes: list[str]) -> list[Path]:
     export = run_dir / "export"
-    listed = manifest.get("shards")
-    if not isinstance(listed, list) or not listed:
+    if not manifest.shards:
         found = sorted(export.glob("shard-*.parquet"))
         notes.append(f"manifest.json lists no shards; read the {len(found)} shard-*.parquet found")
         return found
     paths = []
-    for s in listed:
-        if not isinstance(s, dict) or not isinstance(s.get("path"), str):
-            raise InputError(
-                f"{export / 'manifest.json'}: shard entry {s!r} has no path; "
-                f"re-run `draftdata export {run_dir}`"
-            )
-        p = export / s["path"]
+    for s in manifest.shards:
+        p = export / s.path
         if not p.is_file():
             raise InputError(
                 f"{p} (listed in manifest.json) not found; re-run `draftdata export {run_dir}`"
             )
-        if isinstance(s.get("bytes"), int) and p.stat().st_size != s["bytes"]:
-            notes.append(f"{s['path']}: {p.stat().st_size:,} bytes, manifest says {s['bytes']:,}")
+        if s.bytes is not None and p.stat().st_size != s.bytes:
+            notes.append(f"{s.path}: {p.stat().st_size:,} bytes, manifest says {s.bytes:,}")
         paths.append(p)
     return paths
 
@@ -149,18 +147,14 @@ def _count(counter: Counter[Any], arr: Any) -> None:
 
 
 def scan_shards(
-    run_dir: Path, manifest: Mapping[str, Any], notes: list[str]
+    run_dir: Path, manifest: ExportManifest, notes: list[str]
 ) -> dict[str, DatasetTokens]:
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     out: dict[str, DatasetTokens] = {}
-    rows_by_path = {
-        str(s.get("path")): s.get("rows")
-        for s in manifest.get("shards") or []
-        if isinstance(s, dict)
-    }
+    rows_by_path = {s.path: s.rows for s in manifest.shards}
     for path in _shard_paths(run_dir, manifest, notes):
         try:
             pf = pq.ParquetFile(path)
@@ -202,7 +196,7 @@ def scan_shards(
         expected = rows_by_path.get(path.name) or rows_by_path.get(
             str(path.relative_to(run_dir / "export"))
         )
-        if isinstance(expected, int) and expected != rows:
+        if expected is not None and expected != rows:
             notes.append(f"{path.name}: {rows:,} rows, manifest says {expected:,}")
     return out
 
@@ -273,18 +267,19 @@ def collect(run_dir: Path) -> ReportData:
 
 
 def _collect(run_dir: Path) -> ReportData:
-    manifest = load_manifest(run_dir)
+    export, manifest = load_manifest(run_dir)
     notes: list[str] = []
-    tokens = scan_shards(run_dir, manifest, notes)
+    tokens = scan_shards(run_dir, export, notes)
     led = read_ledger(run_dir)
     if led is None:
         notes.append("ledger.sqlite not found in the run folder: no throughput or error figures")
-    names = list(manifest["datasets"])
+    names = list(export.datasets)
     names += sorted(set(tokens) - set(names))
     for name in names:
-        want = (manifest["datasets"].get(name) or {}).get("samples")
+        listed = export.datasets.get(name)
+        want = listed.samples if listed is not None else None
         have = tokens.get(name, DatasetTokens()).rows
-        if isinstance(want, int) and want != have:
+        if want is not None and want != have:
             notes.append(
                 f"dataset {name}: the shards hold {have:,} samples, manifest says {want:,}"
             )
@@ -300,6 +295,7 @@ def _collect(run_dir: Path) -> ReportData:
         run_manifest=led.run_manifest if led else None,
         command_line=led.command_line if led else None,
         scores=load_scores(run_dir, notes),
+        export=export,
     )
 
 
