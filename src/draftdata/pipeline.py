@@ -16,7 +16,7 @@ from rich.console import Console
 
 from .errors import ReconstructError
 from .export.run import export_run
-from .export.shards import write_json
+from .files import write_json
 from .generate.runner import Runner
 from .generate.samples import Tokenized
 from .manifest import DatasetCfg, Manifest, ModelCfg
@@ -144,9 +144,7 @@ def run_pipeline(
         if scorer is not None and m.model is not None:
             res.scores = model_stage(runner, scorer, m.model, console, quiet)
         # 7. export
-        res.export_dir = export_run(
-            runner, res.validation.to_json() if res.validation is not None else None, res.gate
-        )
+        res.export_dir = export_run(runner, res.validation, res.gate)
     finally:
         runner.close()
     return res

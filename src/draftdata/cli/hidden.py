@@ -107,15 +107,10 @@ def hidden_states(
 ) -> None:
     """Capture the target's EAGLE-3 hidden states (aux layers and the last layer) over the exact
     ids, verify them in the same pass, and write a trainer's offline layout."""
-    from ..hidden.layouts import DTYPES, LAYOUTS
+    from ..export.trainers import layout_trainer
     from ..hidden.run import input_files
 
-    if layout not in LAYOUTS:
-        raise InputError(f"--for {layout!r}: choose one of {', '.join(LAYOUTS)}")
-    if dtype not in DTYPES:
-        raise InputError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
-    if layout == "specforge" and dtype == "fp8":
-        raise InputError("--dtype fp8: SpecForge reads bf16 or fp32 .ckpt; use --for speculators")
+    layout_trainer(layout, dtype)  # the trainer's rules (its dtypes), before anything loads
     if actors < 1:
         raise InputError(f"--actors {actors}: give at least 1")
     files = input_files(target)

@@ -442,8 +442,8 @@ def export(
     json_out: JsonOpt = False,
 ) -> None:
     """Write Parquet shards + manifest.json from a run's ledger, and trainer-specific files."""
-    from ..export.run import export_run
-    from ..export.trainers import export_as
+    from ..export.run import StoredValidation, export_as, export_run
+    from ..export.write import read_export_manifest
     from ..generate.runner import Runner
     from ..manifest import manifest_of_run
 
@@ -455,24 +455,16 @@ def export(
     m.run.output = str(run.resolve())
     runner = Runner(m, quiet=True, console=err, check_settings=False, command_line=command_line())
     try:
-        folder = export_run(runner, _stored_validation(run), None)
+        folder = export_run(runner, StoredValidation.read(run / "validation.json"), None)
         files = {k: [str(p) for p in export_as(runner, k)] for k in kinds}
     finally:
         runner.close()
     if json_out:
-        doc = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-        _json({"export": str(folder), "samples": doc["counts"]["samples"], "files": files})
+        samples = read_export_manifest(folder).samples
+        _json({"export": str(folder), "samples": samples, "files": files})
         return
     say(out, f"shards and manifest: {folder}")
     for k, paths in files.items():
         say(out, f"{k}: {', '.join(paths)}")
         if EXPORTERS[k].lossy:
             say(err, f"warning: {k} is lossy, {EXPORTERS[k].lossy}")
-
-
-def _stored_validation(run: Path) -> dict[str, Any] | None:
-    path = run / "validation.json"
-    if not path.exists():
-        return None
-    doc: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    return doc

@@ -10,17 +10,17 @@ was cut. This module holds the file's format both ways: ``write_preview`` and ``
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DraftdataError
+from ..files import write_json
 from ..records import Sample
-from .shards import now_iso, write_json
+from .shards import now_iso
 
 if TYPE_CHECKING:
-    from ..generate.runner import Runner
     from ..tokenizers.base import Tokenizer
 
 PREVIEW_FILE = "preview.json"
@@ -164,16 +164,15 @@ def preview_sample(s: Sample, tok: Tokenizer) -> PreviewSample:
     )
 
 
-def write_preview(runner: Runner, folder: Path) -> Path:
-    """Write ``folder/preview.json``: the first ``PER_DATASET`` samples of each dataset, token by
-    token. Returns its path."""
-    tok = runner.bound.tokenizer
-    datasets: dict[str, tuple[PreviewSample, ...]] = {}
-    for d in runner.m.datasets:
-        first = islice(runner.ledger.samples(d.name), PER_DATASET)
-        datasets[d.name] = tuple(preview_sample(s, tok) for s in first)
+def write_preview(first: Mapping[str, Sequence[Sample]], tok: Tokenizer, folder: Path) -> Path:
+    """Write ``folder/preview.json``: the first ``PER_DATASET`` samples of each dataset (``first``:
+    dataset -> its first samples in export order), token by token under ``tok``. Returns its
+    path."""
+    datasets = {
+        name: tuple(preview_sample(s, tok) for s in samples[:PER_DATASET])
+        for name, samples in first.items()
+    }
     doc = Preview(tok.sha256, now_iso(), datasets).to_json()
-    folder.mkdir(parents=True, exist_ok=True)
     return write_json(folder / PREVIEW_FILE, doc)
 
 

@@ -1,28 +1,35 @@
-"""A run's export: Parquet shards and manifest.json from the ledger's samples, written into a
-new folder and swapped in whole (``RUN/export`` is a symlink to it; see ``shards.publish``).
+"""A run's export: the run's samples streamed from its ledger into ``write.write_export``
+(Parquet shards, manifest.json, preview.json) in a new folder, swapped in whole (``RUN/export``
+is a symlink to it; see ``shards.publish``); and the trainers' files beside it (``export_as``).
 
-Samples are read back with the provenance they were made under. Answers the tokens stage has not
-decided yet (a ledger migrated from an older schema, or a run stopped between generation and
-the tokens stage) go through it first; samples already made are never made again."""
+This module is where a run meets the export: the writers take streams of samples and an
+``ExportManifest``, never the run. Samples are read back with the provenance they were made
+under. Answers the tokens stage has not decided yet (a ledger migrated from an older schema, or a
+run stopped between generation and the tokens stage) go through it first; samples already made
+are never made again."""
 
 from __future__ import annotations
 
-from collections import Counter
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..measure.gate import Gate, is_ground_truth
-from ..records import Provenance
+from ..measure.validate import ValidationReport
+from ..records import Answered, DatasetExport, ExportManifest, FormatPin, Sample, TokenizerPin
 from ..store.stats import status
-from .preview import write_preview
-from .shards import ShardWriter, now_iso, publish, shard_row, staging_folder, write_json
+from .shards import publish, staging_folder
+from .trainers import EXPORTERS
+from .trainers.specforge import rendered_system
+from .write import read_export_manifest, write_export
 
 if TYPE_CHECKING:
     from ..generate.runner import Runner
     from ..manifest import DatasetCfg
-
-LOADER = "datasets.load_dataset('parquet', data_files='export/shard-*.parquet')"
+    from ..store.ledger import Ledger
 
 #: request fields that decide what is sampled or where it stops: set in a backend's
 #: ``extra_body``, they override the dataset's sampling table (extra_body is merged into the
@@ -64,107 +71,130 @@ def sampling_of(d: DatasetCfg, backend: Any) -> tuple[dict[str, Any], dict[str, 
     return {**table, **{k: v for k, v in overrides.items() if k in table}}, overrides
 
 
-def export_run(
-    runner: Runner,
-    validation: dict[str, Any] | None,
-    gate: Gate | None,
-    shard_bytes: int | None = None,
-) -> Path:
-    """Write RUN/export/shard-*.parquet and RUN/export/manifest.json; returns the folder."""
+class RunSamples:
+    """A run's samples in export order: dataset by dataset (in the order given), each in key
+    order, streamed from the ledger one row at a time. Each pass reads the ledger again.
+    ``metadata(s)`` is the prompt metadata of ``s``, the sample last yielded: it is read in the
+    same row (with ``with_metadata``), so no dataset's prompts are held."""
+
+    def __init__(self, ledger: Ledger, datasets: Sequence[str], with_metadata: bool = False):
+        self.ledger, self.datasets, self.with_metadata = ledger, tuple(datasets), with_metadata
+        self._last: tuple[Sample, dict[str, Any]] | None = None
+
+    def __iter__(self) -> Iterator[Sample]:
+        for name in self.datasets:
+            for s, meta in self.ledger.samples_with_metadata(name, metadata=self.with_metadata):
+                self._last = (s, meta)
+                yield s
+
+    def metadata(self, s: Sample) -> dict[str, Any]:
+        if self._last is None or self._last[0] is not s:
+            raise ValueError(f"sample {s.id}: its metadata is known only as it is yielded")
+        return self._last[1]
+
+
+@dataclass
+class StoredValidation(ValidationReport):
+    """``RUN/validation.json`` as the run wrote it, for an export made later (``draftdata
+    export``): the manifest copies its document unchanged (a report rebuilt from its rates
+    would not be the one the gate saw)."""
+
+    stored: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.stored)
+
+    @classmethod
+    def read(cls, path: Path) -> StoredValidation | None:
+        if not path.exists():
+            return None
+        doc: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        return cls(n=int(doc.get("n") or 0), exact=int(doc.get("exact") or 0), stored=doc)
+
+
+def run_manifest(
+    runner: Runner, validation: ValidationReport | None, gate: Gate | None
+) -> ExportManifest:
+    """What the run's export manifest says before its samples are counted: the run, each
+    dataset's settings, drops and cost, the validation, the gate, the tokenizer and format the
+    run is configured with."""
     m, led = runner.m, runner.ledger
-    for d in m.datasets:
-        runner.make_samples(d, only_missing=True)
-    folder = staging_folder(m.output_dir)  # the old export stays whole until the swap
-    writer = ShardWriter(folder, **({"max_bytes": shard_bytes} if shard_bytes else {}))
     st = status(led)
-    datasets: dict[str, Any] = {}
-    totals: Counter[str] = Counter()
-    made_by: Counter[Provenance] = Counter()
-    n_samples = 0
+    datasets: dict[str, DatasetExport] = {}
     for d in m.datasets:
-        sources: Counter[str] = Counter()
-        finishes: Counter[str] = Counter()
-        warnings: Counter[str] = Counter()
-        n = 0
-        for s, meta in led.samples_with_metadata(d.name):  # streamed: one row at a time
-            writer.add(shard_row(s, meta))
-            sources[s.token_source] += 1
-            finishes[s.finish_reason] += 1
-            warnings.update(s.warnings)
-            made_by[s.provenance] += 1
-            n += 1
         ds = st.dataset(d.name)
         drops = dict(ds.drops)
         if ds.failed:
             drops["generation_failed"] = ds.failed
-        totals.update(drops)
-        n_samples += n
         backend = m.backends[d.backend]
         sampling, overrides = sampling_of(d, backend)
-        datasets[d.name] = {
-            "backend": d.backend,
-            "backend_kind": backend.kind,
-            "ground_truth": is_ground_truth(m, d),
-            "source": d.source,
-            "reader": d.reader,
-            "sampling": sampling,
-            "sampling_overrides": overrides,
-            "samples_per_prompt": d.samples_per_prompt,
-            "turns": d.turns,
-            "samples": n,
-            "token_sources": dict(sources),
-            "finish_reasons": dict(finishes),
-            "warnings": dict(warnings),
-            "drops": drops,
-            "read_drops": led.get_meta(f"read_drops:{d.name}", {}),
-            "cost_usd": ds.cost_usd,
-        }
-    shards = writer.close()
-    doc = {
-        "draftdata_version": __version__,
-        "run": m.run.name,
-        "created_at": now_iso(),
-        **provenance_fields(runner, made_by),
-        "datasets": datasets,
-        "counts": {"samples": n_samples, "drops": dict(totals)},
-        "validation": validation,
-        "gate": gate.to_json() if gate is not None else led.get_meta("gate"),
-        "shards": shards,
-        "cost_usd": st.cost_usd,
-        "loader": LOADER,
-    }
-    write_preview(runner, folder)
-    write_json(folder / "manifest.json", doc)
+        datasets[d.name] = DatasetExport(
+            backend=d.backend,
+            backend_kind=backend.kind,
+            ground_truth=is_ground_truth(m, d),
+            source=d.source,
+            reader=d.reader,
+            sampling=sampling,
+            sampling_overrides=overrides,
+            samples_per_prompt=d.samples_per_prompt,
+            turns=d.turns,
+            drops=drops,
+            read_drops=led.get_meta(f"read_drops:{d.name}", {}),
+            cost_usd=ds.cost_usd,
+        )
+    tok, fmt = runner.bound.tokenizer, runner.bound.format
+    return ExportManifest(
+        run=m.run.name,
+        tokenizer=TokenizerPin(str(tok.path), tok.sha256, tok.chat_template_sha256),
+        format=FormatPin(fmt.name, fmt.version),
+        draftdata_version=__version__,
+        datasets=datasets,
+        validation=validation.to_json() if validation is not None else None,
+        gate=gate.to_json() if gate is not None else led.get_meta("gate"),
+        cost_usd=st.cost_usd,
+    )
+
+
+def export_run(
+    runner: Runner,
+    validation: ValidationReport | None,
+    gate: Gate | None,
+    shard_bytes: int | None = None,
+) -> Path:
+    """Write RUN/export/shard-*.parquet, manifest.json and preview.json; returns the folder."""
+    m = runner.m
+    for d in m.datasets:
+        runner.make_samples(d, only_missing=True)
+    head = run_manifest(runner, validation, gate)
+    folder = staging_folder(m.output_dir)  # the old export stays whole until the swap
+    samples = RunSamples(runner.ledger, [d.name for d in m.datasets], with_metadata=True)
+    write_export(
+        samples,
+        folder,
+        head,
+        metadata=samples.metadata,
+        tokenizer=runner.bound.tokenizer,
+        shard_bytes=shard_bytes,
+    )
     return publish(m.output_dir, folder)
 
 
-def provenance_fields(runner: Runner, made_by: Counter[Provenance]) -> dict[str, Any]:
-    """What made the samples, from the samples themselves. One provenance is the normal case;
-    where a run holds samples made under several, each is listed with its count and the
-    top-level tokenizer and format name the most common one."""
-    tok = runner.bound.tokenizer
-    if not made_by:  # nothing exported: say what this export was configured with
-        fmt = runner.bound.format
-        common = Provenance(tok.sha256, fmt.name, fmt.version, __version__)
-    else:
-        common = made_by.most_common(1)[0][0]
-    same = tok.sha256 == common.tokenizer_sha256  # the path names the file only if it made them
-    doc: dict[str, Any] = {
-        "tokenizer": {
-            "path": str(tok.path) if same else None,
-            "sha256": common.tokenizer_sha256,
-            "chat_template_sha256": tok.chat_template_sha256 if same else None,
-        },
-        "format": {"name": common.format_name, "version": common.format_version},
-        "provenance": [
-            {
-                "tokenizer_sha256": p.tokenizer_sha256,
-                "format_name": p.format_name,
-                "format_version": p.format_version,
-                "draftdata_version": p.draftdata_version,
-                "samples": n,
-            }
-            for p, n in made_by.most_common()
-        ],
-    }
-    return doc
+def run_conversations(runner: Runner) -> Iterator[Answered]:
+    """The run's answered conversations that became samples (the others were dropped at the
+    tokens stage: not training data), dataset by dataset."""
+    for d in runner.m.datasets:
+        have = {s.key for s in runner.ledger.samples(d.name)}
+        yield from (a for a in runner.conversations(d) if a.key in have)
+
+
+def export_as(runner: Runner, name: str) -> tuple[Path, ...]:
+    """A trainer's files (``EXPORTERS[name]``) beside the run's published export, from the
+    run's samples (or, for a lossy export, its conversations) and the export's manifest."""
+    e = EXPORTERS[name]
+    folder = runner.m.output_dir / "export"
+    if e.write_conversations is not None:
+        system = rendered_system(runner.bound.format)
+        return e.write_conversations(run_conversations(runner), folder, system)
+    assert e.write is not None
+    samples = RunSamples(runner.ledger, [d.name for d in runner.m.datasets])
+    return e.write(samples, read_export_manifest(folder), folder)

@@ -2,7 +2,8 @@
 
 Every row carries its sample's provenance (tokenizer sha256, format name and version, draftdata
 version), read back from the ledger: an export never stamps the current settings on samples made
-under others. Shards are split by size and written atomically (a temporary name, then a rename)."""
+under others. Shards are split by size and each written whole or not at all (``draftdata.files``);
+``write_shards`` writes them from any stream of samples."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import os
 import shutil
 import sys
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import ExitStack
 from datetime import datetime, timezone
 from itertools import chain
 from pathlib import Path
@@ -22,7 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError
-from ..records import Sample
+from ..files import atomic_path
+from ..records import Sample, ShardEntry
 from ..tokenizers.base import file_sha256
 
 SHARD_BYTES = 256 * 1024 * 1024  # about this much token data per shard
@@ -89,7 +92,7 @@ def _provenance(p: Any) -> dict[str, str]:
     return {f: getattr(p, f) for f in _PROVENANCE_FIELDS}
 
 
-def shard_row(s: Sample, metadata: dict[str, Any]) -> dict[str, Any]:
+def shard_row(s: Sample, metadata: Mapping[str, Any]) -> dict[str, Any]:
     """A run sample as a shard row (the key's parts, and the prompt's metadata as JSON)."""
     if s.key is None:
         raise ValueError(f"sample {s.id} has no key; only a run's samples go into shards")
@@ -196,14 +199,15 @@ def table_of(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
 
 class SampleFile:
     """One file of samples (``reconstruct -o``, ``score -o``): ``.jsonl`` or ``.parquet``,
-    written as samples arrive (row groups of ``batch_rows``) under a temporary name and renamed
-    into place on a clean close, so a crash never leaves half a file under the real name."""
+    written as samples arrive (row groups of ``batch_rows``) through ``atomic_path``: renamed into
+    place on a clean close, so a crash never leaves half a file under the real name."""
 
     def __init__(self, path: Path, batch_rows: int = 2048) -> None:
         if path.suffix not in (".parquet", ".jsonl", ".json"):
             raise InputError(f"{path}: write .jsonl or .parquet")
         self.path = path
-        self.tmp = path.with_name(path.name + ".tmp")
+        self._atomic = ExitStack()
+        self.tmp = self._atomic.enter_context(atomic_path(path))
         self.batch_rows = batch_rows
         self.count = 0
         self._rows: list[dict[str, Any]] = []
@@ -249,14 +253,14 @@ class SampleFile:
             self._flush()
             assert self._parquet is not None
             self._parquet.close()
-        os.replace(self.tmp, self.path)
+        self._atomic.close()  # renamed into place
 
     def abort(self) -> None:
         if self._jsonl is not None:
             self._jsonl.close()
         elif self._parquet is not None:
             self._parquet.close()
-        self.tmp.unlink(missing_ok=True)
+        _discard(self._atomic)
 
     def __enter__(self) -> SampleFile:
         return self
@@ -266,6 +270,13 @@ class SampleFile:
             self.close()
         else:
             self.abort()
+
+
+def _discard(stack: ExitStack) -> None:
+    """Leave the ``atomic_path`` blocks held open in ``stack`` as failed: their temporary files
+    are removed and nothing is renamed."""
+    gone = InputError("write abandoned")
+    stack.__exit__(type(gone), gone, None)
 
 
 def encode_piece(samples: Iterable[Sample], path: Path) -> tuple[pa.Table | str, int]:
@@ -350,9 +361,9 @@ class ShardWriter:
         folder.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self.batch_rows = batch_rows
-        self.shards: list[dict[str, Any]] = []
+        self.shards: list[ShardEntry] = []
         self._writer: pq.ParquetWriter | None = None
-        self._tmp: Path | None = None
+        self._atomic = ExitStack()
         self._rows: list[dict[str, Any]] = []
         self._shard_rows = 0
         self._shard_bytes = 0
@@ -369,9 +380,9 @@ class ShardWriter:
         if not self._rows:
             return
         if self._writer is None:
-            self._tmp = self.folder / f".shard-{len(self.shards):05d}.parquet.tmp"
+            tmp = self._atomic.enter_context(atomic_path(self._path()))
             self._writer = pq.ParquetWriter(
-                self._tmp,
+                tmp,
                 SHARD_SCHEMA,
                 compression="zstd",
                 use_dictionary=_dictionary_columns(SHARD_SCHEMA),
@@ -380,36 +391,50 @@ class ShardWriter:
         self._shard_rows += len(self._rows)
         self._rows = []
 
+    def _path(self) -> Path:
+        return self.folder / f"shard-{len(self.shards):05d}.parquet"
+
     def _close_shard(self) -> None:
         self._flush()
-        if self._writer is None or self._tmp is None:
+        if self._writer is None:
             return
         self._writer.close()
-        final = self.folder / f"shard-{len(self.shards):05d}.parquet"
-        os.replace(self._tmp, final)
+        final = self._path()
+        self._atomic.close()  # renamed into place
         self.shards.append(
-            {
-                "path": final.name,
-                "rows": self._shard_rows,
-                "bytes": final.stat().st_size,
-                "sha256": file_sha256(final),
-            }
+            ShardEntry(final.name, self._shard_rows, final.stat().st_size, file_sha256(final))
         )
-        self._writer, self._tmp, self._shard_rows, self._shard_bytes = None, None, 0, 0
+        self._writer, self._shard_rows, self._shard_bytes = None, 0, 0
 
-    def close(self) -> list[dict[str, Any]]:
+    def close(self) -> list[ShardEntry]:
         self._close_shard()
         return self.shards
 
+    def abort(self) -> None:
+        """Drop the shard being written (its temporary file); the closed ones stay."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        _discard(self._atomic)
 
-def write_json(path: Path, doc: Any) -> Path:
-    """A JSON file written atomically: a temporary name in the same folder, then a rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(
-        json.dumps(doc, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8"
-    )
-    os.replace(tmp, path)
-    return path
+
+def write_shards(
+    samples: Iterable[Sample],
+    folder: Path,
+    *,
+    metadata: Callable[[Sample], Mapping[str, Any]] | None = None,
+    max_bytes: int = SHARD_BYTES,
+) -> list[ShardEntry]:
+    """A run's samples (each with a key) as ``folder/shard-NNNNN.parquet``, in the order given;
+    ``metadata`` gives each sample's prompt metadata (none: ``{}``). The shards written."""
+    writer = ShardWriter(folder, max_bytes=max_bytes)
+    try:
+        for s in samples:
+            writer.add(shard_row(s, metadata(s) if metadata is not None else {}))
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.close()
 
 
 def staging_folder(run_dir: Path) -> Path:
@@ -439,11 +464,3 @@ def publish(run_dir: Path, staged: Path) -> Path:
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def read_export_manifest(export_dir: Path) -> dict[str, Any]:
-    path = export_dir / "manifest.json"
-    if not path.exists():
-        raise InputError(f"{path} not found; run `draftdata run MANIFEST` first")
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    return data

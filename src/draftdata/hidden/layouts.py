@@ -1,4 +1,5 @@
-"""The files each trainer reads offline, one writer per layout (``LAYOUTS``).
+"""The files each trainer reads offline, one writer per layout (the trainer registry,
+``export.trainers.TRAINERS``, names them and holds each layout's rules).
 
 - ``speculators``: ``OUT/`` is a ``save_to_disk`` dataset (``input_ids``, ``loss_mask`` int64,
   ``seq_len``) and ``OUT/hidden_states/hs_{i}.safetensors`` holds row ``i``'s ``token_ids`` int64
@@ -14,24 +15,27 @@
   samples' ids in the file's metadata, and ``OUT/index.json``.
 
 The hidden states are encoded on the device they were computed on and copied to the host; the
-file writes run on writer threads while the next batch computes. Every file is written under a
-temporary name and renamed, so a file that exists is whole; a
+file writes run on writer threads while the next batch computes. Every file is written through
+``draftdata.files`` (a temporary name, then a rename), so a file that exists is whole; a
 rerun skips every sample whose file exists with the same ids (resumable per sample; per shard
 for ``safetensors``)."""
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
-from .capture import Captured
+from ..files import atomic_path, write_json
+from ..records import Provenance, Sample
 
-__all__ = ["DTYPES", "LAYOUTS", "Encoder", "Item", "make_layout"]
+if TYPE_CHECKING:
+    from .capture import Captured
+
+__all__ = ["DTYPES", "Encoder", "Item", "make_layout"]
 
 DTYPES = ("bf16", "fp32", "fp8")
 #: samples per SpecForge rows_* folder
@@ -50,6 +54,13 @@ class Item:
     loss_mask: list[bool]
     dataset: str = ""
     token_source: str = ""
+
+    def sample(self) -> Sample:
+        """As a sample (its ids and mask; no provenance: the files it came from carry that)."""
+        nothing = Provenance("", "", "", "")
+        return Sample(
+            self.id, self.input_ids, self.loss_mask, 0, "reconstructed", "", nothing, self.dataset
+        )
 
 
 class Encoder:
@@ -108,11 +119,10 @@ def _stack(cap: Captured, torch: Any) -> Any:
     return torch.cat([cap.aux, cap.last[:, None, :]], dim=1)
 
 
-def _atomic(path: Path, write: Any) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
+def _atomic(path: Path, write: Callable[[Path], Any]) -> int:
+    """``write`` the file ``path`` through its temporary path; the bytes written."""
+    with atomic_path(path) as tmp:
+        write(tmp)
     return path.stat().st_size
 
 
@@ -128,19 +138,10 @@ class Speculators:
 
     def prepare(self, items: Iterator[Item]) -> None:
         from ..export.trainers.speculators import write_dataset
-        from ..records import Provenance, Sample
 
         # the rows are written again on every run (ids only: cheap beside the capture); the
         # hidden-state files beside them are kept and checked one by one against the rows
-        nothing = Provenance("", "", "", "")
-        write_dataset(
-            (
-                Sample(it.id, it.input_ids, it.loss_mask, 0, "reconstructed", "", nothing)
-                for it in items
-            ),
-            self.out,
-            keep=("hidden_states",),
-        )
+        write_dataset((it.sample() for it in items), self.out, keep=("hidden_states",))
 
     def done(self, it: Item) -> bool:
         p = self.path(it.index)
@@ -171,11 +172,6 @@ class SpecForge:
     name = "specforge"
 
     def __init__(self, out: Path, torch: Any, enc: Encoder) -> None:
-        if enc.dtype == "fp8":
-            raise InputError(
-                "--dtype fp8: SpecForge's offline reader takes bf16 or fp32 .ckpt files; use fp8 "
-                "with --for speculators or --for safetensors"
-            )
         self.out, self.torch, self.enc = out, torch, enc
 
     def path(self, index: int) -> Path:
@@ -296,16 +292,14 @@ class Shards:
         for index, (name, _ids) in sorted(self.have.items()):
             by_shard.setdefault(name, []).append(index)
         doc = {"shards": [{"path": k, "indices": v} for k, v in sorted(by_shard.items())]}
-        from ..export.shards import write_json
-
         write_json(self.out / "index.json", doc)
         return {"files": "hs-*.safetensors", "index": "index.json"}
 
 
-LAYOUTS = {"speculators": Speculators, "specforge": SpecForge, "safetensors": Shards}
-
-
 def make_layout(name: str, out: Path, torch: Any, dtype: str) -> Any:
-    if name not in LAYOUTS:
-        raise InputError(f"--for {name!r}: choose one of {', '.join(LAYOUTS)}")
-    return LAYOUTS[name](out, torch, Encoder(torch, dtype))
+    """The layout the trainer ``name`` reads (``export.trainers.LAYOUTS``), its rules checked."""
+    from ..export.trainers import layout_trainer
+
+    layout = layout_trainer(name, dtype).layout
+    assert layout is not None
+    return layout(out, torch, Encoder(torch, dtype))

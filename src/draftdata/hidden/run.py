@@ -218,7 +218,7 @@ def manifest(
     **extra: Any,
 ) -> dict[str, Any]:
     """The capture's manifest, written to ``out/draftdata-hidden-states.json``."""
-    from ..export.shards import write_json
+    from ..files import write_json
 
     tokens = counts["tokens_captured"]
     doc: dict[str, Any] = {

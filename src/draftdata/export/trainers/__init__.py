@@ -1,61 +1,115 @@
-"""Trainer-specific exports, by name: the one table a new trainer format is added to. The CLI's
-``export --as`` choices come from it.
+"""The trainers, by name: the one table a new trainer is added to. Each entry holds what
+draftdata writes for that trainer: its exports beside the shards (``export --as``, from
+``EXPORTERS``) and its offline hidden-state layout (``hidden-states --for``, from ``LAYOUTS``),
+with the dtypes that layout's reader takes.
 
-Each writer takes the runner of an exported run and writes its files beside the shards. ``lossy``
-marks an export whose trainer re-tokenizes text: the ids it trains on are not ours."""
+An exporter's writer takes the export's samples (any iterable, read once), its
+``ExportManifest`` and the folder, never a run; a lossy one, whose trainer re-tokenizes text,
+takes the answered conversations and the format's system text instead. ``lossy`` says why the
+trainer will not train on our ids (None: it trains on them exactly)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
+from ...errors import InputError
+from ...hidden import layouts
+from ...records import Answered, ExportManifest, Sample
 from . import specforge, speculators
 
-if TYPE_CHECKING:
-    from ...generate.runner import Runner
+#: an exact export: the samples in export order, the export's manifest, the folder
+SampleWriter = Callable[[Iterable[Sample], ExportManifest, Path], tuple[Path, ...]]
+#: a lossy export: the conversations that became samples, the format's system text, the folder
+ConversationWriter = Callable[[Iterable[Answered], Path, "str | None"], tuple[Path, ...]]
 
 
 @dataclass(frozen=True)
 class Exporter:
+    #: the trainer's name, or the trainer's name and this export's suffix (``specforge-...``)
     name: str
-    write: Callable[[Runner, Path], Path | tuple[Path, ...]]
     summary: str
+    write: SampleWriter | None = None
+    write_conversations: ConversationWriter | None = None
     #: why the trainer will not train on our ids (None: it trains on them exactly)
     lossy: str | None = None
 
 
-EXPORTERS: dict[str, Exporter] = {
-    e.name: e
-    for e in (
-        Exporter(
+@dataclass(frozen=True)
+class Trainer:
+    name: str
+    exports: tuple[Exporter, ...] = ()
+    #: the hidden-state layout class (``layouts.Speculators`` ...): ``(out, torch, encoder)``
+    layout: Callable[..., Any] | None = None
+    #: the stored dtypes its offline reader takes, and what to say to a dtype it does not
+    dtypes: tuple[str, ...] = layouts.DTYPES
+    dtype_hint: str = ""
+
+    def check_dtype(self, dtype: str) -> None:
+        if dtype not in layouts.DTYPES:
+            raise InputError(f"--dtype {dtype!r}: choose one of {', '.join(layouts.DTYPES)}")
+        if dtype not in self.dtypes:
+            raise InputError(f"--dtype {dtype}: {self.dtype_hint}")
+
+
+def _trainer(name: str, *exports: Exporter, **kw: Any) -> Trainer:
+    """A trainer whose exports are named after it: its own name, or ``NAME-SUFFIX``."""
+    named = tuple(replace(e, name=f"{name}-{e.name}" if e.name else name) for e in exports)
+    return Trainer(name, named, **kw)
+
+
+TRAINERS: dict[str, Trainer] = {
+    t.name: t
+    for t in (
+        _trainer(
             "speculators",
-            speculators.write_both,
-            "our input_ids and loss_mask as JSONL (speculators prepare-data) and as a "
-            "save_to_disk dataset (speculators-dataset/, its trainer and offline generation)",
+            Exporter(
+                "",
+                "our input_ids and loss_mask as JSONL (speculators prepare-data) and as a "
+                "save_to_disk dataset (speculators-dataset/, its trainer and offline generation)",
+                write=speculators.write_both,
+            ),
+            layout=layouts.Speculators,
         ),
-        Exporter(
+        _trainer(
             "specforge",
-            specforge.write_pretokenized,
-            "our input_ids and loss_mask as the pre-tokenized JSONL of SpecForge's "
-            "data.prompts_path",
+            Exporter(
+                "",
+                "our input_ids and loss_mask as the pre-tokenized JSONL of SpecForge's "
+                "data.prompts_path",
+                write=specforge.write_pretokenized,
+            ),
+            Exporter(
+                "conversations",
+                "LOSSY: conversations that SpecForge re-tokenizes with the stock tokenizer",
+                write_conversations=specforge.write_conversations,
+                lossy=specforge.LOSSY,
+            ),
+            layout=layouts.SpecForge,
+            dtypes=("bf16", "fp32"),
+            dtype_hint="SpecForge reads bf16 or fp32 .ckpt files; use fp8 with --for speculators "
+            "or --for safetensors",
         ),
-        Exporter(
-            "specforge-conversations",
-            specforge.write_conversations,
-            "LOSSY: conversations that SpecForge re-tokenizes with the stock tokenizer",
-            lossy=specforge.LOSSY,
-        ),
+        # draftdata's own hidden-state shards (read with safetensors); the shards are the export
+        _trainer("safetensors", layout=layouts.Shards),
     )
 }
 
-
-def export_as(runner: Runner, name: str) -> tuple[Path, ...]:
-    folder = runner.m.output_dir / "export"
-    folder.mkdir(parents=True, exist_ok=True)
-    out = EXPORTERS[name].write(runner, folder)
-    return out if isinstance(out, tuple) else (out,)
+#: ``export --as`` NAME: every trainer's exports
+EXPORTERS: dict[str, Exporter] = {e.name: e for t in TRAINERS.values() for e in t.exports}
+#: ``hidden-states --for`` NAME: the trainers with a hidden-state layout
+LAYOUTS: dict[str, Trainer] = {n: t for n, t in TRAINERS.items() if t.layout is not None}
 
 
-__all__ = ["EXPORTERS", "Exporter", "export_as"]
+def layout_trainer(name: str, dtype: str) -> Trainer:
+    """The trainer of the layout ``--for name``, its rules checked for ``dtype``."""
+    t = LAYOUTS.get(name)
+    if t is None:
+        raise InputError(f"--for {name!r}: choose one of {', '.join(LAYOUTS)}")
+    t.check_dtype(dtype)
+    return t
+
+
+__all__ = ["EXPORTERS", "LAYOUTS", "TRAINERS", "Exporter", "Trainer", "layout_trainer"]

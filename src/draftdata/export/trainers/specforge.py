@@ -12,21 +12,22 @@ stock tokenizer, which splits some answers differently from the model, adds trai
 model never produced (a newline after the end marker, an end marker after an answer cut at
 max_tokens) and cannot tell where the model stopped. Every record says so (``lossy``), and the
 system text the format rendered (a template's default system prompt) is written out, since the
-trainer would otherwise render its own default in its place."""
+trainer would otherwise render its own default in its place.
+
+The pre-tokenized writer takes the export's samples (any iterable, read once) and its manifest;
+the conversations writer the answered conversations that became samples and the system text."""
 
 from __future__ import annotations
 
 import json
-import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ...records import Message
+from ...files import atomic_path
+from ...records import Answered, ExportManifest, Message, Sample
 from ...records.wire import messages_to_wire
-from .speculators import pretokenized_row, run_samples
-
-if TYPE_CHECKING:
-    from ...generate.runner import Runner
+from .speculators import write_jsonl
 
 LOSSY = (
     "re-tokenized by SpecForge with the stock tokenizer: splits, end markers and cut answers "
@@ -34,43 +35,45 @@ LOSSY = (
 )
 
 
-def write_pretokenized(runner: Runner, folder: Path) -> Path:
-    path = folder / "specforge.jsonl"
-    tmp = folder / ".specforge.jsonl.tmp"
-    with tmp.open("w", encoding="utf-8") as f:
-        for s in run_samples(runner):
-            f.write(json.dumps(pretokenized_row(s)) + "\n")
-    os.replace(tmp, path)
-    return path
+def write_pretokenized(
+    samples: Iterable[Sample], manifest: ExportManifest, folder: Path
+) -> tuple[Path, ...]:
+    """``folder/specforge.jsonl``: the rows of ``speculators.jsonl`` (SpecForge reads the same
+    pre-tokenized shape)."""
+    return (write_jsonl(samples, folder / "specforge.jsonl"),)
 
 
-def rendered_system(runner: Runner) -> str | None:
-    """The system text the format inserts when a conversation has none (None: it inserts none)."""
-    text = getattr(runner.bound.format, "default_system", None)
+def rendered_system(fmt: Any) -> str | None:
+    """The system text the chat format ``fmt`` inserts when a conversation has none (None: it
+    inserts none)."""
+    text = getattr(fmt, "default_system", None)
     return text if isinstance(text, str) and text != "auto" else None
 
 
-def write_conversations(runner: Runner, folder: Path) -> Path:
+def conversation_record(a: Answered, system: str | None) -> dict[str, Any]:
+    """One answered conversation as SpecForge's conversations row (``system`` first where the
+    conversation has no system message of its own)."""
+    v = a.view
+    answer = Message("assistant", v.content or "", v.reasoning, v.tool_calls)
+    msgs = list(a.messages)
+    if system is not None and (not msgs or msgs[0].role != "system"):
+        msgs.insert(0, Message("system", system))
+    conv = messages_to_wire([*msgs, answer], reasoning=True)
+    for m in conv:
+        m["content"] = m["content"] or ""
+    rec: dict[str, Any] = {"id": a.key.sample_id, "lossy": LOSSY, "conversations": conv}
+    if a.prompt.tools:
+        rec["tools"] = list(a.prompt.tools)
+    return rec
+
+
+def write_conversations(
+    answers: Iterable[Answered], folder: Path, system: str | None
+) -> tuple[Path, ...]:
+    """``folder/specforge-conversations.jsonl`` from the conversations that became samples (the
+    caller leaves out those dropped at the tokens stage: not training data)."""
     path = folder / "specforge-conversations.jsonl"
-    tmp = folder / ".specforge-conversations.jsonl.tmp"
-    system = rendered_system(runner)
-    with tmp.open("w", encoding="utf-8") as f:
-        for d in runner.m.datasets:
-            have = {s.key for s in runner.ledger.samples(d.name)}
-            for a in runner.conversations(d):
-                if a.key not in have:
-                    continue  # dropped at the tokens stage: not training data
-                v = a.view
-                answer = Message("assistant", v.content or "", v.reasoning, v.tool_calls)
-                msgs = list(a.messages)
-                if system is not None and (not msgs or msgs[0].role != "system"):
-                    msgs.insert(0, Message("system", system))
-                conv = messages_to_wire([*msgs, answer], reasoning=True)
-                for m in conv:
-                    m["content"] = m["content"] or ""
-                rec: dict[str, Any] = {"id": a.key.sample_id, "lossy": LOSSY, "conversations": conv}
-                if a.prompt.tools:
-                    rec["tools"] = list(a.prompt.tools)
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as f:
+        for a in answers:
+            f.write(json.dumps(conversation_record(a, system), ensure_ascii=False) + "\n")
+    return (path,)

@@ -5,7 +5,9 @@ generation read (``input_ids`` and ``loss_mask`` int64, ``seq_len``; format torc
 
 Mask convention: 1 on every token the model produced (the answer, its end marker included when
 it ended). speculators shifts it by one for its labels, so it trains every answer token from the
-first one (labels P+1..n in its own counting)."""
+first one (labels P+1..n in its own counting).
+
+The writers take the export's samples in its order (any iterable, read once) and its manifest."""
 
 from __future__ import annotations
 
@@ -14,40 +16,44 @@ import os
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, Any
 
 from ...errors import InputError
-from ...records import Sample
-
-if TYPE_CHECKING:
-    from ...generate.runner import Runner
+from ...files import atomic_path
+from ...records import ExportManifest, Sample
 
 #: where the dataset is written under the export
 DATASET = "speculators-dataset"
-
-
-def run_samples(runner: Runner) -> Iterator[Sample]:
-    """The run's samples in export order (dataset by dataset, as the shards hold them)."""
-    for d in runner.m.datasets:
-        yield from runner.ledger.samples(d.name)
-
-
-def write_jsonl(runner: Runner, folder: Path) -> Path:
-    path = folder / "speculators.jsonl"
-    tmp = folder / ".speculators.jsonl.tmp"
-    with tmp.open("w", encoding="utf-8") as f:
-        for s in run_samples(runner):
-            f.write(json.dumps(pretokenized_row(s)) + "\n")
-    os.replace(tmp, path)
-    return path
+JSONL = "speculators.jsonl"
 
 
 def pretokenized_row(s: Sample) -> dict[str, Any]:
     return {"id": s.id, "input_ids": s.input_ids, "loss_mask": [int(b) for b in s.loss_mask]}
 
 
-def write_both(runner: Runner, folder: Path) -> tuple[Path, ...]:
-    return write_jsonl(runner, folder), write_dataset(run_samples(runner), folder / DATASET)
+def write_jsonl(samples: Iterable[Sample], path: Path) -> Path:
+    """``path``: one pre-tokenized row per sample (``id``, ``input_ids``, ``loss_mask``)."""
+    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as f:
+        for s in samples:
+            f.write(json.dumps(pretokenized_row(s)) + "\n")
+    return path
+
+
+def _lines(samples: Iterable[Sample], f: IO[str]) -> Iterator[Sample]:
+    for s in samples:
+        f.write(json.dumps(pretokenized_row(s)) + "\n")
+        yield s
+
+
+def write_both(
+    samples: Iterable[Sample], manifest: ExportManifest, folder: Path
+) -> tuple[Path, ...]:
+    """``folder/speculators.jsonl`` and ``folder/speculators-dataset/``, in one pass over the
+    samples."""
+    path = folder / JSONL
+    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as f:
+        dataset = write_dataset(_lines(samples, f), folder / DATASET)
+    return path, dataset
 
 
 def _datasets() -> Any:
