@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
+from itertools import islice
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,7 +25,7 @@ from conftest import GROUNDTRUTH, TOKENIZERS
 from draftdata import __version__
 from draftdata.errors import InputError
 from draftdata.export import shards as export
-from draftdata.export.preview import write_preview
+from draftdata.export.preview import PER_DATASET, write_preview
 from draftdata.generate.runner import Runner
 from draftdata.manifest import manifest_of_run
 from draftdata.report import build_report, summary
@@ -243,7 +244,10 @@ def write_run_preview(run_dir: Path) -> Path:
     m.run.output = str(run_dir.resolve())
     runner = Runner(m, quiet=True)
     try:
-        return write_preview(runner, run_dir / "export")
+        first = {
+            d.name: list(islice(runner.ledger.samples(d.name), PER_DATASET)) for d in m.datasets
+        }
+        return write_preview(first, runner.bound.tokenizer, run_dir / "export")
     finally:
         runner.ledger.close()
 
