@@ -21,8 +21,9 @@ def _close_id(b):
 @pytest.mark.parametrize("key", THINKING)
 def test_reasoning_cut_by_length_gets_no_close_marker(bound, key):
     b = bound(key)
-    if b.format.think is None:
-        pytest.skip(f"{key}: no think markers in this vocabulary")
+    # each of these vocabularies has <think> tokens: a format that lost them must fail here,
+    # not skip (test_reconstruct_golden checks the one without them, DeepSeek V3)
+    assert b.format.think is not None, f"{key}: no think markers found in this vocabulary"
     user = (Message("user", "What is two plus two?"),)
     view = ApiView(content="", reasoning=REASONING, finish_reason="length")
     s = reconstruct(b, user, view, thinking=True)
