@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import FormatError
-from .base import BoundFormat, ChatFormat, MarkerCheck, MarkerSpec, ThinkGrammar, describe_id
+from .base import BoundFormat, ChatFormat, ThinkGrammar
 from .families import BUILTIN, TemplateFormat
 from .inverse import derive_view
+from .markers import MarkerCheck, MarkerSpec, describe_id
 from .segments import Segment, Special, Text, encode_segments, merge_text
 
 __all__ = [

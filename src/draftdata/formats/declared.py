@@ -39,8 +39,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import FormatError
-from .base import ChatFormat, MarkerSpec, ThinkGrammar
+from .base import ChatFormat, ThinkGrammar
 from .families import TemplateFormat
+from .markers import MarkerSpec
 
 if sys.version_info >= (3, 11):
     import tomllib

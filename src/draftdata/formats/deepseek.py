@@ -10,7 +10,8 @@ from typing import Any
 from ..records import Message, ServerProfile, ToolCall
 from ..tokenizers import Tokenizer
 from ._common import _between, _text
-from .base import ChatFormat, MarkerSpec, ThinkGrammar
+from .base import ChatFormat, ThinkGrammar
+from .markers import MarkerSpec
 from .segments import Segment, Special, Text
 
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from ..records import Message, ServerProfile, ToolCall
 from ._common import _between, _text
-from .base import ChatFormat, MarkerSpec, ThinkGrammar, tojson
+from .base import ChatFormat, ThinkGrammar, tojson
+from .markers import MarkerSpec
 from .segments import Segment, Special, Text
 
 #: a tool-call id in the model's own form

@@ -11,7 +11,8 @@ from typing import Any
 from ..errors import FormatError
 from ..records import Message, ServerProfile, ToolCall
 from ._common import _between, _text, _unstring
-from .base import ChatFormat, MarkerSpec, ThinkGrammar, separator, tojson
+from .base import ChatFormat, ThinkGrammar, separator, tojson
+from .markers import MarkerSpec
 from .segments import Segment, Special, Text
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ from ..errors import FormatError
 from ..records import Message
 from ..tokenizers import Tokenizer
 from ._common import _text
-from .base import ChatFormat, MarkerSpec
+from .base import ChatFormat
+from .markers import MarkerSpec
 from .segments import Segment, Special, Text
 
 _FIELD = re.compile(r"\{(content|role)\}")
