@@ -15,6 +15,7 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..records import GroundTruth
+from ..records.servers import SERVERS
 from .app import DeviceOpt, FormatOpt, Ticker, TokenizerOpt, app, err, example, out, read_jsonl, say
 from .show import print_validation
 
@@ -43,19 +44,21 @@ ServerOpt = Annotated[
     str,
     typer.Option(
         "--server",
-        help="what parsed the answers: vllm, sglang, openrouter, or auto (told from each raw "
-        "response's fields, else from its text); see README 'What each server's view keeps'",
+        help=f"what parsed the answers: {', '.join(s for s in SERVERS if s != 'auto')}, or auto "
+        "(told from each raw response's fields, else from its text); see README 'What each "
+        "server's view keeps'",
         metavar="SERVER",
     ),
 ]
 
 
 def _server(name: str) -> str:
-    from ..tokens.servers import SERVERS
+    from ..records.servers import check_server
 
-    if name not in SERVERS:
-        raise InputError(f"--server {name!r}: choose one of {', '.join(SERVERS)}")
-    return name
+    try:
+        return check_server(name)
+    except ValueError as e:
+        raise InputError(f"--server {e}") from None
 
 
 def _bound(tokenizer: str, format: str, chat_template: Path | None = None, strict: bool = True):  # type: ignore[no-untyped-def]

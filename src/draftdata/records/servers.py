@@ -25,15 +25,20 @@ Read from the servers' own parsers (non-streaming paths):
 
 from __future__ import annotations
 
-from ..records import ServerProfile
+from . import ServerProfile
 
-SERVERS = ("auto", "vllm", "sglang", "openrouter")
-
-__all__ = ["PROFILES", "SERVERS", "ServerProfile", "profile"]
+__all__ = ["PROFILES", "SERVERS", "ServerProfile", "check_server", "profile"]
 
 
 PROFILES: dict[str, ServerProfile] = {
-    "auto": ServerProfile("auto", None, False, False, False, False),
+    "auto": ServerProfile(
+        "auto",
+        think_verbatim=None,
+        strips_tool_content=False,
+        redumps_json_arguments=False,
+        strips_kimi_tool_whitespace=False,
+        renumbers_kimi_ids=False,
+    ),
     "vllm": ServerProfile(
         "vllm",
         think_verbatim=True,
@@ -56,8 +61,25 @@ PROFILES: dict[str, ServerProfile] = {
         renumbers_kimi_ids=True,
         lossless_request={"skip_special_tokens": False},
     ),
-    "openrouter": ServerProfile("openrouter", None, True, True, True, True),
+    "openrouter": ServerProfile(
+        "openrouter",
+        think_verbatim=None,
+        strips_tool_content=True,
+        redumps_json_arguments=True,
+        strips_kimi_tool_whitespace=True,
+        renumbers_kimi_ids=True,
+    ),
 }
+
+#: every server's name, spelled once: the keys of the table above
+SERVERS = tuple(PROFILES)
+
+
+def check_server(name: str) -> str:
+    """``name`` where it is a server profile's; a ValueError naming the choices otherwise."""
+    if name not in PROFILES:
+        raise ValueError(f"{name!r} is not a server; choose one of {', '.join(SERVERS)}")
+    return name
 
 
 def profile(name: str | None) -> ServerProfile:

@@ -174,9 +174,9 @@ def _lossless_fields() -> dict[str, tuple[Any, tuple[str, ...]]]:
     """Request fields that keep a server's view lossless, the value that asks for each, and the
     servers that implement it: the server profiles' own ``lossless_request``, plus vLLM's
     ``return_token_ids`` (granted only where the ids came back)."""
-    from ..tokens.servers import PROFILES
+    from ..records.servers import PROFILES
 
-    fields: dict[str, tuple[Any, tuple[str, ...]]] = {"return_token_ids": (True, ("vllm",))}
+    fields: dict[str, tuple[Any, tuple[str, ...]]] = {"return_token_ids": (True, ("vllm", "sglang"))}
     for p in PROFILES.values():
         for name, value in p.lossless_request.items():
             fields[name] = (value, (*fields.get(name, (value, ()))[1], p.name))

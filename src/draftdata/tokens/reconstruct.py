@@ -18,9 +18,9 @@ from .. import __version__
 from ..errors import DraftdataError, FormatError, ReconstructError
 from ..formats import BoundFormat, Segment, Special, Text, merge_text
 from ..records import ApiView, Message, Provenance, Sample, TokenSource
+from ..records.servers import profile
 from .logprobs import ids_from_logprobs
 from .response import answer_segments
-from .servers import profile
 
 TextIds = Callable[[str, list[int]], list[int]]
 

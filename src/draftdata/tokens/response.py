@@ -1,7 +1,7 @@
 """A server's view of one answer -> the segments the model generated: reasoning found where the
 server left it, the think block's whitespace kept or re-written (and labelled where it cannot
 be known), the tool-call section, the end of turn. What each server did to the text is its
-profile's business (``tokens.servers``)."""
+profile's business (``records.servers``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import ReconstructError
 from ..formats import BoundFormat, Segment
 from ..records import FINISHED, ApiView, Message
-from .servers import profile
+from ..records.servers import profile
 
 
 def answer_segments(

@@ -10,6 +10,8 @@ from urllib.parse import unquote_plus, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ...records.servers import check_server
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -45,9 +47,15 @@ class OpenAIBackendCfg(_Strict):
     max_answer_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     #: the HTTP client: "auto" is the lean HTTP/1.1 client for http:// and aiohttp for https://
     http: Literal["auto", "lean", "aiohttp"] = "auto"
-    #: what parses the answers (``tokens.servers``): its normalisations are undone or labelled
-    #: ``lossy:*``; for vllm / sglang the request asks for the options that keep the text whole
-    server: Literal["auto", "vllm", "sglang", "openrouter"] = "auto"
+    #: what parses the answers (``records.servers``, whose table names them): its
+    #: normalisations are undone or labelled ``lossy:*``; for vllm / sglang the request asks for
+    #: the options that keep the text whole
+    server: str = "auto"
+
+    @field_validator("server")
+    @classmethod
+    def _server(cls, v: str) -> str:
+        return check_server(v)
 
     @field_validator("base_url")
     @classmethod

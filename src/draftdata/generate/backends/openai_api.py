@@ -26,8 +26,8 @@ from ...errors import DraftdataError
 from ...formats import BoundFormat
 from ...manifest import Manifest
 from ...records import ApiView
+from ...records.servers import profile as server_profile
 from ...records.wire import WireAnswer, ids_field, messages_to_wire, parse_answer
-from ...tokens.servers import profile as server_profile
 from .base import Backend, Completion, FailedAttempt, GenRequest, OnFailure
 from .config import OpenAIBackendCfg, redact_url
 from .http11 import READ_STEP, LeanHttp, Reply, TransportError
