@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import FormatError
-from .base import BoundFormat, ChatFormat, ThinkGrammar
+from .base import BoundFormat, ChatFormat, Conversation, ThinkGrammar, version_of
 from .families import BUILTIN, TemplateFormat
 from .inverse import derive_view
 from .markers import MarkerCheck, MarkerSpec, describe_id
@@ -15,6 +15,7 @@ __all__ = [
     "BUILTIN",
     "BoundFormat",
     "ChatFormat",
+    "Conversation",
     "MarkerCheck",
     "MarkerSpec",
     "Segment",
@@ -27,6 +28,7 @@ __all__ = [
     "encode_segments",
     "get_format",
     "merge_text",
+    "version_of",
 ]
 
 

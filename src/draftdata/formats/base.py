@@ -6,8 +6,8 @@ import functools
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, fields, replace
+from typing import Any, ClassVar, TypeVar
 
 from ..errors import FormatError, MarkerError
 from ..records import FINISHED, Message, ServerProfile, ToolCall
@@ -39,8 +39,39 @@ def tojson(obj: Any, separators: tuple[str, str] | None = None) -> str:
 
 
 @dataclass(frozen=True)
+class Conversation:
+    """A conversation after a format's normaliser: the messages its role hooks render, in order,
+    and what the format read off the whole conversation once (so no hook scans it again)."""
+
+    messages: tuple[Message, ...]
+    tools: tuple[dict[str, Any], ...] = ()
+    #: system messages the normaliser took out of the turns (DeepSeek shows them all first)
+    system: tuple[Message, ...] = ()
+    add_generation_prompt: bool = True
+    thinking: bool = True
+    #: answers after this index show their reasoning (Qwen: after the last user query; Kimi:
+    #: after the last plain answer); -1: every answer does
+    reasoning_after: int = -1
+
+    def role_before(self, i: int) -> str | None:
+        return self.messages[i - 1].role if i > 0 else None
+
+    def role_after(self, i: int) -> str | None:
+        return self.messages[i + 1].role if i + 1 < len(self.messages) else None
+
+    @property
+    def last_role(self) -> str | None:
+        return self.messages[-1].role if self.messages else None
+
+
+@dataclass(frozen=True)
 class ChatFormat:
-    """Base class. Families override ``render_prompt`` and the response pieces they need."""
+    """Base class. ``render_prompt`` is one loop for every family: ``validate`` refuses what the
+    format cannot show, ``normalise`` turns the messages into a ``Conversation``, then
+    ``render_head``, one role hook per message (``render_system`` / ``render_user`` /
+    ``render_assistant`` / ``render_tool``, ``render_other`` for any other role) and
+    ``render_tail`` (the generation prompt). A family supplies only its hooks; a version of a
+    format is ``dataclasses.replace(BASE, name=..., <what differs>)``."""
 
     name: str
     version: str
@@ -52,7 +83,15 @@ class ChatFormat:
     supports_tools: bool = True
     #: the marker that opens the tool-call section of an answer (None: no tool grammar)
     tool_section: str | None = None
-    #: extra keyword arguments the model's own chat template needs to render like this format
+    #: the generation prompt, as template text (marker texts in it are markers)
+    generation_prompt: str = ""
+    #: the generation prompt with thinking off (None: the format has no thinking switch)
+    generation_prompt_no_think: str | None = None
+    #: message content is shown stripped of surrounding whitespace (Llama 3, Qwen3.5)
+    trim_content: bool = False
+    #: prompt options beyond ``add_generation_prompt`` and ``thinking`` (Kimi's
+    #: ``preserve_thinking``); ``normalise`` takes them
+    prompt_options: ClassVar[frozenset[str]] = frozenset()
 
     # --- helpers --------------------------------------------------------------------------
     @functools.cached_property
@@ -102,7 +141,7 @@ class ChatFormat:
                 "format with a tool prompt"
             )
 
-    # --- prompt ---------------------------------------------------------------------------
+    # --- prompt: validator -> normaliser -> role hooks ----------------------------------------
     def render_prompt(
         self,
         messages: Sequence[Message],
@@ -110,8 +149,92 @@ class ChatFormat:
         *,
         add_generation_prompt: bool = True,
         thinking: bool = True,
+        **options: Any,
     ) -> list[Segment]:
-        raise NotImplementedError
+        for key in options:
+            if key not in self.prompt_options:
+                raise TypeError(
+                    f"{type(self).__qualname__}.render_prompt() got an unexpected keyword "
+                    f"argument {key!r}"
+                )
+        self.validate(messages, tools)
+        conv = self.normalise(
+            messages,
+            tools,
+            add_generation_prompt=add_generation_prompt,
+            thinking=thinking,
+            **options,
+        )
+        out = self.render_head(conv)
+        for i, m in enumerate(conv.messages):
+            role = m.role
+            if role == "user":
+                out += self.render_user(conv, i, m)
+            elif role == "assistant":
+                out += self.render_assistant(conv, i, m)
+            elif role == "tool":
+                out += self.render_tool(conv, i, m)
+            elif role == "system":
+                out += self.render_system(conv, i, m)
+            else:
+                out += self.render_other(conv, i, m)
+        out += self.render_tail(conv)
+        return out
+
+    def validate(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> None:
+        """Refuse, before anything is rendered, what this format cannot show."""
+        self._no_tools(tools)
+
+    def normalise(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool,
+        thinking: bool,
+        **options: Any,
+    ) -> Conversation:
+        """The messages as the role hooks see them (content trimmed where the format trims)."""
+        shown = tuple(
+            replace(m, content=(m.content or "").strip()) if self.trim_content else m
+            for m in messages
+        )
+        return Conversation(
+            shown,
+            tuple(tools),
+            add_generation_prompt=add_generation_prompt,
+            thinking=thinking,
+        )
+
+    def render_head(self, conv: Conversation) -> list[Segment]:
+        """What comes before the first message (BOS, a system block, the tool prompt)."""
+        return []
+
+    def render_system(self, conv: Conversation, i: int, m: Message) -> list[Segment]:
+        raise NotImplementedError(f"format {self.name} renders no system messages")
+
+    def render_user(self, conv: Conversation, i: int, m: Message) -> list[Segment]:
+        raise NotImplementedError(f"format {self.name} renders no user messages")
+
+    def render_assistant(self, conv: Conversation, i: int, m: Message) -> list[Segment]:
+        raise NotImplementedError(f"format {self.name} renders no assistant messages")
+
+    def render_tool(self, conv: Conversation, i: int, m: Message) -> list[Segment]:
+        raise NotImplementedError(f"format {self.name} renders no tool messages")
+
+    def render_other(self, conv: Conversation, i: int, m: Message) -> list[Segment]:
+        """A message of any other role: left out unless the format shows it."""
+        return []
+
+    def render_tail(self, conv: Conversation) -> list[Segment]:
+        """What comes after the last message: the generation prompt where one is asked for."""
+        return self.generation_prompt_segments(conv.thinking) if conv.add_generation_prompt else []
+
+    def generation_prompt_segments(self, thinking: bool) -> list[Segment]:
+        gp = self.generation_prompt
+        if not thinking and self.generation_prompt_no_think is not None:
+            gp = self.generation_prompt_no_think
+        return self.lit(gp)
 
     # --- response grammar -------------------------------------------------------------------
     def answer_thinking(self, messages: Sequence[Message], thinking: bool | None) -> bool | None:
@@ -241,6 +364,16 @@ class ChatFormat:
 
     def with_overrides(self, **changes: Any) -> ChatFormat:
         return replace(self, **changes)
+
+
+F = TypeVar("F", bound=ChatFormat)
+
+
+def version_of(base: ChatFormat, cls: type[F], **changes: Any) -> F:
+    """A version of ``base`` whose hooks are those of ``cls`` (a subclass of the base's class):
+    ``dataclasses.replace`` across classes. Everything not in ``changes`` is the base's."""
+    kept = {f.name: getattr(base, f.name) for f in fields(base) if f.init}
+    return cls(**{**kept, **changes})
 
 
 def separator(sep: str, content: str, tool_text: str, present: bool) -> str:

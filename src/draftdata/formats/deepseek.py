@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..records import Message, ServerProfile, ToolCall
 from ..tokenizers import Tokenizer
 from ._common import _between, _text
-from .base import ChatFormat, ThinkGrammar
+from .base import ChatFormat, Conversation, ThinkGrammar, version_of
 from .markers import MarkerSpec
 from .segments import Segment, Special, Text
 
@@ -26,6 +26,8 @@ class DeepSeekV3Format(ChatFormat):
     used where the tokenizer has them (V3.1, V4); otherwise reasoning is written as text (R1)."""
 
     supports_tools: bool = False
+    #: earlier answers are shown with only what follows their last ``</think>`` (R1's template)
+    drops_history_reasoning: bool = False
 
     def cut_loss(self, server: ServerProfile) -> str | None:
         # vLLM's DeepSeek tool parsers drop a tool-call section cut by max_tokens and return the
@@ -59,51 +61,72 @@ class DeepSeekV3Format(ChatFormat):
         out.append(Special("tool_calls_end"))
         return out
 
-    def render_prompt(
+    # --- prompt hooks ----------------------------------------------------------------------
+    def normalise(
         self,
         messages: Sequence[Message],
-        tools: Sequence[dict[str, Any]] = (),
+        tools: Sequence[dict[str, Any]],
         *,
-        add_generation_prompt: bool = True,
-        thinking: bool = True,
-    ) -> list[Segment]:
-        self._no_tools(tools)
-        system = "\n\n".join(_text(m) for m in messages if m.role == "system")
-        out: list[Segment] = [Special("bos"), Text(system)]
-        in_tool = False
-        for m in messages:
-            if m.role == "user":
-                in_tool = False
-                out += [Special("user"), Text(_text(m))]
-            elif m.role == "assistant":
-                if in_tool:
-                    out.append(Special("tool_outputs_end"))
-                else:
-                    out.append(Special("assistant"))
-                in_tool = False
-                if m.tool_calls:
-                    out += [Text(_text(m)), *self.render_tool_calls(m.tool_calls, _text(m))]
-                else:
-                    out.append(Text(_text(m)))
-                out.append(Special("eos"))
-            elif m.role == "tool":
-                if not in_tool:
-                    out.append(Special("tool_outputs_begin"))
-                else:
-                    out.append(Text("\n"))
-                out += [Special("tool_output_begin"), Text(_text(m)), Special("tool_output_end")]
-                in_tool = True
-        if in_tool:
-            out.append(Special("tool_outputs_end"))
-        elif add_generation_prompt:
-            out.append(Special("assistant"))
-        return out
+        add_generation_prompt: bool,
+        thinking: bool,
+        **options: Any,
+    ) -> Conversation:
+        # system messages are all shown first, wherever they stand; the turns are the rest
+        turns = tuple(
+            Message(m.role, _answer_only(m), tool_calls=m.tool_calls)
+            if m.role == "assistant" and self.drops_history_reasoning
+            else m
+            for m in messages
+            if m.role in ("user", "assistant", "tool")
+        )
+        return Conversation(
+            turns,
+            tuple(tools),
+            system=tuple(m for m in messages if m.role == "system"),
+            add_generation_prompt=add_generation_prompt,
+            thinking=thinking,
+        )
+
+    def render_head(self, conv: Conversation) -> list[Segment]:
+        return [Special("bos"), Text("\n\n".join(_text(m) for m in conv.system))]
+
+    def render_user(self, conv: Conversation, i: int, m: Message) -> list[Segment]:
+        return [Special("user"), Text(_text(m))]
+
+    def render_assistant(self, conv: Conversation, i: int, m: Message) -> list[Segment]:
+        # an answer after tool results follows the outputs' end marker, not an Assistant marker
+        opening = "tool_outputs_end" if conv.role_before(i) == "tool" else "assistant"
+        out: list[Segment] = [Special(opening), Text(_text(m))]
+        if m.tool_calls:
+            out += self.render_tool_calls(m.tool_calls, _text(m))
+        return [*out, Special("eos")]
+
+    def render_tool(self, conv: Conversation, i: int, m: Message) -> list[Segment]:
+        # each tool round is one outputs-begin ... outputs-end, its results a newline apart
+        first = conv.role_before(i) != "tool"
+        return [
+            Special("tool_outputs_begin") if first else Text("\n"),
+            Special("tool_output_begin"),
+            Text(_text(m)),
+            Special("tool_output_end"),
+        ]
+
+    def render_tail(self, conv: Conversation) -> list[Segment]:
+        if conv.last_role == "tool":
+            return [Special("tool_outputs_end")]
+        return super().render_tail(conv)
 
     def adapt(self, tokenizer: Tokenizer, ids: dict[str, int]) -> ChatFormat:
-        if "think_open" in ids and "think_close" in ids:
+        # optional think markers the vocabulary lacks (V3's): reasoning is written as text
+        th = self.think
+        if th is None or all(n in ids or not self.markers[n].optional for n in (th.open, th.close)):
             return self
         return self.with_overrides(think=None)
 
+
+_THINK = ThinkGrammar(
+    "think_open", "think_close", open_suffix="\n", close_prefix="\n", close_suffix="\n\n"
+)
 
 DEEPSEEK_V3 = DeepSeekV3Format(
     name="deepseek-v3",
@@ -128,9 +151,8 @@ DEEPSEEK_V3 = DeepSeekV3Format(
         "think_close": MarkerSpec("</think>", optional=True),
     },
     end_of_turn="eos",
-    think=ThinkGrammar(
-        "think_open", "think_close", open_suffix="\n", close_prefix="\n", close_suffix="\n\n"
-    ),
+    think=_THINK,
+    generation_prompt="<｜Assistant｜>",
 )
 
 
@@ -148,51 +170,18 @@ def _answer_only(m: Message) -> str:
     return _text(m).split("</think>")[-1]
 
 
-@dataclass(frozen=True)
-class DeepSeekR1Format(DeepSeekV3Format):
-    """DeepSeek R1 (the 0528 template): the generation prompt opens ``<think>\\n``, the model
-    writes ``REASONING\\n</think>\\n\\nANSWER``; earlier answers are shown without their
-    reasoning (the template keeps what follows ``</think>``). Needs a vocabulary with the think
-    tokens (R1's own, V3.1's, V4's); DeepSeek V3's has none and is refused at bind."""
-
-    def render_prompt(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[dict[str, Any]] = (),
-        *,
-        add_generation_prompt: bool = True,
-        thinking: bool = True,
-    ) -> list[Segment]:
-        shown = [
-            Message(m.role, _answer_only(m), tool_calls=m.tool_calls)
-            if m.role == "assistant"
-            else m
-            for m in messages
-        ]
-        out = super().render_prompt(shown, tools, add_generation_prompt=add_generation_prompt)
-        if add_generation_prompt and out and out[-1] == Special("assistant"):
-            out += [Special("think_open"), Text("\n")]
-        return out
-
-    def adapt(self, tokenizer: Tokenizer, ids: dict[str, int]) -> ChatFormat:
-        return self
-
-
-DEEPSEEK_R1 = DeepSeekR1Format(
+#: DeepSeek R1 (the 0528 template): the generation prompt opens ``<think>\n``, the model writes
+#: ``REASONING\n</think>\n\nANSWER``; earlier answers are shown without their reasoning (the
+#: template keeps what follows ``</think>``). Needs a vocabulary with the think tokens (R1's
+#: own, V3.1's, V4's); DeepSeek V3's has none and is refused at bind.
+DEEPSEEK_R1 = replace(
+    DEEPSEEK_V3,
     name="deepseek-r1",
-    tool_section="tool_calls_begin",
-    version="1",
     description="DeepSeek R1 (0528 template): the prompt opens <think>; earlier reasoning dropped",
     markers=_THINK_MARKERS,
-    end_of_turn="eos",
-    think=ThinkGrammar(
-        "think_open",
-        "think_close",
-        open_suffix="\n",
-        close_prefix="\n",
-        close_suffix="\n\n",
-        prompt_opens=True,
-    ),
+    think=replace(_THINK, prompt_opens=True),
+    generation_prompt="<｜Assistant｜><think>\n",
+    drops_history_reasoning=True,
 )
 
 
@@ -234,48 +223,33 @@ class DeepSeekV31Format(DeepSeekV3Format):
             ]
         return [*out, Special("tool_calls_end")]
 
-    def render_prompt(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[dict[str, Any]] = (),
-        *,
-        add_generation_prompt: bool = True,
-        thinking: bool = True,
-    ) -> list[Segment]:
-        self._no_tools(tools)
-        system = "\n\n".join(_text(m) for m in messages if m.role == "system")
-        out: list[Segment] = [Special("bos"), Text(system)]
-        after_user = after_tool = False
-        for m in messages:
-            if m.role == "user":
-                out += [Special("user"), Text(_text(m))]
-                after_user, after_tool = True, False
-            elif m.role == "assistant":
-                if after_user:
-                    out += [Special("assistant"), Special("think_close")]
-                if m.tool_calls:
-                    out += [Text(_text(m)), *self.render_tool_calls(m.tool_calls, _text(m))]
-                elif after_tool:
-                    out.append(Text(_text(m)))
-                else:
-                    out.append(Text(_after_first_close(_text(m))))
-                out.append(Special("eos"))
-                after_user = after_tool = False
-            elif m.role == "tool":
-                out += [Special("tool_output_begin"), Text(_text(m)), Special("tool_output_end")]
-                after_user, after_tool = False, True
-        if add_generation_prompt and after_user:
-            out += [Special("assistant"), Special("think_open" if thinking else "think_close")]
-        return out
+    def render_assistant(self, conv: Conversation, i: int, m: Message) -> list[Segment]:
+        before = conv.role_before(i)
+        out: list[Segment] = []
+        if before == "user":
+            out += [Special("assistant"), Special("think_close")]
+        if m.tool_calls:
+            out += [Text(_text(m)), *self.render_tool_calls(m.tool_calls, _text(m))]
+        elif before == "tool":
+            out.append(Text(_text(m)))
+        else:
+            out.append(Text(_after_first_close(_text(m))))
+        return [*out, Special("eos")]
+
+    def render_tool(self, conv: Conversation, i: int, m: Message) -> list[Segment]:
+        return [Special("tool_output_begin"), Text(_text(m)), Special("tool_output_end")]
+
+    def render_tail(self, conv: Conversation) -> list[Segment]:
+        # only a user turn gets a generation prompt: after tool results the model answers directly
+        if conv.add_generation_prompt and conv.last_role == "user":
+            return self.generation_prompt_segments(conv.thinking)
+        return []
 
     def answer_thinking(self, messages: Sequence[Message], thinking: bool | None) -> bool | None:
         # after tool results the template opens no think block: the model answers directly
         if messages and messages[-1].role == "tool":
             return False
         return thinking
-
-    def adapt(self, tokenizer: Tokenizer, ids: dict[str, int]) -> ChatFormat:
-        return self
 
 
 def _after_first_close(text: str) -> str:
@@ -284,12 +258,13 @@ def _after_first_close(text: str) -> str:
     return tail if sep else head
 
 
-DEEPSEEK_V31 = DeepSeekV31Format(
+DEEPSEEK_V31 = version_of(
+    DEEPSEEK_V3,
+    DeepSeekV31Format,
     name="deepseek-v3.1",
-    tool_section="tool_calls_begin",
-    version="1",
     description="DeepSeek V3.1: thinking opens <think> in the prompt; NAME<sep>ARGS tool calls",
     markers=_THINK_MARKERS,
-    end_of_turn="eos",
     think=ThinkGrammar("think_open", "think_close", prompt_opens=True),
+    generation_prompt="<｜Assistant｜><think>",
+    generation_prompt_no_think="<｜Assistant｜></think>",
 )

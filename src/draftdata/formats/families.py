@@ -7,7 +7,7 @@ from __future__ import annotations
 from .base import ChatFormat
 from .deepseek import DEEPSEEK_R1, DEEPSEEK_V3, DEEPSEEK_V31, DeepSeekV3Format
 from .kimi import KIMI_K2, KimiK2Format
-from .qwen import QWEN3, QWEN3_THINKING, QWEN35, Qwen3Format, Qwen35Format
+from .qwen import QWEN3, QWEN3_THINKING, QWEN35, Qwen3Format
 from .template import CHATML, LLAMA3, TemplateFormat, probe_default_system
 
 __all__ = [
@@ -24,7 +24,6 @@ __all__ = [
     "DeepSeekV3Format",
     "KimiK2Format",
     "Qwen3Format",
-    "Qwen35Format",
     "TemplateFormat",
     "probe_default_system",
 ]

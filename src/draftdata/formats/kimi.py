@@ -6,11 +6,11 @@ import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from ..records import Message, ServerProfile, ToolCall
 from ._common import _between, _text
-from .base import ChatFormat, ThinkGrammar, tojson
+from .base import ChatFormat, Conversation, ThinkGrammar, tojson
 from .markers import MarkerSpec
 from .segments import Segment, Special, Text
 
@@ -32,8 +32,7 @@ class KimiK2Format(ChatFormat):
     ``<think></think>`` (thinking off); history turns are rendered with empty ``<think></think>``
     unless they come after the last plain assistant turn (``preserve_thinking`` keeps them all)."""
 
-    def _role(self, m: Message) -> list[Segment]:
-        return list(_role_segments(m.role, m.name or m.role))
+    prompt_options: ClassVar[frozenset[str]] = frozenset({"preserve_thinking"})
 
     def parse_tool_calls(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
         calls: list[ToolCall] = []
@@ -84,55 +83,63 @@ class KimiK2Format(ChatFormat):
             ]
         return [*out, Special("tool_calls_end")]
 
-    def render_prompt(
+    # --- prompt hooks ----------------------------------------------------------------------
+    def normalise(
         self,
         messages: Sequence[Message],
-        tools: Sequence[dict[str, Any]] = (),
+        tools: Sequence[dict[str, Any]],
         *,
-        add_generation_prompt: bool = True,
-        thinking: bool = True,
+        add_generation_prompt: bool,
+        thinking: bool,
         preserve_thinking: bool = False,
-    ) -> list[Segment]:
-        out: list[Segment] = []
-        if tools:
-            out += [
-                Special("im_system"),
-                Text("tool_declare"),
-                Special("im_middle"),
-                Text(tojson(list(tools), separators=(",", ":"))),
-                Special("im_end"),
-            ]
+        **options: Any,
+    ) -> Conversation:
+        conv = super().normalise(
+            messages, tools, add_generation_prompt=add_generation_prompt, thinking=thinking
+        )
+        if preserve_thinking:
+            return conv
+        # reasoning is shown only after the last answer without tool calls
         split = -1
-        if not preserve_thinking:
-            for i in range(len(messages) - 1, -1, -1):
-                if messages[i].role == "assistant" and not messages[i].tool_calls:
-                    split = i
-                    break
-        for i, m in enumerate(messages):
-            out += self._role(m)
-            if m.role == "assistant":
-                if i <= split or not thinking:
-                    out += [Special("think_open"), Special("think_close")]
-                else:
-                    out += [Special("think_open"), Text(m.reasoning or ""), Special("think_close")]
-                out.append(Text(_text(m)))
-                if m.tool_calls:
-                    out += self.render_tool_calls(m.tool_calls, _text(m))
-            elif m.role == "tool":
-                out.append(Text(f"## Return of {m.tool_call_id}\n{_text(m)}"))
-            else:
-                out.append(Text(_text(m)))
-            out.append(Special("im_end"))
-        if add_generation_prompt:
-            out += [
-                Special("im_assistant"),
-                Text("assistant"),
-                Special("im_middle"),
-                Special("think_open"),
-            ]
-            if not thinking:
-                out.append(Special("think_close"))
-        return out
+        for i in range(len(messages) - 1, -1, -1):
+            if messages[i].role == "assistant" and not messages[i].tool_calls:
+                split = i
+                break
+        return replace(conv, reasoning_after=split)
+
+    def render_head(self, conv: Conversation) -> list[Segment]:
+        if not conv.tools:
+            return []
+        return [
+            Special("im_system"),
+            Text("tool_declare"),
+            Special("im_middle"),
+            Text(tojson(list(conv.tools), separators=(",", ":"))),
+            Special("im_end"),
+        ]
+
+    def render_user(self, conv: Conversation, i: int, m: Message) -> list[Segment]:
+        return [*_role_segments(m.role, m.name or m.role), Text(_text(m)), Special("im_end")]
+
+    render_system = render_other = render_user
+
+    def render_assistant(self, conv: Conversation, i: int, m: Message) -> list[Segment]:
+        out: list[Segment] = list(_role_segments(m.role, m.name or m.role))
+        if i > conv.reasoning_after and conv.thinking:
+            out += [Special("think_open"), Text(m.reasoning or ""), Special("think_close")]
+        else:
+            out += [Special("think_open"), Special("think_close")]
+        out.append(Text(_text(m)))
+        if m.tool_calls:
+            out += self.render_tool_calls(m.tool_calls, _text(m))
+        return [*out, Special("im_end")]
+
+    def render_tool(self, conv: Conversation, i: int, m: Message) -> list[Segment]:
+        return [
+            *_role_segments(m.role, m.name or m.role),
+            Text(f"## Return of {m.tool_call_id}\n{_text(m)}"),
+            Special("im_end"),
+        ]
 
 
 KIMI_K2 = KimiK2Format(
@@ -157,4 +164,6 @@ KIMI_K2 = KimiK2Format(
     },
     end_of_turn="im_end",
     think=ThinkGrammar("think_open", "think_close", prompt_opens=True),
+    generation_prompt="<|im_assistant|>assistant<|im_middle|><think>",
+    generation_prompt_no_think="<|im_assistant|>assistant<|im_middle|><think></think>",
 )

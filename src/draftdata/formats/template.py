@@ -12,7 +12,7 @@ from ..errors import FormatError
 from ..records import Message
 from ..tokenizers import Tokenizer
 from ._common import _text
-from .base import ChatFormat
+from .base import ChatFormat, Conversation
 from .markers import MarkerSpec
 from .segments import Segment, Special, Text
 
@@ -27,12 +27,9 @@ class TemplateFormat(ChatFormat):
 
     bos: str | None = None
     message: dict[str, str] = field(default_factory=dict)
-    generation_prompt: str = ""
-    generation_prompt_no_think: str | None = None
     #: a system message the template inserts when the conversation has none; ``"auto"`` reads it
     #: from the tokenizer's own chat template when the format is bound
     default_system: str | None = None
-    trim_content: bool = False
     supports_tools: bool = False
 
     def fill(self, template: str, **fields: str) -> list[Segment]:
@@ -63,33 +60,46 @@ class TemplateFormat(ChatFormat):
                 self._templates[template] = got
         return got
 
-    def render_prompt(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[dict[str, Any]] = (),
-        *,
-        add_generation_prompt: bool = True,
-        thinking: bool = True,
-    ) -> list[Segment]:
-        self._no_tools(tools)
-        out: list[Segment] = [Special(self.bos)] if self.bos else []
+    # --- prompt hooks ----------------------------------------------------------------------
+    def _with_default_system(self, messages: Sequence[Message]) -> list[Message]:
         msgs = list(messages)
         if self.default_system not in (None, "auto") and (not msgs or msgs[0].role != "system"):
             msgs.insert(0, Message("system", self.default_system))
-        for m in msgs:
-            tpl = self.message.get(m.role) or self.message.get("default")
-            if tpl is None:
+        return msgs
+
+    def validate(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> None:
+        super().validate(messages, tools)
+        for m in self._with_default_system(messages):
+            if (self.message.get(m.role) or self.message.get("default")) is None:
                 raise FormatError(f"format {self.name} has no template for role {m.role!r}")
             if m.role == "assistant" and m.tool_calls:
                 raise FormatError(f"format {self.name} has no tool-call grammar")
-            content = _text(m).strip() if self.trim_content else _text(m)
-            out += self.fill(tpl, role=m.role, content=content)
-        if add_generation_prompt:
-            gp = self.generation_prompt
-            if not thinking and self.generation_prompt_no_think is not None:
-                gp = self.generation_prompt_no_think
-            out += self.lit(gp)
-        return out
+
+    def normalise(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[dict[str, Any]],
+        *,
+        add_generation_prompt: bool,
+        thinking: bool,
+        **options: Any,
+    ) -> Conversation:
+        return super().normalise(
+            self._with_default_system(messages),
+            tools,
+            add_generation_prompt=add_generation_prompt,
+            thinking=thinking,
+        )
+
+    def render_head(self, conv: Conversation) -> list[Segment]:
+        return [Special(self.bos)] if self.bos else []
+
+    def render_user(self, conv: Conversation, i: int, m: Message) -> list[Segment]:
+        """Every role: its template (or the default one), the content filled in as text."""
+        tpl = self.message.get(m.role) or self.message["default"]
+        return self.fill(tpl, role=m.role, content=_text(m))
+
+    render_system = render_assistant = render_tool = render_other = render_user
 
     def adapt(self, tokenizer: Tokenizer, ids: dict[str, int]) -> ChatFormat:
         if self.default_system != "auto":
