@@ -1,17 +1,12 @@
 """`reconstruct` over several processes: a large input split into chunks of lines, each chunk
 parsed and reconstructed by a worker, the samples written by this process in input order.
 
-The order is the input's whatever the workers' speed (results are taken in submission order);
-memory is bounded (at most two chunks per worker are in flight, and this process holds only
-the chunk it is writing). Each worker loads the tokenizer and format once. Workers are forked
-where the platform allows it, before this process has loaded a tokenizer (a tokenizer's
-thread pool does not survive a fork)."""
+The pool is the tokens stage's (``tokens.pool``): results in submission order whatever the
+workers' speed, at most two chunks per worker in flight, this process holding only the chunk it
+is writing. Each worker loads the tokenizer and format once (so a spawned worker works too)."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-from collections import deque
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
@@ -19,6 +14,7 @@ from typing import Any
 
 from ..errors import DraftdataError, InputError
 from ..records import Sample
+from ..tokens import pool
 
 #: input lines per task: one batched-encode window (`tokens.reconstruct.WINDOW`), small enough
 #: that the last chunks keep every worker busy to the end
@@ -29,26 +25,24 @@ AUTO_BYTES = 8 << 20
 _state: dict[str, Any] = {}
 
 
-def jobs_for(path: Path, asked: int) -> int:
-    """``asked`` processes, or (0: auto) one per core for an input of AUTO_BYTES or more."""
-    if asked > 0:
-        return asked
+def input_bytes(path: Path) -> int:
+    """The input's size, what ``--jobs 0`` goes by (``tokens.pool.jobs_for``, at AUTO_BYTES)."""
     try:
-        big = path.stat().st_size >= AUTO_BYTES
+        return path.stat().st_size
     except OSError:
-        return 1  # the reader names a missing file
-    return min(os.cpu_count() or 1, 8) if big else 1
+        return 0  # the reader names a missing file
 
 
 def _init(setup: dict[str, Any]) -> None:
-    from .tokens import _applier, _bound
+    from ..tokens.prefs import applier_for
+    from .tokens import _bound
 
     try:
         bound = _bound(setup["tokenizer"], setup["format"], setup["chat_template"])
         _state["bound"] = bound
         _state["output"] = setup["output"]
         _state["server"] = setup.get("server", "auto")
-        _state["text_ids"] = _applier(setup["prefs"], bound)
+        _state["text_ids"] = applier_for(setup["prefs"], bound.tokenizer)
     except DraftdataError as e:
         _state["error"] = str(e)  # said by the first task, in the parent
 
@@ -59,6 +53,7 @@ def _work(
     """One chunk: its samples encoded for the output file (so this process only writes), their
     number, samples by token source, drops by reason and skipped lines by reason."""
     from ..export.shards import encode_piece
+    from ..tokens.answers import samples_of
     from .app import jsonl_records
 
     if "error" in _state:
@@ -75,40 +70,11 @@ def _work(
 
 
 def _counted(samples: Iterable[Sample], sources: dict[str, int]) -> Iterator[Sample]:
+    from ..tokens.answers import count_sample
+
     for s in samples:
         count_sample(s, sources)
         yield s
-
-
-def count_sample(s: Sample, counts: dict[str, int]) -> None:
-    """A written sample counted by token source, and by what its server's view lost."""
-    counts[s.token_source] = counts.get(s.token_source, 0) + 1
-    for w in s.warnings:
-        if w.startswith("lossy:"):
-            counts[w] = counts.get(w, 0) + 1
-
-
-def samples_of(
-    bound: Any,
-    records: Iterable[dict[str, Any]],
-    drops: dict[str, int],
-    all_turns: bool,
-    thinking: bool | None,
-    text_ids: Any,
-    server: str = "auto",
-) -> Iterator[Sample]:
-    """The samples of ``records`` in order; each record that gives none is counted in
-    ``drops`` by its reason (one process, or one chunk of a worker)."""
-    from ..tokens.reconstruct import reconstruct_many
-    from .tokens import _items
-
-    items = _items(iter(records), drops, all_turns, server)
-    for s in reconstruct_many(bound, items, thinking=thinking, text_ids=text_ids):
-        if isinstance(s, DraftdataError):
-            reason = getattr(s, "reason", None) or f"bad_record:{s}"
-            drops[reason] = drops.get(reason, 0) + 1
-        else:
-            yield s
 
 
 def reconstruct_jobs(
@@ -123,13 +89,7 @@ def reconstruct_jobs(
     from .app import open_jsonl
 
     f = open_jsonl(path)  # a line that is not UTF-8 is counted by the worker that parses it
-    methods = mp.get_all_start_methods()
-    ctx = mp.get_context("fork" if "fork" in methods else "spawn")
-    with f, ctx.Pool(jobs, initializer=_init, initargs=(setup,)) as pool:
-        pending: deque[Any] = deque()
-        while chunk := list(islice(f, CHUNK)):
-            pending.append(pool.apply_async(_work, (chunk, all_turns, thinking)))
-            if len(pending) >= 2 * jobs:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+    with f:
+        chunks = iter(lambda: list(islice(f, CHUNK)), [])
+        tasks = ((chunk, all_turns, thinking) for chunk in chunks)
+        yield from pool.ordered(_work, tasks, jobs, _init, (setup,))

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape as esc
@@ -18,6 +17,9 @@ from ..records import GroundTruth
 from ..records.servers import SERVERS
 from .app import DeviceOpt, FormatOpt, Ticker, TokenizerOpt, app, err, example, out, read_jsonl, say
 from .show import print_validation
+
+if TYPE_CHECKING:
+    from ..formats import BoundFormat
 
 # --- reconstruction ---------------------------------------------------------------------------
 PrefsOpt = Annotated[
@@ -61,21 +63,13 @@ def _server(name: str) -> str:
         raise InputError(f"--server {e}") from None
 
 
-def _bound(tokenizer: str, format: str, chat_template: Path | None = None, strict: bool = True):  # type: ignore[no-untyped-def]
+def _bound(
+    tokenizer: str, format: str, chat_template: Path | None = None, strict: bool = True
+) -> BoundFormat:
     from ..formats import get_format
     from ..tokenizers import load_tokenizer
 
     return get_format(format).bind(load_tokenizer(tokenizer, chat_template), strict=strict)
-
-
-def _applier(prefs: Path | None, bound: Any):  # type: ignore[no-untyped-def]
-    if prefs is None:
-        return None
-    from ..tokens.prefs import SplitPrefs
-
-    p = SplitPrefs.load(prefs)
-    p.check_tokenizer(bound.tokenizer, prefs)
-    return p.applier(bound.tokenizer)
 
 
 def _ground_truth(path: Path, skipped: dict[str, int]) -> list[GroundTruth]:
@@ -93,7 +87,7 @@ def _ground_truth(path: Path, skipped: dict[str, int]) -> list[GroundTruth]:
 def _bucketed(records: list[GroundTruth], bucket: str | None) -> list[GroundTruth]:
     if bucket is None:
         return records
-    from ..tokens.prefs import _bucket
+    from ..tokens.prefs import in_bucket
 
     try:
         lo_s, hi_s = bucket.split(":")
@@ -102,9 +96,7 @@ def _bucketed(records: list[GroundTruth], bucket: str | None) -> list[GroundTrut
         raise InputError(f"--bucket {bucket!r}: write LO:HI with 0 <= LO < HI <= 1") from None
     if not 0 <= lo < hi <= 1:
         raise InputError(f"--bucket {bucket!r}: need 0 <= LO < HI <= 1")
-    return [
-        r for r in records if lo <= _bucket(r.group) < hi or (hi == 1 and _bucket(r.group) == 1)
-    ]
+    return [r for r in records if in_bucket(r.group, lo, hi)]
 
 
 def _print_skipped(skipped: dict[str, int]) -> None:
@@ -157,14 +149,17 @@ def reconstruct(
 ) -> None:
     """Turn API text back into the model's exact token ids (input_ids + loss_mask)."""
     from ..export.shards import SampleFile
-    from .jobs import count_sample, jobs_for, reconstruct_jobs, samples_of
+    from ..tokens.answers import count_sample, samples_of
+    from ..tokens.pool import jobs_for
+    from ..tokens.prefs import applier_for
+    from .jobs import AUTO_BYTES, input_bytes, reconstruct_jobs
 
     server = _server(server)
     skipped: dict[str, int] = {}
     drops: dict[str, int] = {}
     by_source: dict[str, int] = {}
     ticker = Ticker("reconstructing", None)
-    n_jobs = jobs_for(input, jobs)
+    n_jobs = jobs_for(input_bytes(input), jobs, auto_at=AUTO_BYTES)
     with SampleFile(output) as f:
         if n_jobs > 1:  # each chunk comes back encoded for the file, with its counts
             setup = {"tokenizer": tokenizer, "format": format, "chat_template": chat_template}
@@ -178,7 +173,7 @@ def reconstruct(
         else:  # the whole input, streamed
             bound = _bound(tokenizer, format, chat_template)
             records = read_jsonl(input, skipped)
-            text_ids = _applier(prefs, bound)
+            text_ids = applier_for(prefs, bound.tokenizer)
             made = samples_of(bound, records, drops, all_turns, thinking, text_ids, server)
             for sample in made:
                 ticker.tick()
@@ -197,44 +192,6 @@ def reconstruct(
     if drops:
         err.print("[yellow]dropped: " + ", ".join(f"{k}: {v}" for k, v in drops.items()) + "[/]")
     _print_skipped(skipped)
-
-
-def _items(
-    records: Iterator[dict[str, Any]],
-    drops: dict[str, int],
-    all_turns: bool = False,
-    server: str = "auto",
-) -> Iterator[Any]:
-    """The answers of an input file as reconstruct items, in file order; a record that is not an
-    answer is counted in ``drops`` by its reason."""
-    from ..errors import ReconstructError
-    from ..records.wire import messages_of, raw_ids, view_from_record
-    from ..tokens.reconstruct import Item
-
-    for i, rec in enumerate(records):
-        try:
-            view = view_from_record(rec)
-            if view is None:
-                raise ReconstructError("record has neither api_view nor choices", "no_response")
-            if not isinstance(rec.get("messages"), list):
-                raise ReconstructError("record has no messages list", "no_messages")
-            if server != "auto":  # named on the command line: it parsed every answer here
-                view = replace(view, server=server)
-            out_ids, prompt_ids = raw_ids(rec)
-            yield Item(
-                messages_of(rec["messages"]),
-                view,
-                tools=rec.get("tools") or (),
-                record_id=str(rec.get("id", i)),
-                dataset=str(rec.get("source") or rec.get("dataset") or ""),
-                all_turns=all_turns,
-                output_ids=out_ids,
-                server_prompt_ids=prompt_ids,
-            )
-        except ReconstructError as e:
-            drops[e.reason] = drops.get(e.reason, 0) + 1
-        except InputError as e:
-            drops[f"bad_record:{e}"] = drops.get(f"bad_record:{e}", 0) + 1
 
 
 @app.command(
@@ -284,6 +241,7 @@ def validate(
 ) -> None:
     """Reconstruct ground-truth records from their text and compare id for id."""
     from ..measure.validate import validate as run
+    from ..tokens.prefs import applier_for
 
     bound = _bound(tokenizer, format, chat_template, strict=False)
     for c in bound.checks:
@@ -292,7 +250,7 @@ def validate(
                 f"[bold yellow]warning:[/] marker {c.name}: {c.problem} — measuring with "
                 "the format as declared"
             )
-    text_ids = _applier(prefs, bound)
+    text_ids = applier_for(prefs, bound.tokenizer)
     skipped: dict[str, int] = {}
     records = _bucketed(_ground_truth(input, skipped), bucket)
     if _server(server) != "auto":  # named on the command line: it parsed every view here

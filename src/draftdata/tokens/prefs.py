@@ -227,8 +227,8 @@ def learn(
 ) -> SplitPrefs:
     """Learn preferences on part of ``pairs`` and keep each only if exact-match on the held-out
     part does not drop. Pairs are split by ``group`` (one prompt's samples stay together)."""
-    learn_set = [p for p in pairs if _bucket("holdout:" + p.group) >= holdout]
-    held = [p for p in pairs if _bucket("holdout:" + p.group) < holdout]
+    learn_set = [p for p in pairs if bucket_of("holdout:" + p.group) >= holdout]
+    held = [p for p in pairs if bucket_of("holdout:" + p.group) < holdout]
     cls = Applier([], tok)
 
     # 1. candidates from the differing blocks, at three levels of context
@@ -328,5 +328,27 @@ def _exact_count(pairs: Iterable[Pair], apply: Callable[[str, list[int]], list[i
     return sum(apply("", p.canonical) == p.truth for p in pairs)
 
 
-def _bucket(group: str) -> float:
+def bucket_of(group: str) -> float:
+    """Where ``group`` (a prompt's id) falls in [0, 1]: a deterministic split that keeps one
+    prompt's samples together."""
     return int(hashlib.sha256(group.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+
+
+#: the old private name, still imported by pipeline.py
+_bucket = bucket_of
+
+
+def in_bucket(group: str, lo: float, hi: float) -> bool:
+    """Whether ``group`` falls in [lo, hi); a bucket that ends at 1 takes 1 too."""
+    b = bucket_of(group)
+    return lo <= b < hi or (hi == 1 and b == 1)
+
+
+def applier_for(path: Path | None, tok: Tokenizer) -> Callable[[str, list[int]], list[int]] | None:
+    """The split preferences saved at ``path`` as a ``text_ids`` rewrite for ``tok``, checked
+    to have been learned for it; None without a path."""
+    if path is None:
+        return None
+    prefs = SplitPrefs.load(path)
+    prefs.check_tokenizer(tok, path)
+    return prefs.applier(tok)
