@@ -305,12 +305,23 @@ backend = "paid"
     assert "Loading weights" not in r.stderr  # nothing left to score: the model is not loaded
 
 
-def test_score_names_a_marker_the_model_would_not_have_written_there(scorer, bound):
-    """A chatml analogue of a view that contradicts itself (issue 26): a server cut the content
-    where marker-like text began and said it stopped, so the rebuilt answer closes with the end
-    of turn right after text where the model went on writing. Its ids carry no label; the
-    target model is the last check: it scores that end of turn far below the threshold, and
-    the flag names the marker and its position. The whole answer raises no flag."""
+@pytest.mark.parametrize("before", [" "])
+def test_score_names_a_marker_the_model_would_not_have_written_there(scorer, bound, before):
+    """A chatml analogue of the views no text can tell (issue 26): a server stripped the
+    whitespace the model wrote before a marker (Kimi's parser strips the newline before
+    ``</think>``), or cut the content where marker-like text began and said it stopped. The
+    rebuilt ids then hold a control id right after text where the model wrote whitespace
+    first (``before``: a space, a newline) and went on. Its ids carry no label; the target
+    model is the last check: it scores that marker far below the threshold, and the flag names
+    the marker and its position. The whole answer raises no flag. (SmolLM2 writes no
+    whitespace before its one trained marker, ``<|im_end|>``, in any of the 531 ground-truth
+    answers, so the marker here is the end of turn put where the model wrote whitespace.)
+
+    What the model can and cannot tell (``python benchmarks/score_cut_markers.py``, BENCHMARKS):
+    the end of turn put before a space the model wrote mid-sentence scores below -12 in 40 of
+    40 answers; put before a newline at the end of a line, in 5 of 40 (an answer may end
+    there). So a newline stripped before a marker is caught only where the model finds the
+    marker there implausible; the label, not the score, is the guarantee."""
     from draftdata.records import ApiView
 
     tok = bound.tokenizer
@@ -319,13 +330,20 @@ def test_score_names_a_marker_the_model_would_not_have_written_there(scorer, bou
         k for k, r in RAW.items() if r["output_ids"][-1:] == [end] and len(r["output_ids"]) > 60
     ]
     flagged = 0
-    for key in finished[:3]:
+    for key in finished:
+        if flagged == 3:
+            break
         gt = ground_truth_of(RAW[key])
         text = tok.decode(list(gt.output_ids[:-1]))
-        # cut mid-answer after a word, mid-sentence (not after a full stop)
+        # cut mid-answer where the model wrote ``before`` next, after a word (not after a
+        # full stop)
         at = next(
-            i for i in range(len(text) // 2, 0, -1) if text[i] == " " and text[i - 1].isalpha()
-        )
+            (i for i in range(len(text) - 2, 0, -1)
+             if text[i] == before and text[i - 1].isalpha() and text[i + 1 :].strip()),
+            None,
+        )  # fmt: skip
+        if at is None:
+            continue
         cut = text[:at]
         whole = reconstruct(bound, gt.messages, ApiView(text, "stop"))
         short = reconstruct(bound, gt.messages, ApiView(cut, "stop"))
