@@ -59,6 +59,9 @@ PROFILES: dict[str, ServerProfile] = {
         redumps_json_arguments=True,
         strips_kimi_tool_whitespace=True,
         renumbers_kimi_ids=True,
+        # run, not read (benchmarks/sglang_oracle.py on SGLang 0.5.23): _process_tool_calls
+        # drops a tool section it cannot parse, one cut by max_tokens included
+        drops_cut_tool_sections=True,
         lossless_request={"skip_special_tokens": False},
     ),
     "openrouter": ServerProfile(
