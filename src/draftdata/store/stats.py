@@ -176,7 +176,9 @@ def _lossless_fields() -> dict[str, tuple[Any, tuple[str, ...]]]:
     ``return_token_ids`` (granted only where the ids came back)."""
     from ..records.servers import PROFILES
 
-    fields: dict[str, tuple[Any, tuple[str, ...]]] = {"return_token_ids": (True, ("vllm", "sglang"))}
+    fields: dict[str, tuple[Any, tuple[str, ...]]] = {
+        "return_token_ids": (True, ("vllm", "sglang"))
+    }
     for p in PROFILES.values():
         for name, value in p.lossless_request.items():
             fields[name] = (value, (*fields.get(name, (value, ()))[1], p.name))
