@@ -39,7 +39,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
     from draftdata.generate.runner import Runner
-    from draftdata.manifest import manifest_of_run
+    from draftdata.store.runs import manifest_of_run
 
     m = manifest_of_run(args.run)
     m.run.output = str(args.run.resolve())

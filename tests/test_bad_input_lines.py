@@ -165,7 +165,7 @@ def test_a_malformed_base_url_is_refused_without_its_secret(url, tmp_path):
 
 
 def test_redact_url_hides_query_credentials_and_keeps_the_rest():
-    from draftdata.generate.backends.config import redact_url
+    from draftdata.config import redact_url
 
     url = (
         "http://h:8/v1?api-version=2024&api-key=A1&API_KEY=A2&key=A3&token=A4&access_token=A5"

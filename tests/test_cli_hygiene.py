@@ -230,7 +230,7 @@ def test_unset_key_and_dead_server_are_refused_before_any_request(tmp_path):
 
 
 def test_init_writes_a_manifest_that_loads(tmp_path):
-    from draftdata.manifest import load_manifest
+    from draftdata.config import load_manifest
 
     for backend in ("openai", "hf"):
         out = tmp_path / f"{backend}.toml"

@@ -303,8 +303,8 @@ def test_joined_turns_train_every_answer_in_one_sequence(tmp_path):
 def test_the_tokens_stage_over_two_workers_stores_what_one_process_stores(tmp_path):
     """A run's stored answers through forked workers, windows of 16 (several per worker): the
     same samples (every column, packed as stored) and the same drops as in one process."""
+    from draftdata.config import load_manifest
     from draftdata.generate.runner import Runner
-    from draftdata.manifest import load_manifest
 
     src, _ = greedy_subset(tmp_path, 60)
     with replay_server(GROUNDTRUTH) as url:

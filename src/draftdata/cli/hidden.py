@@ -24,7 +24,7 @@ def _control_ids(target: Path, tokenizer: str | None, model_folder: Path) -> fro
 
     spec: str | None = tokenizer
     if spec is None and (target / "ledger.sqlite").is_file():
-        from ..manifest import manifest_of_run
+        from ..store.runs import manifest_of_run
 
         m = manifest_of_run(target)
         spec = m.target.tokenizer

@@ -106,8 +106,8 @@ def score(
 
 def _score_run(run: Path, load: Any, threshold: float, repair: bool) -> dict[str, Any]:
     from ..generate.runner import Runner
-    from ..manifest import manifest_of_run
     from ..model.run import score_run_to_file
+    from ..store.runs import manifest_of_run
 
     m = manifest_of_run(run)
     m.run.output = str(run.resolve())

@@ -131,8 +131,8 @@ def plan(
 ) -> None:
     """What a run will ask for and cost, and every problem found, before one request is sent.
     Reads the datasets and renders the prompts; exits 1 when it finds a problem."""
+    from ..config import load_manifest
     from ..generate.plan import make_plan
-    from ..manifest import load_manifest
 
     p = make_plan(load_manifest(manifest))
     if json_out:

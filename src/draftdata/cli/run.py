@@ -69,8 +69,8 @@ def generate(
     """Generate answers into the run's ledger and make samples. Resume: run it again."""
     import asyncio
 
+    from ..config import load_manifest
     from ..generate.runner import Runner
-    from ..manifest import load_manifest
     from ..store.stats import status as ledger_status
 
     m = load_manifest(manifest)
@@ -166,7 +166,7 @@ def status(
     ] = False,
 ) -> None:
     """Counts by dataset and state, cost so far, error reasons."""
-    from ..manifest import load_manifest
+    from ..config import load_manifest
     from ..store.guard import reading
     from ..store.ledger import Ledger
     from ..store.stats import status as ledger_status
@@ -300,7 +300,7 @@ def run_cmd(
     extend: ExtendOpt = False,
 ) -> None:
     """Read -> generate -> tokens -> validate (gate) -> export -> report. Rerun to resume."""
-    from ..manifest import load_manifest
+    from ..config import load_manifest
     from ..pipeline import GateError, run_pipeline
 
     m = load_manifest(manifest)
@@ -445,7 +445,7 @@ def export(
     from ..export.run import StoredValidation, export_as, export_run
     from ..export.write import read_export_manifest
     from ..generate.runner import Runner
-    from ..manifest import manifest_of_run
+    from ..store.runs import manifest_of_run
 
     kinds = as_ or []
     for k in kinds:

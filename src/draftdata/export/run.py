@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..measure.gate import Gate, is_ground_truth
+from ..measure.gate import Gate
 from ..measure.validate import ValidationReport
 from ..records import Answered, DatasetExport, ExportManifest, FormatPin, Sample, TokenizerPin
 from ..store.stats import status
@@ -27,8 +27,8 @@ from .trainers.specforge import rendered_system
 from .write import read_export_manifest, write_export
 
 if TYPE_CHECKING:
+    from ..config import DatasetCfg
     from ..generate.runner import Runner
-    from ..manifest import DatasetCfg
     from ..store.ledger import Ledger
 
 #: request fields that decide what is sampled or where it stops: set in a backend's
@@ -131,7 +131,7 @@ def run_manifest(
         datasets[d.name] = DatasetExport(
             backend=d.backend,
             backend_kind=backend.kind,
-            ground_truth=is_ground_truth(m, d),
+            ground_truth=m.is_ground_truth(d),
             source=d.source,
             reader=d.reader,
             sampling=sampling,

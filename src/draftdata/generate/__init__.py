@@ -1,2 +1,2 @@
 """Generation at scale: the runner (``runner.Runner``), conversations turn by turn, the budget,
-progress, and the backends that answer (``backends``, with its registry of kinds)."""
+progress, and the backends that answer (``backends``; their kinds are ``config.BACKENDS``)."""

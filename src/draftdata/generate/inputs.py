@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
+from ..config import DatasetCfg, Manifest
 from ..formats import BoundFormat, get_format
-from ..manifest import DatasetCfg, Manifest
 from ..records import Prompt
 from ..sources import iter_prompts
 from ..tokenizers import load_tokenizer

@@ -14,13 +14,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import DatasetCfg, Manifest, OpenAIBackendCfg, redact_url
 from ..errors import DraftdataError
 from ..formats import BoundFormat
-from ..manifest import DatasetCfg, Manifest
 from ..records import Message
 from ..store.ledger import Ledger
 from ..tokens.stage import TokensStage
-from .backends.config import OpenAIBackendCfg, redact_url
 from .backends.reach import reachable
 from .conversation import n_turns, turn_messages
 from .inputs import bind_target, read_dataset
@@ -126,8 +125,6 @@ def _dataset_plan(
     answered: int,
     problems: list[str],
 ) -> DatasetPlan:
-    from ..measure.gate import is_ground_truth
-
     cfg = m.backends[d.backend]
     try:
         prompts, drops = read_dataset(m, d)
@@ -161,7 +158,7 @@ def _dataset_plan(
         name=d.name,
         backend=d.backend,
         backend_kind=cfg.kind,
-        ground_truth=is_ground_truth(m, d),
+        ground_truth=m.is_ground_truth(d),
         prompts=len(prompts),
         requests=requests,
         answered=min(answered, requests),

@@ -16,9 +16,9 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from ..config import DatasetCfg, Manifest, redact_url
 from ..errors import DraftdataError, GenerateError
 from ..formats import BoundFormat
-from ..manifest import DatasetCfg, Manifest
 from ..records import (
     Completion,
     FailedAttempt,
@@ -34,7 +34,6 @@ from ..tokens.reconstruct import TextIds
 from ..tokens.stage import TokensStage
 from .backends import make_backend
 from .backends.base import Backend, GenRequest
-from .backends.config import redact_url
 from .backends.retry import PROBE_REFUSED
 from .budget import Budget
 from .commits import GroupCommit

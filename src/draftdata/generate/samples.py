@@ -10,9 +10,9 @@ from dataclasses import dataclass, replace
 from itertools import groupby
 from typing import Any
 
+from ..config import DatasetCfg
 from ..errors import DraftdataError, GenerateError
 from ..formats import BoundFormat, derive_view
-from ..manifest import DatasetCfg
 from ..records import Answered, ApiView, Drop, Key, Message, StoredResponse
 from ..records.wire import view_from_record
 from ..store import codec

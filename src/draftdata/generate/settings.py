@@ -15,9 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..config import DatasetCfg, Manifest
 from ..errors import DraftdataError
 from ..formats import BoundFormat
-from ..manifest import DatasetCfg, Manifest
 
 
 class SettingsChangedError(DraftdataError):

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 from ..errors import DraftdataError
 
 if TYPE_CHECKING:  # the gate itself stays light: `validate --min-exact` decides with it
-    from ..manifest import DatasetCfg, Manifest
     from .validate import ValidationReport
 
 NO_GROUND_TRUTH = "no ground truth"
@@ -21,15 +20,6 @@ class GateError(DraftdataError):
     """Reconstruction is not exact enough to spend money on text-only backends."""
 
     exit_code = 1
-
-
-def is_ground_truth(m: Manifest, d: DatasetCfg) -> bool:
-    """Generated with exact ids by the target itself (a local engine), unless the manifest says."""
-    from ..generate.backends import BACKENDS
-
-    if d.ground_truth is not None:
-        return d.ground_truth
-    return BACKENDS[m.backends[d.backend].kind].exact_ids
 
 
 @dataclass(frozen=True)

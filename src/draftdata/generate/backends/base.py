@@ -1,4 +1,4 @@
-"""The interface every backend implements (the table of kinds is ``registry.py``)."""
+"""The interface every backend implements (the table of kinds is ``config.BACKENDS``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ...manifest import Sampling
+from ...config import Sampling
 from ...records import Completion, FailedAttempt, Key, Message
 
 

@@ -7,11 +7,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ...config import EngineBackendCfg, Manifest
 from ...errors import DraftdataError
 from ...formats import BoundFormat, derive_view
-from ...manifest import Manifest
 from .base import Backend, Completion, GenRequest, OnFailure
-from .config import EngineBackendCfg
 
 
 class EngineUnavailable(DraftdataError):

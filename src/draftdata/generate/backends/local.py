@@ -8,11 +8,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ...config import HFBackendCfg, Manifest
 from ...formats import BoundFormat
-from ...manifest import Manifest
 from ...model.folders import ensure_hf_folder, resolve_model
 from .base import Backend, Completion, GenRequest, OnFailure
-from .config import HFBackendCfg
 from .engines import engine_completion
 
 

@@ -22,14 +22,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
+from ...config import Manifest, OpenAIBackendCfg, redact_url
 from ...errors import DraftdataError
 from ...formats import BoundFormat
-from ...manifest import Manifest
 from ...records import ApiView
 from ...records.servers import profile as server_profile
 from ...records.wire import WireAnswer, ids_field, messages_to_wire, parse_answer
 from .base import Backend, Completion, FailedAttempt, GenRequest, OnFailure
-from .config import OpenAIBackendCfg, redact_url
 from .http11 import READ_STEP, LeanHttp, Reply, TransportError
 from .reach import reachable
 from .retry import AUTH_STATUSES, PROBE_REFUSED, retry_after, retry_delay, will_retry

@@ -1,16 +1,18 @@
-"""The manifest's ``[backends.NAME]`` tables, one pydantic model per backend kind. Pure config:
-nothing here imports a backend's implementation."""
+"""The manifest's ``[backends.NAME]`` tables, one pydantic model per backend kind, and
+``BACKENDS``, the one table a new backend kind is added to. Pure config: nothing here imports a
+backend's implementation (``generate.backends.make_backend`` does, by the name the table holds)."""
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 from urllib.parse import unquote_plus, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ...records.servers import check_server
+from ..records.servers import check_server
 
 
 class _Strict(BaseModel):
@@ -132,3 +134,62 @@ def _redact_param(param: str) -> str:
     if eq and value and _SECRET_PARAM.search(unquote_plus(name)):
         return f"{name}=***"
     return param
+
+
+@dataclass(frozen=True)
+class BackendKind:
+    """A backend kind: its manifest table's model, where its implementation lives (imported only
+    when a backend of that kind is made, so the manifest never pulls in aiohttp, torch or vLLM),
+    and whether it returns the model's exact ids (a local engine: its datasets serve as ground
+    truth)."""
+
+    kind: str
+    config: type[BaseModel]
+    #: "module:Class", a Backend whose constructor is (name, cfg, manifest, bound)
+    implementation: str
+    #: returns the model's exact ids by construction
+    exact_ids: bool
+    summary: str
+
+
+BACKENDS: dict[str, BackendKind] = {
+    b.kind: b
+    for b in (
+        BackendKind(
+            "hf",
+            HFBackendCfg,
+            "draftdata.generate.backends.local:HFBackend",
+            True,
+            "the target through transformers on CPU or CUDA (exact ids)",
+        ),
+        BackendKind(
+            "openai",
+            OpenAIBackendCfg,
+            "draftdata.generate.backends.openai_api:OpenAIBackend",
+            False,
+            "any OpenAI-compatible chat-completions API (ids where the server returns them)",
+        ),
+        BackendKind(
+            "vllm",
+            EngineBackendCfg,
+            "draftdata.generate.backends.engines:VLLMBackend",
+            True,
+            "vLLM's offline engine, where installed (exact ids)",
+        ),
+        BackendKind(
+            "sglang",
+            EngineBackendCfg,
+            "draftdata.generate.backends.engines:SGLangBackend",
+            True,
+            "SGLang's offline engine, where installed (exact ids)",
+        ),
+    )
+}
+
+if TYPE_CHECKING:
+    BackendCfg = HFBackendCfg | OpenAIBackendCfg | EngineBackendCfg
+else:  # the manifest's tagged union, made from the table above
+    BackendCfg = Annotated[
+        Union[tuple(dict.fromkeys(b.config for b in BACKENDS.values()))],  # noqa: UP007
+        Field(discriminator="kind"),
+    ]

@@ -1,6 +1,8 @@
 """The run manifest (TOML): one file lists the target model, the backends and the datasets.
 
-Unknown keys and bad values are refused with the file, the line, the key and the fix."""
+Unknown keys and bad values are refused with the file, the line, the key and the fix. Plain
+models: nothing here imports a stage (the readers' and backends' names are tables of data here,
+which ``sources`` and ``generate.backends`` register against)."""
 
 from __future__ import annotations
 
@@ -13,9 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import DraftdataError
-from .generate.backends.config import redact_url
-from .generate.backends.registry import BACKENDS, BackendCfg
+from ..errors import DraftdataError
+from ..files import resolve_path
+from .backends import BACKENDS, BackendCfg, redact_url
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,6 +27,26 @@ else:  # pragma: no cover
 
 class ManifestError(DraftdataError):
     """The run manifest is missing, unreadable or invalid."""
+
+
+#: ``[[datasets]] reader``: the names ``sources.READERS`` registers a reader under, one each
+#: (``sources.reader`` refuses a name not here, and a test checks that every one has a reader)
+READER_NAMES = frozenset(
+    {
+        "bfcl",
+        "glaive",
+        "humaneval",
+        "magicoder-evol",
+        "magicoder-oss",
+        "mtbench",
+        "openai",
+        "openai-messages",
+        "parquet",
+        "sharegpt",
+        "ultrachat",
+        "writingbench",
+    }
+)
 
 
 class _Strict(BaseModel):
@@ -106,8 +128,6 @@ class Manifest(_Strict):
 
     def resolve(self, p: str) -> Path:
         if p.startswith("pkg:"):
-            from .tokenizers import resolve_path
-
             return resolve_path(p)
         q = Path(p).expanduser()
         return Path(os.path.normpath(q if q.is_absolute() else self.base_dir / q))
@@ -124,6 +144,13 @@ class Manifest(_Strict):
             f"{self.path}: no dataset named {name!r}; the manifest has "
             f"{', '.join(d.name for d in self.datasets)}"
         )
+
+    def is_ground_truth(self, d: DatasetCfg) -> bool:
+        """Generated with exact ids by the target itself (a local engine), unless the manifest
+        says."""
+        if d.ground_truth is not None:
+            return d.ground_truth
+        return BACKENDS[self.backends[d.backend].kind].exact_ids
 
 
 _FIELDS: dict[str, list[str]] = {
@@ -165,16 +192,14 @@ def load_manifest(path: Path) -> Manifest:
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise ManifestError(f"{path}: dataset names must be unique; {sorted(dup)} repeat")
-    from .sources import READERS
-
     for d in m.datasets:
-        if d.reader not in READERS:
+        if d.reader not in READER_NAMES:
             line = _line_of(text, ["datasets", names.index(d.name), "reader"])
-            close = difflib.get_close_matches(d.reader, list(READERS), n=1)
+            close = difflib.get_close_matches(d.reader, sorted(READER_NAMES), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ManifestError(
                 f"{path}:{line}: datasets.{d.name}.reader = {d.reader!r} is not a reader; "
-                f"{hint}choose one of {', '.join(sorted(READERS))}"
+                f"{hint}choose one of {', '.join(sorted(READER_NAMES))}"
             )
         if d.backend not in m.backends:
             line = _line_of(text, ["datasets", names.index(d.name), "backend"])
@@ -260,20 +285,3 @@ def _line_of(text: str, loc: list[Any]) -> int | None:
         ):
             return i + 1
     return start + 1
-
-
-def manifest_of_run(run_dir: Path) -> Manifest:
-    """The manifest a run was made with, as stored in its ledger (paths resolved as then)."""
-    from .store.ledger import Ledger
-
-    led = Ledger.read(run_dir / "ledger.sqlite")
-    try:
-        raw, base = led.get_meta("manifest"), led.get_meta("manifest_base_dir", ".")
-    finally:
-        led.close()
-    if raw is None:
-        raise ManifestError(f"{led.path}: holds no manifest; it was not made by `draftdata run`")
-    m = Manifest.model_validate(raw)
-    m.base_dir = Path(base)
-    m.path = run_dir / "manifest.toml"
-    return m

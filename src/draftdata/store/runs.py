@@ -1,0 +1,24 @@
+"""A run read back from its ledger: the manifest it was made with. Here, not in ``config``, because
+it reads the ledger; ``config`` imports no stage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config import Manifest, ManifestError
+from .ledger import Ledger
+
+
+def manifest_of_run(run_dir: Path) -> Manifest:
+    """The manifest a run was made with, as stored in its ledger (paths resolved as then)."""
+    led = Ledger.read(run_dir / "ledger.sqlite")
+    try:
+        raw, base = led.get_meta("manifest"), led.get_meta("manifest_base_dir", ".")
+    finally:
+        led.close()
+    if raw is None:
+        raise ManifestError(f"{led.path}: holds no manifest; it was not made by `draftdata run`")
+    m = Manifest.model_validate(raw)
+    m.base_dir = Path(base)
+    m.path = run_dir / "manifest.toml"
+    return m
