@@ -25,10 +25,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
+from ..export.trainers import DTYPES, layout_trainer
 from ..files import atomic_path, write_json
 from ..records import Provenance, Sample
 
@@ -37,7 +39,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DTYPES", "Encoder", "Item", "make_layout"]
 
-DTYPES = ("bf16", "fp32", "fp8")
 #: samples per SpecForge rows_* folder
 ROWS_PER_FOLDER = 1000
 #: about this many bytes of hidden states per draftdata safetensors shard
@@ -298,8 +299,8 @@ class Shards:
 
 def make_layout(name: str, out: Path, torch: Any, dtype: str) -> Any:
     """The layout the trainer ``name`` reads (``export.trainers.LAYOUTS``), its rules checked."""
-    from ..export.trainers import layout_trainer
-
-    layout = layout_trainer(name, dtype).layout
-    assert layout is not None
+    named = layout_trainer(name, dtype).layout
+    assert named is not None  # LAYOUTS holds only the trainers that name one
+    module, _, attr = named.partition(":")
+    layout = getattr(import_module(module), attr)
     return layout(out, torch, Encoder(torch, dtype))

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import InputError
-from ...hidden import layouts
 from ...records import Answered, ExportManifest, Sample
 from . import specforge, speculators
 
@@ -24,6 +23,8 @@ from . import specforge, speculators
 SampleWriter = Callable[[Iterable[Sample], ExportManifest, Path], tuple[Path, ...]]
 #: a lossy export: the conversations that became samples, the format's system text, the folder
 ConversationWriter = Callable[[Iterable[Answered], Path, "str | None"], tuple[Path, ...]]
+#: the dtypes a hidden-state layout can store (``hidden.layouts`` encodes them)
+DTYPES = ("bf16", "fp32", "fp8")
 
 
 @dataclass(frozen=True)
@@ -41,15 +42,17 @@ class Exporter:
 class Trainer:
     name: str
     exports: tuple[Exporter, ...] = ()
-    #: the hidden-state layout class (``layouts.Speculators`` ...): ``(out, torch, encoder)``
-    layout: Callable[..., Any] | None = None
+    #: the hidden-state layout class as "module:Class" (``hidden.layouts.Speculators`` ...),
+    #: made by ``hidden.layouts.make_layout`` as ``(out, torch, encoder)``: named, not imported,
+    #: because hidden/ sits above export/ (it reads an export)
+    layout: str | None = None
     #: the stored dtypes its offline reader takes, and what to say to a dtype it does not
-    dtypes: tuple[str, ...] = layouts.DTYPES
+    dtypes: tuple[str, ...] = DTYPES
     dtype_hint: str = ""
 
     def check_dtype(self, dtype: str) -> None:
-        if dtype not in layouts.DTYPES:
-            raise InputError(f"--dtype {dtype!r}: choose one of {', '.join(layouts.DTYPES)}")
+        if dtype not in DTYPES:
+            raise InputError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
         if dtype not in self.dtypes:
             raise InputError(f"--dtype {dtype}: {self.dtype_hint}")
 
@@ -71,7 +74,7 @@ TRAINERS: dict[str, Trainer] = {
                 "save_to_disk dataset (speculators-dataset/, its trainer and offline generation)",
                 write=speculators.write_both,
             ),
-            layout=layouts.Speculators,
+            layout="draftdata.hidden.layouts:Speculators",
         ),
         _trainer(
             "specforge",
@@ -87,13 +90,13 @@ TRAINERS: dict[str, Trainer] = {
                 write_conversations=specforge.write_conversations,
                 lossy=specforge.LOSSY,
             ),
-            layout=layouts.SpecForge,
+            layout="draftdata.hidden.layouts:SpecForge",
             dtypes=("bf16", "fp32"),
             dtype_hint="SpecForge reads bf16 or fp32 .ckpt files; use fp8 with --for speculators "
             "or --for safetensors",
         ),
         # draftdata's own hidden-state shards (read with safetensors); the shards are the export
-        _trainer("safetensors", layout=layouts.Shards),
+        _trainer("safetensors", layout="draftdata.hidden.layouts:Shards"),
     )
 }
 
@@ -112,4 +115,4 @@ def layout_trainer(name: str, dtype: str) -> Trainer:
     return t
 
 
-__all__ = ["EXPORTERS", "LAYOUTS", "TRAINERS", "Exporter", "Trainer", "layout_trainer"]
+__all__ = ["DTYPES", "EXPORTERS", "LAYOUTS", "TRAINERS", "Exporter", "Trainer", "layout_trainer"]
