@@ -1,9 +1,12 @@
 """The house rules the layout promises, checked on the source itself: no module past 500 lines,
-no import cycle between modules, SQL only in store/, no torch or HTTP client in the pure core."""
+no import cycle between modules, imports running one way down the package levels (cli ->
+pipeline -> stages -> records/config/errors), SQL only in store/, no torch or HTTP client in the
+pure core."""
 
 from __future__ import annotations
 
 import ast
+import itertools
 from pathlib import Path
 
 from conftest import ROOT
@@ -13,6 +16,27 @@ MAX_LINES = 500
 #: the pure core imports no HTTP client, database or torch (DESIGN.md)
 PURE = ("tokenizers", "formats", "tokens", "measure", "records")
 IMPURE = ("sqlite3", "aiohttp", "httpx", "torch", "transformers", "starlette", "uvicorn")
+#: draftdata's packages bottom to top: a package imports only packages on a lower level. A
+#: top-level module (errors.py, files.py, pipeline.py, __main__.py) is a package of its own;
+#: "draftdata" is the root package itself (``__version__``).
+LEVELS: tuple[tuple[str, ...], ...] = (
+    ("draftdata",),
+    ("errors",),
+    ("files",),
+    ("records",),
+    ("config",),
+    ("tokenizers", "sources", "store"),
+    ("formats",),
+    ("tokens",),
+    ("measure",),
+    ("model",),
+    ("generate",),
+    ("export",),
+    ("hidden", "report", "devtools"),
+    ("pipeline",),
+    ("cli",),
+    ("__main__",),
+)
 
 
 def modules() -> dict[str, Path]:
@@ -39,17 +63,8 @@ def top_level_imports(name: str, path: Path) -> set[str]:
         for node in body:
             if _type_checking(node):
                 continue
-            if isinstance(node, ast.Import):
-                found.update(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")
-                    base = base[: len(base) - (node.level - 1)]
-                    mod = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    mod = node.module or ""
-                found.add(mod)
-                found.update(f"{mod}.{a.name}" for a in node.names)
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.update(_imported(node, package))
             elif isinstance(node, (ast.If, ast.Try)):
                 visit(node.body)
                 for h in getattr(node, "handlers", []):
@@ -58,6 +73,52 @@ def top_level_imports(name: str, path: Path) -> set[str]:
 
     visit(tree.body)
     return found
+
+
+def _imported(node: ast.Import | ast.ImportFrom, package: str) -> set[str]:
+    """What one import statement names, relative imports resolved against ``package``: each
+    module, and for ``from M import x`` both ``M`` and ``M.x`` (x may be a submodule)."""
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names}
+    if node.level:
+        base = package.split(".")
+        base = base[: len(base) - (node.level - 1)]
+        mod = ".".join(base + ([node.module] if node.module else []))
+    else:
+        mod = node.module or ""
+    return {mod} | {f"{mod}.{a.name}" for a in node.names}
+
+
+def all_imports(name: str, path: Path) -> set[str]:
+    """Every module ``name`` imports anywhere: at module level, inside functions (lazy
+    imports) and under TYPE_CHECKING."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.update(_imported(node, package))
+    return found
+
+
+def package_of(module: str) -> str:
+    """``draftdata.X...`` -> X; the root package is "draftdata"."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def package_edges() -> dict[tuple[str, str], set[str]]:
+    """(importer's package, imported package) -> the imports behind it, "module -> module"."""
+    mods = modules()
+    edges: dict[tuple[str, str], set[str]] = {}
+    for name, path in mods.items():
+        for target in all_imports(name, path):
+            # a name imported from a module is that module; "draftdata.__version__" is the root
+            while target and target not in mods:
+                target = target.rpartition(".")[0]
+            a, b = package_of(name), package_of(target) if target else ""
+            if target and a != b:
+                edges.setdefault((a, b), set()).add(f"{name} -> {target}")
+    return edges
 
 
 def test_no_module_is_past_the_line_limit():
@@ -91,6 +152,68 @@ def test_no_import_cycles():
         if n not in state:
             dfs(n, [n])
     assert cycles == []
+
+
+def test_every_package_is_on_exactly_one_level():
+    placed = [p for level in LEVELS for p in level]
+    assert len(placed) == len(set(placed))
+    assert {package_of(n) for n in modules()} == set(placed)
+
+
+def test_package_imports_run_down_the_levels_and_never_in_a_cycle():
+    """Every import counts, lazy ones and registration included: a package imports only
+    packages on a lower level of ``LEVELS``, so the package graph has no cycle."""
+    level = {p: i for i, names in enumerate(LEVELS) for p in names}
+    edges = package_edges()
+    up = [
+        f"{a} (level {level.get(a, '?')}) -> {b} (level {level.get(b, '?')}): "
+        f"{'; '.join(sorted(why))}"
+        for (a, b), why in sorted(edges.items())
+        if level.get(b, -1) >= level.get(a, -1)
+    ]
+    assert up == []
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+    cycles: list[str] = []
+    state: dict[str, int] = {}
+
+    def dfs(n: str, stack: list[str]) -> None:
+        state[n] = 1
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                cycle = [*stack[stack.index(m) :], m]
+                cycles.append(
+                    " -> ".join(cycle)
+                    + ": "
+                    + "; ".join(min(edges[a, b]) for a, b in itertools.pairwise(cycle))
+                )
+            elif m not in state:
+                dfs(m, [*stack, m])
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            dfs(n, [n])
+    assert cycles == []
+
+
+def test_every_class_a_lower_table_names_exists():
+    """The tables below the code they name (config.BACKENDS, export.trainers.TRAINERS' layouts)
+    name it as "module:Class" strings, so an import does not run up; each must resolve."""
+    from importlib import import_module
+
+    from draftdata.config import BACKENDS
+    from draftdata.export.trainers import LAYOUTS
+
+    named = [b.implementation for b in BACKENDS.values()]
+    named += [t.layout for t in LAYOUTS.values() if t.layout is not None]
+    missing = []
+    for spec in named:
+        module, _, attr = spec.partition(":")
+        if not isinstance(getattr(import_module(module), attr, None), type):
+            missing.append(spec)
+    assert missing == []
 
 
 def test_sql_only_in_the_store_and_the_core_stays_pure():
