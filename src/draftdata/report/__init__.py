@@ -6,10 +6,10 @@ to warn about, ``html``/``page``/``viewer``/``svg`` draw the page, ``text`` the 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from ..errors import InputError
+from ..files import write_text
 from .data import collect
 from .text import summary
 
@@ -21,13 +21,9 @@ def build_report(run_dir: Path, out: Path | None = None) -> Path:
     run_dir = Path(run_dir)
     page = render_html(collect(run_dir))
     target = Path(out) if out is not None else run_dir / "report.html"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(page, encoding="utf-8")
-        os.replace(tmp, target)
+        write_text(target, page)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise InputError(f"{target}: cannot write the report ({e.strerror}); check the path") from e
     return target
 

@@ -30,6 +30,7 @@ answers the checks above already gave; any other question goes to ``tokenizers``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import marshal
@@ -41,6 +42,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..files import write_bytes
 from .base import encode_threaded
 
 log = logging.getLogger("draftdata.tokenizers")
@@ -371,13 +373,8 @@ def _write_cache(path: Path, data: bytes) -> None:
     """``data`` into ``path`` through a temporary name renamed into place (a reader sees the
     whole file or the one before). A read-only cache is left alone: the work is done again
     next time."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        write_bytes(path, data)
 
 
 # --- the snapshot of a verified file ----------------------------------------------------------

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -24,6 +23,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import InputError
+from ..files import write_text
 from ..tokenizers import Tokenizer
 
 EDGE = "e"
@@ -81,9 +81,7 @@ class SplitPrefs:
 
     def save(self, path: Path) -> None:
         """Written under a temporary name, then renamed: a kill never leaves half a file."""
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        write_text(path, json.dumps(self.to_json(), indent=1) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> SplitPrefs:
