@@ -1,13 +1,14 @@
 """The manifest's ``[backends.NAME]`` tables, one pydantic model per backend kind, and
-``BACKENDS``, the one table a new backend kind is added to. Pure config: nothing here imports a
-backend's implementation (``generate.backends.make_backend`` does, by the name the table holds)."""
+``BACKENDS``, the one table a new backend kind is added to (``register_backend`` adds one from
+outside draftdata). Pure config: nothing here imports a backend's implementation
+(``generate.backends.make_backend`` does, by the name the table holds)."""
 
 from __future__ import annotations
 
 import ipaddress
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args
 from urllib.parse import unquote_plus, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -186,10 +187,61 @@ BACKENDS: dict[str, BackendKind] = {
     )
 }
 
-if TYPE_CHECKING:
-    BackendCfg = HFBackendCfg | OpenAIBackendCfg | EngineBackendCfg
-else:  # the manifest's tagged union, made from the table above
-    BackendCfg = Annotated[
+#: the kinds draftdata itself implements: a plugin adds kinds beside them, never replaces one
+BUILT_IN = frozenset(BACKENDS)
+
+
+def _union() -> Any:
+    """The manifest's tagged union over the table's config models, told apart by ``kind``."""
+    return Annotated[
         Union[tuple(dict.fromkeys(b.config for b in BACKENDS.values()))],  # noqa: UP007
         Field(discriminator="kind"),
     ]
+
+
+if TYPE_CHECKING:
+    BackendCfg = HFBackendCfg | OpenAIBackendCfg | EngineBackendCfg
+else:  # the manifest's tagged union, made from the table above
+    BackendCfg = _union()
+
+
+def register_backend(entry: BackendKind) -> None:
+    """Add a backend kind from outside draftdata, in one call: the table gets the entry and the
+    manifest accepts ``kind = "<entry.kind>"`` with ``entry.config``'s keys from then on (the
+    manifest model is rebuilt over the new union). ``entry.config`` must be a pydantic model
+    whose ``kind`` is ``Literal["<entry.kind>"]``; ``entry.implementation`` names, as
+    "module:Class", a ``generate.backends.base.Backend``. Registering a kind again replaces it
+    (a module imported twice); a built-in kind cannot be replaced."""
+    if entry.kind in BUILT_IN:
+        raise ValueError(f"backend kind {entry.kind!r} is built in; register under another name")
+    field = entry.config.model_fields.get("kind")
+    if field is None or get_args(field.annotation) != (entry.kind,):
+        raise ValueError(
+            f"{entry.config.__name__} must have kind: Literal[{entry.kind!r}] (the manifest "
+            "tells backend tables apart by it)"
+        )
+    if ":" not in entry.implementation:
+        raise ValueError(f'implementation {entry.implementation!r}: write it as "module:Class"')
+    BACKENDS[entry.kind] = entry
+    _sync_manifest()
+
+
+def unregister_backend(kind: str) -> None:
+    """Take a registered kind out again (a built-in kind stays)."""
+    if kind in BUILT_IN:
+        raise ValueError(f"backend kind {kind!r} is built in")
+    if BACKENDS.pop(kind, None) is not None:
+        _sync_manifest()
+
+
+def _sync_manifest() -> None:
+    """The manifest model, and its error messages' tables, follow ``BACKENDS``."""
+    from . import manifest  # here: manifest.py imports this module
+
+    union = _union()
+    backends: Any = dict[str, union]  # type: ignore[valid-type]
+    manifest.Manifest.model_fields["backends"].annotation = backends
+    manifest.Manifest.model_rebuild(force=True)
+    # the key hints and the union tags an error's location is cleaned of
+    manifest._FIELDS.update({k: list(b.config.model_fields) for k, b in BACKENDS.items()})
+    manifest._UNION_TAGS.update({*BACKENDS, *(b.config.__name__ for b in BACKENDS.values())})

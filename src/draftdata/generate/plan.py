@@ -9,18 +9,17 @@ model file that is not there, a run that has nothing to gate on."""
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import DatasetCfg, Manifest, OpenAIBackendCfg, redact_url
+from ..config import DatasetCfg, Manifest
 from ..errors import DraftdataError
 from ..formats import BoundFormat
 from ..records import Message
 from ..store.ledger import Ledger
 from ..tokens.stage import TokensStage
-from .backends.reach import reachable
+from .backends import backend_class
 from .conversation import n_turns, turn_messages
 from .inputs import bind_target, read_dataset
 
@@ -151,8 +150,7 @@ def _dataset_plan(
             prompt_max += (n + t * s.max_tokens) * d.samples_per_prompt
             requests += d.samples_per_prompt
     completion_max = requests * s.max_tokens
-    price_in = cfg.price_in_per_mtok if isinstance(cfg, OpenAIBackendCfg) else 0.0
-    price_out = cfg.price_out_per_mtok if isinstance(cfg, OpenAIBackendCfg) else 0.0
+    cost = backend_class(cfg.kind).cost_usd
     share_left = (requests - min(answered, requests)) / requests if requests else 0.0
     return DatasetPlan(
         name=d.name,
@@ -165,34 +163,21 @@ def _dataset_plan(
         prompt_tokens=prompt_tokens,
         prompt_tokens_max=prompt_max,
         completion_tokens_max=completion_max,
-        cost_min_usd=share_left * prompt_tokens * price_in / 1e6,
-        cost_max_usd=share_left * (prompt_max * price_in + completion_max * price_out) / 1e6,
+        cost_min_usd=cost(cfg, share_left * prompt_tokens, 0),
+        cost_max_usd=share_left * cost(cfg, prompt_max, completion_max),
         read_drops=dict(drops),
     )
 
 
 def _backend_problems(m: Manifest) -> list[str]:
-    out: list[str] = []
+    """Each used backend's own preflight checks (``Backend.preflight``: no request is sent)."""
     used = {d.backend for d in m.datasets}
-    for name, cfg in m.backends.items():
-        if name not in used:
-            continue
-        if isinstance(cfg, OpenAIBackendCfg):
-            if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
-                out.append(
-                    f"backend {name}: environment variable {cfg.api_key_env} is not set; export "
-                    f"{cfg.api_key_env}=<your key> before the run"
-                )
-            why = reachable(cfg.base_url)
-            if why is not None:
-                out.append(
-                    f"backend {name}: {redact_url(cfg.base_url)}: {why}; is the server running?"
-                )
-        elif hasattr(cfg, "model_path"):  # a local engine
-            spec = cfg.model_path
-            if not spec.startswith("pkg:") and not m.resolve(spec).exists():
-                out.append(f"backend {name}: model_path {m.resolve(spec)} does not exist")
-    return out
+    return [
+        problem
+        for name, cfg in m.backends.items()
+        if name in used
+        for problem in backend_class(cfg.kind).preflight(name, cfg, m)
+    ]
 
 
 def _gate_evidence(m: Manifest, plans: list[DatasetPlan], problems: list[str]) -> str:

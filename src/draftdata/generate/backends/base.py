@@ -1,4 +1,9 @@
-"""The interface every backend implements (the table of kinds is ``config.BACKENDS``)."""
+"""The interface every backend implements (the table of kinds is ``config.BACKENDS``).
+
+A kind's behaviour lives on its class, never in a switch elsewhere: besides answering
+(``run_batch``), what ``draftdata plan`` asks before any backend is made (``cost_usd``,
+``preflight``: classmethods over the manifest's table, so nothing is loaded or connected to) and
+what the budget reserves per request (``max_cost``)."""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ...config import Sampling
+from ...config import Manifest, Sampling
 from ...records import Completion, FailedAttempt, Key, Message
 
 
@@ -56,6 +61,27 @@ class Backend(ABC):
     def max_cost(self, req: GenRequest) -> float:
         """The most one request can cost (local engines: nothing)."""
         return 0.0
+
+    @classmethod
+    def cost_usd(cls, cfg: Any, prompt_tokens: float, completion_tokens: float) -> float:
+        """What this many prompt and completion tokens cost at the prices in ``cfg``, the
+        manifest's table for this kind (local engines: nothing)."""
+        return 0.0
+
+    @classmethod
+    def preflight(cls, name: str, cfg: Any, m: Manifest) -> list[str]:
+        """What would stop or waste a run on backend ``name`` (an unset key, a server that does
+        not answer, a model that is not there), found without sending a request: one line each,
+        starting "backend NAME: "."""
+        return []
+
+
+def model_path_problems(name: str, model_path: str, m: Manifest) -> list[str]:
+    """A local engine's preflight: its model file or folder is there (``pkg:`` paths are
+    resolved when the engine loads)."""
+    if model_path.startswith("pkg:") or m.resolve(model_path).exists():
+        return []
+    return [f"backend {name}: model_path {m.resolve(model_path)} does not exist"]
 
 
 __all__ = ["Backend", "BeforeSend", "Completion", "FailedAttempt", "GenRequest", "OnFailure"]

@@ -10,7 +10,7 @@ from typing import Any
 from ...config import EngineBackendCfg, Manifest
 from ...errors import DraftdataError
 from ...formats import BoundFormat, derive_view
-from .base import Backend, Completion, GenRequest, OnFailure
+from .base import Backend, Completion, GenRequest, OnFailure, model_path_problems
 
 
 class EngineUnavailable(DraftdataError):
@@ -41,9 +41,18 @@ def engine_completion(
     )
 
 
-class VLLMBackend(Backend):
-    kind = "vllm"
+class _Engine(Backend):
+    """An offline engine over a model folder."""
+
     batches_turns = True
+
+    @classmethod
+    def preflight(cls, name: str, cfg: EngineBackendCfg, m: Manifest) -> list[str]:
+        return model_path_problems(name, cfg.model_path, m)
+
+
+class VLLMBackend(_Engine):
+    kind = "vllm"
 
     def __init__(self, name: str, cfg: EngineBackendCfg, m: Manifest, bound: BoundFormat) -> None:
         super().__init__(name)
@@ -92,9 +101,8 @@ class VLLMBackend(Backend):
         return res
 
 
-class SGLangBackend(Backend):
+class SGLangBackend(_Engine):
     kind = "sglang"
-    batches_turns = True
 
     def __init__(self, name: str, cfg: EngineBackendCfg, m: Manifest, bound: BoundFormat) -> None:
         super().__init__(name)

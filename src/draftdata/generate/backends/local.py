@@ -11,7 +11,7 @@ from typing import Any
 from ...config import HFBackendCfg, Manifest
 from ...formats import BoundFormat
 from ...model.folders import ensure_hf_folder, resolve_model
-from .base import Backend, Completion, GenRequest, OnFailure
+from .base import Backend, Completion, GenRequest, OnFailure, model_path_problems
 from .engines import engine_completion
 
 
@@ -35,6 +35,10 @@ class HFBackend(Backend):
         self.bound = bound
         self.batch_size = cfg.batch_size
         self.cancel = threading.Event()
+
+    @classmethod
+    def preflight(cls, name: str, cfg: HFBackendCfg, m: Manifest) -> list[str]:
+        return model_path_problems(name, cfg.model_path, m)
 
     async def run_batch(
         self, requests: Sequence[GenRequest], on_failure: OnFailure

@@ -438,7 +438,26 @@ class OpenAIBackend(Backend):
 
     def max_cost(self, req: GenRequest) -> float:
         """The most one request can cost at the manifest's prices."""
+        return self.cost_usd(self.cfg, len(req.prompt_ids), req.sampling.max_tokens)
+
+    @classmethod
+    def cost_usd(
+        cls, cfg: OpenAIBackendCfg, prompt_tokens: float, completion_tokens: float
+    ) -> float:
         return (
-            len(req.prompt_ids) * self.cfg.price_in_per_mtok
-            + req.sampling.max_tokens * self.cfg.price_out_per_mtok
+            prompt_tokens * cfg.price_in_per_mtok + completion_tokens * cfg.price_out_per_mtok
         ) / 1e6
+
+    @classmethod
+    def preflight(cls, name: str, cfg: OpenAIBackendCfg, m: Manifest) -> list[str]:
+        """The key's variable is set and the server answers a TCP connect (no request)."""
+        out = []
+        if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
+            out.append(
+                f"backend {name}: environment variable {cfg.api_key_env} is not set; export "
+                f"{cfg.api_key_env}=<your key> before the run"
+            )
+        why = reachable(cfg.base_url)
+        if why is not None:
+            out.append(f"backend {name}: {redact_url(cfg.base_url)}: {why}; is the server running?")
+        return out

@@ -15,8 +15,15 @@ if TYPE_CHECKING:
     from .base import Backend
 
 
+def backend_class(kind: str) -> type[Backend]:
+    """The class that implements ``kind``: what is asked of a kind (its cost, its preflight
+    checks) is asked of it, never switched on elsewhere."""
+    module, _, attr = BACKENDS[kind].implementation.partition(":")
+    cls: type[Backend] = getattr(import_module(module), attr)
+    return cls
+
+
 def make_backend(name: str, cfg: Any, manifest: Manifest, bound: BoundFormat) -> Backend:
-    module, _, attr = BACKENDS[cfg.kind].implementation.partition(":")
-    cls = getattr(import_module(module), attr)
+    cls: Any = backend_class(cfg.kind)  # each kind's constructor takes its own config model
     backend: Backend = cls(name, cfg, manifest, bound)
     return backend
