@@ -45,6 +45,11 @@ ExtendOpt = Annotated[
 ]
 
 
+def _counts_line(counts: dict[str, int]) -> str:
+    """``reason: n`` pairs, most first."""
+    return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def _json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False, default=str) + "\n")
 
@@ -180,6 +185,8 @@ def status(
         with reading(path):  # a damaged page the open did not touch
             run_status = ledger_status(ledger)
             st = run_status.to_json()
+            for name, d in st["datasets"].items():  # dropped when read (contaminated, ...)
+                d["read_drops"] = ledger.get_meta(f"read_drops:{name}", {})
             bad = ledger.failed() if failed else []
     finally:
         ledger.close()
@@ -223,6 +230,13 @@ def status(
         )
     out.print(t)
     for name, ds in run_status.datasets.items():
+        for what, counts in (
+            ("dropped when read", st["datasets"][name]["read_drops"]),
+            ("dropped by the tokens stage", ds.drops),
+            ("sample warnings", ds.warnings),
+        ):
+            if counts:
+                say(out, f"{name}: {what}: " + _counts_line(counts))
         for line in ds.server_options.lines() if ds.server_options else ():
             say(out, f"{name}: {line}")
         if ds.usage_notes:
@@ -439,9 +453,19 @@ def export(
             + "; ".join(f"{e.name} ({e.summary})" for e in EXPORTERS.values()),
         ),
     ] = None,
+    drop: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--drop",
+            help="leave out samples a filter fits, comma-separated or repeated: a quality "
+            "check (repetition_loop, truncated, empty_answer, think_unclosed, "
+            "near_duplicate_answer, language_mismatch) or contaminated",
+        ),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Write Parquet shards + manifest.json from a run's ledger, and trainer-specific files."""
+    from ..export.filters import parse_drop
     from ..export.run import StoredValidation, export_as, export_run
     from ..export.write import read_export_manifest
     from ..generate.runner import Runner
@@ -451,19 +475,25 @@ def export(
     for k in kinds:
         if k not in EXPORTERS:
             raise InputError(f"--as {k!r}: choose one of {', '.join(EXPORTERS)}")
+    filters = parse_drop(drop or [])
     m = manifest_of_run(run)
     m.run.output = str(run.resolve())
     runner = Runner(m, quiet=True, console=err, check_settings=False, command_line=command_line())
     try:
-        folder = export_run(runner, StoredValidation.read(run / "validation.json"), None)
-        files = {k: [str(p) for p in export_as(runner, k)] for k in kinds}
+        validation = StoredValidation.read(run / "validation.json")
+        folder = export_run(runner, validation, None, drop=filters)
+        files = {k: [str(p) for p in export_as(runner, k, filters)] for k in kinds}
     finally:
         runner.close()
+    em = read_export_manifest(folder)
     if json_out:
-        samples = read_export_manifest(folder).samples
-        _json({"export": str(folder), "samples": samples, "files": files})
+        _json(
+            {"export": str(folder), "samples": em.samples, "files": files, "filtered": em.filtered}
+        )
         return
     say(out, f"shards and manifest: {folder}")
+    for name, per in em.filtered.items():
+        say(out, f"{name}: left out by --drop: {_counts_line(per)}")
     for k, paths in files.items():
         say(out, f"{k}: {', '.join(paths)}")
         if EXPORTERS[k].lossy:

@@ -13,6 +13,8 @@ from .backends import (
     url_problem,
 )
 from .manifest import (
+    EVAL_SET_NAMES,
+    QUALITY_CHECK_NAMES,
     READER_NAMES,
     DatasetCfg,
     Manifest,
@@ -26,6 +28,8 @@ from .manifest import (
 
 __all__ = [
     "BACKENDS",
+    "EVAL_SET_NAMES",
+    "QUALITY_CHECK_NAMES",
     "READER_NAMES",
     "BackendCfg",
     "BackendKind",

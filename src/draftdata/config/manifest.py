@@ -11,7 +11,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -49,6 +49,22 @@ READER_NAMES = frozenset(
 )
 
 
+#: ``[run] drop``: the quality checks of the tokens stage (``tokens.quality.QUALITY_CHECKS``
+#: names them, and a test checks the two lists agree) whose samples are dropped, not kept
+QualityCheck = Literal[
+    "repetition_loop",
+    "truncated",
+    "empty_answer",
+    "think_unclosed",
+    "near_duplicate_answer",
+    "language_mismatch",
+]
+QUALITY_CHECK_NAMES: tuple[str, ...] = get_args(QualityCheck)
+#: ``[run] decontaminate``: the built-in evaluation sets (``measure.contamination.BUILTIN_SETS``);
+#: any other entry is a JSONL file of evaluation prompts
+EVAL_SET_NAMES = ("mt-bench", "humaneval")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -72,6 +88,12 @@ class RunCfg(_Strict):
     #: an existing ground-truth JSONL (exact ids from the target) that serves as the gate's
     #: evidence, alone or beside the run's own ground-truth datasets
     ground_truth: str | None = None
+    #: quality checks whose samples are dropped (counted as ``quality:<check>``); the others
+    #: stay warnings on their samples (``draftdata export --drop`` can still filter them)
+    drop: list[QualityCheck] = []
+    #: evaluation sets (a built-in name, or a JSONL file) whose prompts are dropped when read,
+    #: before any is asked (counted as ``contaminated:<set>``)
+    decontaminate: list[str] = []
 
 
 class TargetCfg(_Strict):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from ..measure.gate import Gate
 from ..measure.validate import ValidationReport
 from ..records import Answered, DatasetExport, ExportManifest, FormatPin, Sample, TokenizerPin
 from ..store.stats import status
+from .filters import CONTAMINATED, SampleFilter
 from .shards import publish, staging_folder
 from .trainers import EXPORTERS
 from .trainers.specforge import rendered_system
@@ -155,21 +156,40 @@ def run_manifest(
     )
 
 
+def contaminated_prompts(runner: Runner) -> frozenset[tuple[str, str]]:
+    """The (dataset, prompt id) of every prompt of the run that holds an evaluation prompt: of
+    the manifest's ``[run] decontaminate`` sets, or of every built-in set where it names none."""
+    from ..measure.contamination import BUILTIN_SETS, detector_for
+
+    m = runner.m
+    det = detector_for(m.run.decontaminate or BUILTIN_SETS, m.base_dir)
+    return frozenset(
+        (d.name, p.id) for d in m.datasets for p, _ in det.scan(runner.ledger.prompts(d.name))
+    )
+
+
 def export_run(
     runner: Runner,
     validation: ValidationReport | None,
     gate: Gate | None,
     shard_bytes: int | None = None,
+    drop: Sequence[str] = (),
 ) -> Path:
-    """Write RUN/export/shard-*.parquet, manifest.json and preview.json; returns the folder."""
+    """Write RUN/export/shard-*.parquet, manifest.json and preview.json; returns the folder.
+    ``drop``: the filters (``export.filters``) whose samples are left out, recorded in the
+    manifest with how many each took."""
     m = runner.m
     for d in m.datasets:
         runner.make_samples(d, only_missing=True)
-    head = run_manifest(runner, validation, gate)
+    flt = SampleFilter(drop, contaminated_prompts(runner) if CONTAMINATED in drop else frozenset())
+    # the manifest holds the filter's counts, filled as the samples stream through it
+    head = replace(
+        run_manifest(runner, validation, gate), filters=tuple(drop), filtered=flt.filtered
+    )
     folder = staging_folder(m.output_dir)  # the old export stays whole until the swap
     samples = RunSamples(runner.ledger, [d.name for d in m.datasets], with_metadata=True)
     write_export(
-        samples,
+        flt(samples) if drop else samples,
         folder,
         head,
         metadata=samples.metadata,
@@ -179,22 +199,28 @@ def export_run(
     return publish(m.output_dir, folder)
 
 
-def run_conversations(runner: Runner) -> Iterator[Answered]:
+def run_conversations(runner: Runner, drop: Sequence[str] = ()) -> Iterator[Answered]:
     """The run's answered conversations that became samples (the others were dropped at the
-    tokens stage: not training data), dataset by dataset."""
+    tokens stage: not training data) and pass ``drop``'s filters, dataset by dataset."""
+    flt = _filter(runner, drop)
     for d in runner.m.datasets:
-        have = {s.key for s in runner.ledger.samples(d.name)}
+        have = {s.key for s in flt(runner.ledger.samples(d.name))}
         yield from (a for a in runner.conversations(d) if a.key in have)
 
 
-def export_as(runner: Runner, name: str) -> tuple[Path, ...]:
+def _filter(runner: Runner, drop: Sequence[str]) -> SampleFilter:
+    return SampleFilter(drop, contaminated_prompts(runner) if CONTAMINATED in drop else frozenset())
+
+
+def export_as(runner: Runner, name: str, drop: Sequence[str] = ()) -> tuple[Path, ...]:
     """A trainer's files (``EXPORTERS[name]``) beside the run's published export, from the
-    run's samples (or, for a lossy export, its conversations) and the export's manifest."""
+    run's samples (or, for a lossy export, its conversations) that pass ``drop``'s filters
+    (the ones the export was written with) and the export's manifest."""
     e = EXPORTERS[name]
     folder = runner.m.output_dir / "export"
     if e.write_conversations is not None:
         system = rendered_system(runner.bound.format)
-        return e.write_conversations(run_conversations(runner), folder, system)
+        return e.write_conversations(run_conversations(runner, drop), folder, system)
     assert e.write is not None
     samples = RunSamples(runner.ledger, [d.name for d in runner.m.datasets])
-    return e.write(samples, read_export_manifest(folder), folder)
+    return e.write(_filter(runner, drop)(samples), read_export_manifest(folder), folder)

@@ -19,6 +19,7 @@ from rich.text import Text
 from ..config import DatasetCfg, Manifest, redact_url
 from ..errors import DraftdataError, GenerateError
 from ..formats import BoundFormat
+from ..measure.contamination import Tally
 from ..records import (
     Completion,
     FailedAttempt,
@@ -37,6 +38,7 @@ from .backends.base import Backend, GenRequest
 from .backends.retry import PROBE_REFUSED
 from .budget import Budget
 from .commits import GroupCommit
+from .contaminated import DecontaminateMixin
 from .conversation import answer_message, n_turns, sample_seed, turn_messages
 from .inputs import bind_target, iter_dataset
 from .progress import Bars
@@ -80,7 +82,7 @@ class RunReport:
     stopped: dict[str, str] = field(default_factory=dict)
 
 
-class Runner(SamplesMixin):
+class Runner(SamplesMixin, DecontaminateMixin):
     def __init__(
         self,
         manifest: Manifest,
@@ -191,13 +193,22 @@ class Runner(SamplesMixin):
         earlier = self.ledger.prompt_ids(exclude=d.name)
         dups: set[str] = set()
 
+        det = self.decontaminator()
+        tally = Tally()
+
         def kept(ps: Iterable[Prompt]) -> Iterator[Prompt]:
             for p in ps:
                 if p.id in earlier:
                     drops["duplicate_across_datasets"] += 1
                     dups.add(p.id)
-                else:
-                    yield p
+                    continue
+                if det is not None:  # [run] decontaminate: dropped before it is asked
+                    hit = det.check_prompt(p)
+                    tally.add(p.id, hit)
+                    if hit is not None:
+                        drops[f"contaminated:{hit.eval_set}"] += 1
+                        continue
+                yield p
 
         turns = lambda p: n_turns(p, d.turns)  # noqa: E731
         if fresh:  # the source changed: answered prompts stay, unanswered ones follow the file
@@ -213,6 +224,7 @@ class Runner(SamplesMixin):
                 )
             )
             self.ledger.set_meta(f"read_drops:{d.name}", dict(drops))
+            self.record_contamination(d, tally, det is not None)
             return self.ledger.count_prompts(d.name)
         # --extend: the prompts already there keep their place; new ones follow
         have = self.ledger.prompt_ids_of(d.name) if stored else set()
@@ -240,6 +252,7 @@ class Runner(SamplesMixin):
                 f"dataset {d.name}: {d.source} gave no prompts (skipped: {dict(drops)})"
             )
         self.ledger.set_meta(f"read_drops:{d.name}", dict(drops))
+        self.record_contamination(d, tally, det is not None)
         return stored + added
 
     def request(

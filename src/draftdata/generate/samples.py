@@ -10,13 +10,17 @@ from dataclasses import dataclass, replace
 from itertools import groupby
 from typing import Any
 
-from ..config import DatasetCfg
+from rich.console import Console
+from rich.text import Text
+
+from ..config import DatasetCfg, Manifest
 from ..errors import DraftdataError, GenerateError
 from ..formats import BoundFormat, derive_view
-from ..records import Answered, ApiView, Drop, Key, Message, StoredResponse
+from ..records import Answered, ApiView, Drop, Key, Message, SampleRow, StoredResponse
 from ..records.wire import view_from_record
 from ..store import codec
 from ..store.ledger import Ledger
+from ..tokens.checks import RunChecks
 from ..tokens.parallel import jobs_for, outcomes
 from ..tokens.reconstruct import WINDOW
 from ..tokens.stage import TokensStage
@@ -37,6 +41,17 @@ class Tokenized:
 class SamplesMixin:
     ledger: Ledger
     bound: BoundFormat
+    m: Manifest
+    console: Console
+    quiet: bool
+    _checks: RunChecks | None = None
+
+    @property
+    def checks(self) -> RunChecks:
+        """The run's cross-answer quality checks (one answer index for every dataset)."""
+        if self._checks is None:
+            self._checks = RunChecks(self.m.run.drop)
+        return self._checks
 
     @property
     def tokens(self) -> TokensStage:
@@ -128,8 +143,20 @@ class SamplesMixin:
         )
         made: list[tuple[Key, tuple[Any, ...]]] = []
         n_jobs = jobs_for(todo if todo is not None else self.ledger.count_responses(d.name), jobs)
+        checks = self.checks
+        loaded = checks.load_s is not None
+        pending: dict[Key, Answered] = {}  # answers out to the workers (two windows each)
+
+        def sent() -> Iterator[Answered]:
+            for a in answers:
+                pending[a.key] = a
+                yield a
+
         with self.ledger.tx():
-            for got in outcomes(stage, answers, codec.sample_row, n_jobs, window):
+            for got in outcomes(stage, sent(), codec.sample_row, n_jobs, window):
+                a = pending.pop(got.key)
+                if not isinstance(got, Drop):
+                    got = self._quality(checks, a, got)
                 if isinstance(got, Drop):
                     drops[got.reason] += 1
                     self.ledger.put_drop(got.key, "tokens", got.reason)
@@ -140,4 +167,20 @@ class SamplesMixin:
                         self.ledger.put_sample_rows(made)
                         made.clear()
             self.ledger.put_sample_rows(made)
+        if not loaded and checks.load_s is not None and not self.quiet:
+            self.console.print(
+                Text(f"language check: py3langid loaded in {checks.load_s:.1f} s (once per run)")
+            )
         return Tokenized(dict(counts), dict(drops))
+
+    @staticmethod
+    def _quality(checks: RunChecks, a: Answered, got: SampleRow) -> SampleRow | Drop:
+        """A sample with the cross-answer checks that fire added to its warnings, or its drop
+        (``quality:<check>``) when ``[run] drop`` names one of its checks."""
+        have = codec.row_warnings(got.row)
+        added = [w for w in checks.across(a) if w not in have]
+        warnings = (*have, *added)
+        why = checks.dropped(warnings)
+        if why is not None:
+            return Drop(got.key, why)
+        return replace(got, row=codec.with_row_warnings(got.row, warnings)) if added else got

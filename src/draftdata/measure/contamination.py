@@ -58,7 +58,10 @@ __all__ = [
     "EvalPrompt",
     "EvalSet",
     "Match",
+    "Tally",
     "default_shared_dir",
+    "detector_for",
+    "load_eval_set",
     "normalize",
     "words",
 ]
@@ -320,3 +323,87 @@ class Detector:
             m = self.check_prompt(p)
             if m is not None:
                 yield p, m
+
+
+# --- sets by name, and a dataset's tally ---------------------------------------------------------
+
+#: matches a dataset's tally keeps (the first ones, in reading order) for the report and the CLI
+FIRST_MATCHES = 10
+
+
+def load_eval_set(spec: str, base: Path | None = None, shared_dir: Path | None = None) -> EvalSet:
+    """The evaluation set ``spec`` names: a built-in set (``BUILTIN_SETS``) or a JSONL file
+    (relative to ``base`` where given: a manifest's folder)."""
+    if spec in BUILTIN_FILES:
+        return EvalSet.builtin(spec, shared_dir)
+    path = Path(spec).expanduser()
+    if base is not None and not path.is_absolute():
+        path = base / path
+    if not path.is_file():
+        raise InputError(
+            f"evaluation set {spec!r}: not a built-in set ({', '.join(BUILTIN_SETS)}) and "
+            f"{path} is not a file; name a built-in set or a JSONL file of prompts"
+        )
+    return EvalSet.from_jsonl(path)
+
+
+def detector_for(specs: Sequence[str], base: Path | None = None) -> Detector:
+    """One detector over the sets ``specs`` names (``load_eval_set`` each)."""
+    return Detector([load_eval_set(s, base) for s in specs])
+
+
+@dataclass
+class Tally:
+    """One dataset's contamination: prompts checked, prompts flagged by evaluation set, and the
+    first ``FIRST_MATCHES`` flagged prompts with their match."""
+
+    checked: int = 0
+    flagged: Counter[str] = field(default_factory=Counter)
+    first: list[tuple[str, Match]] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.flagged.values())
+
+    def add(self, prompt_id: str, m: Match | None) -> None:
+        self.checked += 1
+        if m is None:
+            return
+        self.flagged[m.eval_set] += 1
+        if len(self.first) < FIRST_MATCHES:
+            self.first.append((prompt_id, m))
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "checked": self.checked,
+            "flagged": self.total,
+            "by_set": dict(self.flagged),
+            "first": [
+                {
+                    "prompt_id": pid,
+                    "eval_set": m.eval_set,
+                    "eval_id": m.eval_id,
+                    "score": round(m.score, 4),
+                    "rule": m.rule,
+                }
+                for pid, m in self.first
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, doc: object) -> Tally:
+        """A tally back from ``to_json`` (what cannot be read is left out, never raised)."""
+        t = cls()
+        if not isinstance(doc, dict):
+            return t
+        t.checked = int(doc.get("checked") or 0)
+        by = doc.get("by_set")
+        if isinstance(by, dict):
+            t.flagged.update({str(k): int(v) for k, v in by.items() if isinstance(v, int)})
+        for f in doc.get("first") or []:
+            if isinstance(f, dict):
+                score = float(f.get("score") or 0.0)
+                rule: Literal["ngram", "exact"] = "exact" if f.get("rule") == "exact" else "ngram"
+                m = Match(str(f.get("eval_set")), str(f.get("eval_id")), score, 0, 0, rule, True)
+                t.first.append((str(f.get("prompt_id")), m))
+        return t

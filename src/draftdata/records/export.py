@@ -104,6 +104,10 @@ class ExportManifest:
     shards: tuple[ShardEntry, ...] = ()
     cost_usd: float | None = None
     loader: str = LOADER
+    #: ``export --drop``: the filters asked for (quality checks, ``contaminated``), in order
+    filters: tuple[str, ...] = ()
+    #: samples each filter left out, by dataset (a sample counts under the first that fits)
+    filtered: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def counted(self, samples: Iterable[Sample]) -> ExportManifest:
         """This manifest with its figures counted from ``samples`` (consumed once): each
@@ -215,6 +219,8 @@ class ExportManifest:
             ],
             "cost_usd": self.cost_usd,
             "loader": self.loader,
+            "filters": list(self.filters),
+            "filtered": {k: dict(v) for k, v in self.filtered.items()},
         }
 
     @classmethod
@@ -282,4 +288,6 @@ class ExportManifest:
             ),
             cost_usd=None if cost is None else float(cost),
             loader=str(d.get("loader", LOADER)),
+            filters=tuple(str(f) for f in d.get("filters") or ()),
+            filtered={str(k): _counts(v) for k, v in _dict(d.get("filtered")).items()},
         )

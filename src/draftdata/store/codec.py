@@ -170,6 +170,16 @@ def sample_row(s: Sample) -> tuple[Any, ...]:
     )
 
 
+def row_warnings(row: Sequence[Any]) -> tuple[str, ...]:
+    """The warnings of a sample packed by ``sample_row``."""
+    return tuple(json.loads(row[5]))
+
+
+def with_row_warnings(row: Sequence[Any], warnings: Sequence[str]) -> tuple[Any, ...]:
+    """A row packed by ``sample_row`` with its warnings replaced by ``warnings``."""
+    return (*row[:5], dumps(list(warnings)), *row[6:])
+
+
 SAMPLE_COLUMNS = (
     "token_source, finish_reason, input_ids, loss_mask, prompt_len, warnings_json, "
     "tokenizer_sha256, format_name, format_version, draftdata_version"

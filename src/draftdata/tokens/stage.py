@@ -9,6 +9,11 @@ Three sources of ids, one set of checks:
 - ``reconstructed``: the answer text laid out by the format's response grammar.
 
 Every id must lie inside the vocabulary; an answer that finished ends with a stop id.
+
+Each sample also carries the names of the per-answer quality checks that fire on it
+(``tokens.quality.check_sample``: ``repetition_loop``, ``truncated``, ``empty_answer``,
+``think_unclosed``) among its warnings; the checks across answers (``near_duplicate_answer``,
+``language_mismatch``) need the run's state and are added by the run (``generate.samples``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 from ..errors import DraftdataError, ReconstructError
 from ..formats import BoundFormat
 from ..records import Answered, ApiView, Key, Message, Prompt, Sample, StoredResponse
+from .quality import Markers, check_sample
 from .reconstruct import (
     WINDOW,
     Item,
@@ -42,6 +48,20 @@ class TokensStage:
     text_ids: TextIds | None = None
     #: every assistant turn of the answer's conversation trained in its sample (``tokens.turns``)
     joined: bool = False
+    #: add the names of the per-answer quality checks that fire to each sample's warnings
+    quality: bool = True
+
+    def markers(self) -> Markers:
+        """The control ids the quality checks read, from the bound format."""
+        ids = self.bound.ids
+        return Markers(self.bound.stop_ids, ids.get("think_open"), ids.get("think_close"))
+
+    def with_quality(self, s: Sample, view: ApiView) -> Sample:
+        """``s`` with the names of the quality checks that fire on it added to its warnings."""
+        if not self.quality:
+            return s
+        fired = [w for w in check_sample(s, view, self.markers()) if w not in s.warnings]
+        return replace(s, warnings=s.warnings + tuple(fired)) if fired else s
 
     def prompt_opts(self) -> dict[str, Any]:
         return {} if self.thinking is None else {"thinking": self.thinking}
@@ -99,9 +119,8 @@ class TokensStage:
             )
             for a, x in zip(chunk, first, strict=True):
                 if isinstance(x, Item):
-                    yield a.key, self._as_engine(a.stored, self._checked(a.key, next(made)))
-                else:
-                    yield a.key, x
+                    x = self._as_engine(a.stored, self._checked(a.key, next(made)))
+                yield a.key, x if isinstance(x, DraftdataError) else self.with_quality(x, a.view)
 
     def _as_engine(
         self, stored: StoredResponse, s: Sample | DraftdataError
