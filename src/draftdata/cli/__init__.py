@@ -17,7 +17,15 @@ from typing import Any
 import click
 
 from ..errors import DraftdataError
-from . import audit, hidden, model, plan, run, tokens  # noqa: F401  (registers the commands)
+from . import (  # noqa: F401  (registers the commands)
+    audit,
+    contamination,
+    hidden,
+    model,
+    plan,
+    run,
+    tokens,
+)
 from .app import app, err, say
 
 

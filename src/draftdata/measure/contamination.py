@@ -43,7 +43,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from ..errors import InputError
 from ..records import Prompt
@@ -360,6 +360,7 @@ class Tally:
     checked: int = 0
     flagged: Counter[str] = field(default_factory=Counter)
     first: list[tuple[str, Match]] = field(default_factory=list)
+    keep: int = FIRST_MATCHES
 
     @property
     def total(self) -> int:
@@ -370,10 +371,10 @@ class Tally:
         if m is None:
             return
         self.flagged[m.eval_set] += 1
-        if len(self.first) < FIRST_MATCHES:
+        if len(self.first) < self.keep:
             self.first.append((prompt_id, m))
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "checked": self.checked,
             "flagged": self.total,
