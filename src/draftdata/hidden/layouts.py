@@ -12,13 +12,18 @@
 - ``safetensors``: draftdata's own shards, ``OUT/hs-{first}-{last}.safetensors``, each holding
   many samples back to back (``input_ids`` int64 [T], ``loss_mask`` uint8 [T], ``offsets`` int64
   [n+1], ``hidden_states`` [T, k+1, H] as in speculators, fp8 with ``hidden_states_scales``), the
-  samples' ids in the file's metadata, and ``OUT/index.json``.
+  samples' ids in the file's metadata, and ``OUT/index.json``. With ``--codec zstd`` each shard
+  is one zstd frame over that whole file, ``hs-{first}-{last}.safetensors.zst`` (fp8 + zstd: 0.45x
+  the bytes of bf16 on SmolLM2, BENCHMARKS.md).
+
+Every file's sha256 goes into ``draftdata-hidden-states.json`` (``sha256``: path relative to
+``OUT`` -> digest); ``hidden.read`` checks it on every read.
 
 The hidden states are encoded on the device they were computed on and copied to the host; the
 file writes run on writer threads while the next batch computes. Every file is written through
 ``draftdata.files`` (a temporary name, then a rename), so a file that exists is whole; a
-rerun skips every sample whose file exists with the same ids (resumable per sample; per shard
-for ``safetensors``)."""
+rerun skips every sample whose file exists with the same ids and the digest the last manifest
+recorded (resumable per sample; per shard for ``safetensors``)."""
 
 from __future__ import annotations
 
@@ -31,8 +36,18 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from ..export.trainers import DTYPES, layout_trainer
-from ..files import atomic_path, write_json
+from ..files import atomic_path, write_bytes, write_json
 from ..records import Provenance, Sample
+from .codec import (
+    MANIFEST,
+    SUFFIX,
+    CorruptFileError,
+    check_codec,
+    compress,
+    decode_tensors,
+    sha256_bytes,
+    sha256_file,
+)
 
 if TYPE_CHECKING:
     from .capture import Captured
@@ -66,15 +81,17 @@ class Item:
 
 class Encoder:
     """Stored dtype of the hidden states; fp8 (e4m3, one scale per token over all its layers)
-    keeps the squared error against bf16 so the report can give its relative error."""
+    keeps the squared error against bf16 so the report can give its relative error. ``codec``
+    is the byte codec over the files (draftdata's own shards only)."""
 
-    def __init__(self, torch: Any, dtype: str) -> None:
+    def __init__(self, torch: Any, dtype: str, codec: str = "none") -> None:
         if dtype not in DTYPES:
             raise InputError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
         if dtype == "fp8" and not hasattr(torch, "float8_e4m3fn"):
             raise InputError(f"--dtype fp8: torch {torch.__version__} has no float8_e4m3fn")
         self.torch = torch
         self.dtype = dtype
+        self.codec = check_codec(codec)
         self.err_sq = 0.0
         self.ref_sq = 0.0
 
@@ -98,7 +115,7 @@ class Encoder:
         return {"hidden_states": q.contiguous(), "hidden_states_scales": scale.contiguous()}
 
     def report(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"dtype": self.dtype}
+        doc: dict[str, Any] = {"dtype": self.dtype, "codec": self.codec}
         if self.dtype == "fp8":
             doc["fp8_relative_error_vs_bf16"] = (
                 (self.err_sq / self.ref_sq) ** 0.5 if self.ref_sq else 0.0
@@ -127,11 +144,58 @@ def _atomic(path: Path, write: Callable[[Path], Any]) -> int:
     return path.stat().st_size
 
 
-class Speculators:
+class _Files:
+    """The sha256 of every hidden-state file of this run (``sums``: path relative to ``out`` ->
+    hex digest): each file written now, and each earlier run's file kept. An earlier run's file
+    is kept only where it is the file its manifest recorded (``recorded``); one that is not (a
+    flipped bit, a copy cut short) is captured again."""
+
+    out: Path
+    torch: Any
+
+    def _start_sums(self) -> None:
+        self.sums: dict[str, str] = {}
+        self.recorded: dict[str, str] = {}
+        try:
+            doc = json.loads((self.out / MANIFEST).read_text(encoding="utf-8"))
+            self.recorded = {str(k): str(v) for k, v in dict(doc.get("sha256") or {}).items()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass  # no earlier manifest (or an unreadable one): files are kept by their ids
+
+    def rel(self, path: Path) -> str:
+        return path.relative_to(self.out).as_posix()
+
+    def _earlier(self, path: Path) -> tuple[dict[str, Any], dict[str, str]] | None:
+        """An earlier run's file (its tensors and metadata), its digest put in ``sums``; None
+        where it is missing, is not the file recorded, or does not decode."""
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        sha = sha256_bytes(data)
+        want = self.recorded.get(self.rel(path))
+        if want is not None and sha != want:
+            return None
+        try:
+            got = decode_tensors(path, data, self.torch)
+        except CorruptFileError:
+            return None
+        self.sums[self.rel(path)] = sha
+        return got
+
+    def _write(self, path: Path, write: Callable[[Path], Any]) -> int:
+        """``_atomic``, the file's digest put in ``sums`` (on the writer thread)."""
+        n = _atomic(path, write)
+        self.sums[self.rel(path)] = sha256_file(path)
+        return n
+
+
+class Speculators(_Files):
     name = "speculators"
 
     def __init__(self, out: Path, torch: Any, enc: Encoder) -> None:
         self.out, self.torch, self.enc = out, torch, enc
+        self._start_sums()
         self.folder = out / "hidden_states"
 
     def path(self, index: int) -> Path:
@@ -145,16 +209,12 @@ class Speculators:
         write_dataset((it.sample() for it in items), self.out, keep=("hidden_states",))
 
     def done(self, it: Item) -> bool:
-        p = self.path(it.index)
-        if not p.exists():
-            return False
-        from safetensors import safe_open
-
-        try:
-            with safe_open(str(p), framework="pt") as f:
-                return bool(f.get_tensor("token_ids").tolist() == it.input_ids)
-        except Exception:  # a file that cannot be read is captured again
-            return False
+        got = self._earlier(self.path(it.index))  # unreadable or changed: captured again
+        return (
+            got is not None
+            and "token_ids" in got[0]
+            and (got[0]["token_ids"].tolist() == it.input_ids)
+        )
 
     def write(self, it: Item, cap: Captured) -> Job:
         from safetensors.torch import save_file
@@ -163,17 +223,22 @@ class Speculators:
         tensors = {"token_ids": torch.tensor(it.input_ids, dtype=torch.long)}
         tensors.update(_host(self.enc.encode(_stack(cap, torch))))
         path = self.path(it.index)
-        return lambda: _atomic(path, lambda t: save_file(tensors, str(t)))
+        return lambda: self._write(path, lambda t: save_file(tensors, str(t)))
 
     def close(self) -> dict[str, Any]:
-        return {"files": "hidden_states/hs_{i}.safetensors", "dataset": "."}
+        return {
+            "files": "hidden_states/hs_{i}.safetensors",
+            "dataset": ".",
+            "sha256": dict(sorted(self.sums.items())),
+        }
 
 
-class SpecForge:
+class SpecForge(_Files):
     name = "specforge"
 
     def __init__(self, out: Path, torch: Any, enc: Encoder) -> None:
         self.out, self.torch, self.enc = out, torch, enc
+        self._start_sums()
 
     def path(self, index: int) -> Path:
         a = index // ROWS_PER_FOLDER * ROWS_PER_FOLDER
@@ -184,14 +249,12 @@ class SpecForge:
             pass
 
     def done(self, it: Item) -> bool:
-        p = self.path(it.index)
-        if not p.exists():
-            return False
-        try:
-            d = self.torch.load(str(p), weights_only=True, mmap=True)
-            return bool(d["input_ids"].tolist() == it.input_ids)
-        except Exception:  # unreadable: captured again
-            return False
+        got = self._earlier(self.path(it.index))  # unreadable or changed: captured again
+        return (
+            got is not None
+            and "input_ids" in got[0]
+            and (got[0]["input_ids"].tolist() == it.input_ids)
+        )
 
     def write(self, it: Item, cap: Captured) -> Job:
         torch = self.torch
@@ -203,31 +266,40 @@ class SpecForge:
             "aux_hidden_state": _host(self.enc.encode(aux))["hidden_states"][None],
         }
         path = self.path(it.index)
-        return lambda: _atomic(path, lambda t: torch.save(d, str(t)))
+        return lambda: self._write(path, lambda t: torch.save(d, str(t)))
 
     def close(self) -> dict[str, Any]:
-        return {"files": f"rows_{{a}}-{{a+{ROWS_PER_FOLDER}}}/data_{{i}}.ckpt"}
+        return {
+            "files": f"rows_{{a}}-{{a+{ROWS_PER_FOLDER}}}/data_{{i}}.ckpt",
+            "sha256": dict(sorted(self.sums.items())),
+        }
 
 
-class Shards:
-    """draftdata's own safetensors shards; a shard is closed at about ``shard_bytes``."""
+class Shards(_Files):
+    """draftdata's own safetensors shards; a shard is closed at about ``shard_bytes`` of hidden
+    states. With the zstd codec a shard is one zstd frame over the whole safetensors file
+    (``hs-{first}-{last}.safetensors.zst``)."""
 
     name = "safetensors"
+    #: the byte codecs this layout takes (the trainers' layouts take none: they read plain files)
+    codecs = ("none", "zstd")
 
     def __init__(self, out: Path, torch: Any, enc: Encoder, shard_bytes: int = SHARD_BYTES):
         self.out, self.torch, self.enc, self.shard_bytes = out, torch, enc, shard_bytes
+        self.suffix = ".safetensors" + SUFFIX[enc.codec]
         self.have: dict[int, tuple[str, list[int]]] = {}  # index -> (shard, ids) of earlier runs
         self.pending: list[tuple[Item, dict[str, Any]]] = []
         self.bytes = 0
         out.mkdir(parents=True, exist_ok=True)
-        from safetensors import safe_open
-
-        for p in sorted(out.glob("hs-*.safetensors")):
+        self._start_sums()
+        for p in sorted(out.glob("hs-*" + self.suffix)):
+            got = self._earlier(p)  # unreadable or changed: its samples are captured again
+            if got is None:
+                continue
             try:
-                with safe_open(str(p), framework="pt") as f:
-                    meta = json.loads((f.metadata() or {}).get("draftdata", "{}"))
-                    ids = f.get_tensor("input_ids").tolist()
-                    offs = f.get_tensor("offsets").tolist()
+                meta = json.loads(got[1].get("draftdata", "{}"))
+                ids = got[0]["input_ids"].tolist()
+                offs = got[0]["offsets"].tolist()
             except Exception:
                 continue
             for n, index in enumerate(meta.get("indices", [])):
@@ -260,7 +332,7 @@ class Shards:
     def _save(self, pending: list[tuple[Item, dict[str, Any]]]) -> int:
         if not pending:
             return 0
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
         torch = self.torch
         items = [it for it, _ in pending]
@@ -278,11 +350,11 @@ class Shards:
         for key in pending[0][1]:
             tensors[key] = torch.cat([e[key] for _, e in pending], dim=0)
         meta = {"indices": [it.index for it in items], "ids": [it.id for it in items]}
-        name = f"hs-{items[0].index:08d}-{items[-1].index:08d}.safetensors"
-        n = _atomic(
-            self.out / name,
-            lambda t: save_file(tensors, str(t), metadata={"draftdata": json.dumps(meta)}),
-        )
+        name = f"hs-{items[0].index:08d}-{items[-1].index:08d}{self.suffix}"
+        data = compress(save(tensors, metadata={"draftdata": json.dumps(meta)}), self.enc.codec)
+        write_bytes(self.out / name, data)
+        self.sums[name] = sha256_bytes(data)
+        n = len(data)
         for it in items:
             self.have[it.index] = (name, it.input_ids)
         return n
@@ -294,13 +366,22 @@ class Shards:
             by_shard.setdefault(name, []).append(index)
         doc = {"shards": [{"path": k, "indices": v} for k, v in sorted(by_shard.items())]}
         write_json(self.out / "index.json", doc)
-        return {"files": "hs-*.safetensors", "index": "index.json"}
+        return {
+            "files": "hs-*" + self.suffix,
+            "index": "index.json",
+            "sha256": {k: self.sums[k] for k in sorted(by_shard)},
+        }
 
 
-def make_layout(name: str, out: Path, torch: Any, dtype: str) -> Any:
+def make_layout(name: str, out: Path, torch: Any, dtype: str, codec: str = "none") -> Any:
     """The layout the trainer ``name`` reads (``export.trainers.LAYOUTS``), its rules checked."""
     named = layout_trainer(name, dtype).layout
     assert named is not None  # LAYOUTS holds only the trainers that name one
     module, _, attr = named.partition(":")
     layout = getattr(import_module(module), attr)
-    return layout(out, torch, Encoder(torch, dtype))
+    if codec not in getattr(layout, "codecs", ("none",)):
+        raise InputError(
+            f"--codec {codec}: only draftdata's own shards (--for safetensors) take a byte "
+            f"codec; {name}'s trainer reads its files uncompressed"
+        )
+    return layout(out, torch, Encoder(torch, dtype, codec))

@@ -73,6 +73,7 @@ class CaptureActor:
             cfg["dtype"],
             frozenset(cfg["control_ids"]),
             cfg["threshold"],
+            cfg["codec"],
         )
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -91,14 +92,16 @@ class CaptureActor:
         before = self.p.counts()
         enc = self.p.layout.enc
         err0, ref0 = enc.err_sq, enc.ref_sq
+        sums = self.p.layout.sums
+        sums.clear()
         scores = self.p.chunk(items)
         self.p.flush()  # every file of the batch (an actor's shard too) before it counts as done
         after = self.p.counts()
         delta = {k: after[k] - before[k] for k in after}
+        stats = {**delta, "err_sq": enc.err_sq - err0, "ref_sq": enc.ref_sq - ref0}
         return {
-            "stats": [
-                json.dumps({**delta, "err_sq": enc.err_sq - err0, "ref_sq": enc.ref_sq - ref0})
-            ],
+            # the digests of the batch's files, for the manifest the driver writes
+            "stats": [json.dumps({**stats, "sha256": dict(sums)})],
             "scores": [json.dumps([asdict(s) for s in scores])],
         }
 
@@ -124,6 +127,7 @@ def capture_ray(
     gpus_per_actor: float,
     cpus_per_actor: float,
     batch_rows: int = CHUNK,
+    codec: str = "none",
 ) -> dict[str, Any]:
     ray = _ray()
     from ..model.folders import import_torch_transformers
@@ -140,7 +144,7 @@ def capture_ray(
     chosen = parse_layers(layers_spec, n_layers_in(folder))  # a bad --layers fails here, at once
     control = sorted(control_ids)
     out.mkdir(parents=True, exist_ok=True)
-    driver_layout = make_layout(layout, out, torch, dtype)
+    driver_layout = make_layout(layout, out, torch, dtype, codec)
     driver_layout.prepare(iter_items(files))
     started_here = False
     if not ray.is_initialized():
@@ -178,6 +182,7 @@ def capture_ray(
             "out": str(out),
             "layout": layout,
             "dtype": dtype,
+            "codec": codec,
             "threshold": threshold,
             "control_ids": control,
             "index": index,
@@ -201,11 +206,13 @@ def capture_ray(
             "bytes_written": 0,
         }
         err_sq = ref_sq = 0.0
+        sums: dict[str, str] = {}
         report = ScoreReport(threshold)
         for row in res.iter_rows():
             st = json.loads(row["stats"])
             err_sq += st.pop("err_sq")
             ref_sq += st.pop("ref_sq")
+            sums.update(st.pop("sha256"))
             for k in counts:
                 counts[k] += st[k]
             for d in json.loads(row["scores"]):
@@ -214,7 +221,8 @@ def capture_ray(
         if started_here:
             ray.shutdown()
     # the merged manifest (and, for draftdata's shards, the index of every actor's shards)
-    merged = make_layout(layout, out, torch, dtype)
+    merged = make_layout(layout, out, torch, dtype, codec)
+    merged.sums.update(sums)  # draftdata's shards: the driver reads each shard's digest itself
     files_doc = merged.close()
     enc = merged.enc
     enc.err_sq, enc.ref_sq = err_sq, ref_sq

@@ -29,12 +29,12 @@ from ..model.flags import SampleScore, ScoreReport, score_of
 from ..model.folders import ModelError
 from ..model.load import LoadedModel
 from .capture import Capturer
+from .codec import MANIFEST
 from .layers import Layers
 from .layouts import Item, make_layout
 
 __all__ = ["MANIFEST", "Pass", "capture_to", "input_files", "iter_items", "manifest"]
 
-MANIFEST = "draftdata-hidden-states.json"
 #: samples read together (one or more batched passes)
 CHUNK = 64
 #: file writes in flight at once (each holds one sample's hidden states on the host)
@@ -130,10 +130,11 @@ class Pass:
         dtype: str,
         control_ids: Collection[int],
         threshold: float,
+        codec: str = "none",
     ) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.lm, self.layers, self.out = lm, layers, out
-        self.layout = make_layout(layout, out, lm.torch, dtype)
+        self.layout = make_layout(layout, out, lm.torch, dtype, codec)
         self.cap = Capturer(lm, layers)
         self.control_ids, self.threshold = control_ids, threshold
         self._pool = ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="hs-writer")
@@ -249,13 +250,14 @@ def capture_to(
     *,
     layout: str = "speculators",
     dtype: str = "bf16",
+    codec: str = "none",
     control_ids: Collection[int] = (),
     threshold: float = -12.0,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Capture every sample of ``files`` into ``out`` in one process; the manifest."""
     t0 = time.monotonic()
-    p = Pass(lm, layers, out, layout, dtype, control_ids, threshold)
+    p = Pass(lm, layers, out, layout, dtype, control_ids, threshold, codec)
     report = ScoreReport(threshold)
     try:
         p.layout.prepare(iter_items(files))

@@ -1,0 +1,169 @@
+"""Reading hidden states back, every file checked against the sha256 its manifest recorded:
+``read_stored`` (the samples of an output folder, in any layout and codec, fp8 dequantized) and
+``verify`` (``draftdata hidden-states --verify OUT``: every file against its digest, and every
+sample's stored ids against the ids of the export it was captured from)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from .codec import MANIFEST, CorruptFileError, load_tensors
+from .run import iter_items
+
+__all__ = ["Stored", "VerifyReport", "read_manifest", "read_stored", "verify"]
+
+_INDEX = re.compile(r"(?:hs|data)_(\d+)\.(?:safetensors|ckpt)$")
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One sample as stored: its index in the export's order, its id where the layout keeps it
+    (draftdata's shards), its ids, and its tensors: ``hidden_states`` [S, k+1, H] (speculators
+    and draftdata's shards) or ``hidden_state`` [1, S, H] and ``aux_hidden_state`` [1, S, k*H]
+    (SpecForge), fp8 dequantized to float32 with its per-token scale."""
+
+    index: int
+    id: str
+    token_ids: list[int]
+    tensors: dict[str, Any]
+    file: Path
+
+
+def read_manifest(out: Path) -> dict[str, Any]:
+    """``OUT/draftdata-hidden-states.json``, with the digests every read checks."""
+    path = out / MANIFEST
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise InputError(
+            f"{path}: cannot read it ({e.strerror}); give the -o folder `draftdata hidden-states` "
+            "wrote"
+        ) from e
+    except ValueError as e:
+        raise CorruptFileError(f"{path}: not JSON ({e}); capture again into a new folder") from e
+    if not isinstance(doc, dict) or not isinstance(doc.get("sha256"), dict):
+        raise InputError(
+            f"{path} records no sha256 per file (written before draftdata checked its files); "
+            "rerun `draftdata hidden-states` with the same -o to record them"
+        )
+    return doc
+
+
+def _dequantized(t: dict[str, Any], key: str = "hidden_states") -> dict[str, Any]:
+    scales = t.pop(f"{key}_scales", None)
+    if scales is not None:
+        t[key] = t[key].float() * scales.float()
+    return t
+
+
+def _samples(out: Path, rel: str, t: dict[str, Any], meta: dict[str, str]) -> Iterator[Stored]:
+    path = out / rel
+    if "offsets" in t:  # draftdata's shard: many samples back to back
+        m = json.loads(meta.get("draftdata", "{}"))
+        offs = t["offsets"].tolist()
+        hs = _dequantized({k: t[k] for k in t if k.startswith("hidden_states")})["hidden_states"]
+        for n, index in enumerate(m.get("indices", [])):
+            a, b = offs[n], offs[n + 1]
+            ids = t["input_ids"][a:b].tolist()
+            yield Stored(int(index), str(m["ids"][n]), ids, {"hidden_states": hs[a:b]}, path)
+        return
+    found = _INDEX.search(rel)
+    if found is None:
+        raise CorruptFileError(f"{path}: not a file name of a hidden-state layout")
+    ids_key = "token_ids" if "token_ids" in t else "input_ids"
+    ids = t.pop(ids_key).tolist()
+    yield Stored(int(found.group(1)), "", ids, _dequantized(t), path)
+
+
+def read_stored(out: Path, torch: Any | None = None) -> Iterator[Stored]:
+    """Every sample of the capture in ``out``, file by file in name order; a file whose bytes
+    are not those its manifest recorded stops the read with a ``CorruptFileError`` naming it."""
+    if torch is None:
+        import torch
+    doc = read_manifest(out)
+    for rel, sha in sorted(doc["sha256"].items()):
+        t, meta = load_tensors(out / rel, str(sha), torch)
+        yield from _samples(out, rel, t, meta)
+
+
+@dataclass
+class VerifyReport:
+    """What ``verify`` read, and every problem it found (one line each, naming the file)."""
+
+    files: int = 0
+    samples: int = 0
+    tokens: int = 0
+    bytes: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _export_ids(doc: dict[str, Any], out: Path) -> tuple[dict[int, list[int]] | None, str]:
+    """The ids of the samples of the export the capture read (by index); None and why where it
+    is gone."""
+    inputs = [Path(p) for p in doc.get("inputs", [])]
+    gone = [str(p) for p in inputs if not p.exists()]
+    if not inputs or gone:
+        return None, (
+            f"{out / MANIFEST}: the export it was captured from ({', '.join(gone) or 'none named'}) "
+            "is not there, so the stored ids are not checked against it; verify where it is"
+        )
+    try:
+        return {it.index: it.input_ids for it in iter_items(inputs)}, ""
+    except InputError as e:
+        return None, f"{out / MANIFEST}: its export cannot be read ({e})"
+
+
+def verify(
+    out: Path, progress: Callable[[VerifyReport, int], None] | None = None, torch: Any = None
+) -> VerifyReport:
+    """Re-read every file of ``out`` against its recorded sha256, and every sample's stored ids
+    against the export's ids for that sample; every sample of the export must be stored once.
+    ``progress(report, total_files)`` is called after each file."""
+    if torch is None:
+        import torch
+    doc = read_manifest(out)
+    rep = VerifyReport()
+    want, why = _export_ids(doc, out)
+    if why:
+        rep.problems.append(why)
+    seen: set[int] = set()
+    files = sorted(doc["sha256"].items())
+    for rel, sha in files:
+        path = out / rel
+        rep.files += 1
+        try:
+            rep.bytes += path.stat().st_size
+            t, meta = load_tensors(path, str(sha), torch)
+            for s in _samples(out, rel, t, meta):
+                rep.samples += 1
+                rep.tokens += len(s.token_ids)
+                if s.index in seen:
+                    rep.problems.append(f"{path}: sample {s.index} is stored twice")
+                seen.add(s.index)
+                if want is not None and want.get(s.index) != s.token_ids:
+                    rep.problems.append(
+                        f"{path}: sample {s.index}'s token_ids are not the export's ids for "
+                        "that sample; capture it again (rerun with the same -o)"
+                    )
+        except (CorruptFileError, OSError) as e:
+            rep.problems.append(str(e) if isinstance(e, CorruptFileError) else f"{path}: {e}")
+        if progress is not None:
+            progress(rep, len(files))
+    if want is not None:
+        missing = sorted(set(want) - seen)
+        if missing:
+            rep.problems.append(
+                f"{out}: {len(missing)} of the export's {len(want)} samples have no readable file "
+                f"(first: sample {missing[0]}); rerun `draftdata hidden-states` with the same -o"
+            )
+    return rep
