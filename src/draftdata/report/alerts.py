@@ -1,5 +1,11 @@
 """Warnings the page shows at its top and the summary prints: things a user must look at before
-training on the run (heavy truncation, a gate that measured nothing)."""
+training on the run (a gate that measured nothing), and notes about the data that belong beside
+the quality table (heavy truncation).
+
+An alert's ``level`` says where it goes: ``"error"`` is a red headline at the top of the page (the
+data or its measurement is wrong), ``"note"`` an amber note under the quality table. Heavy
+truncation is a note: a cut answer is a quality fact the run's own ``max_tokens`` decides (the
+demo's small budget cuts most answers), not a failure of the data's exactness."""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ class Alert:
     kind: str  # "truncation" | "gate"
     text: str
     dataset: str | None = None
+    level: str = "error"  # "error": a red headline | "note": an amber note by the quality table
 
 
 def finish_reasons(data: ReportData, name: str) -> Counter[str]:
@@ -43,6 +50,7 @@ def truncation_alerts(data: ReportData) -> list[Alert]:
                 f"turn; {limit} may be too low for this dataset: raise it in the manifest's "
                 "sampling",
                 name,
+                level="note",
             )
         )
     return out
@@ -63,6 +71,7 @@ def gate_alerts(data: ReportData) -> list[Alert]:
     ]
 
 
-def alerts(data: ReportData) -> list[Alert]:
-    """Every warning for the run, the gate's first."""
-    return gate_alerts(data) + truncation_alerts(data)
+def alerts(data: ReportData, level: str | None = None) -> list[Alert]:
+    """Every warning for the run, the gate's first; only those of ``level`` where given."""
+    out = gate_alerts(data) + truncation_alerts(data)
+    return [a for a in out if level is None or a.level == level]

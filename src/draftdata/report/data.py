@@ -3,7 +3,11 @@ Parquet shards, the sample preview ``export/preview.json`` and ``ledger.sqlite``
 ledger's read-only figures and its meta table: the run's manifest and command line).
 
 Shards are streamed batch by batch; lengths are kept as value counts (bounded by the longest
-sequence, not by the number of rows), so a report over millions of samples holds no rows."""
+sequence, not by the number of rows), so a report over millions of samples holds no rows. The
+quality table's examples are the exception, and bounded: the first ``EXAMPLES_PER_CHECK`` rows of
+each dataset and check, each the last ``EXAMPLE_IDS`` ids of its answer, decoded with the
+tokenizer the manifest pins (where its file is at hand). Contamination tallies come from the
+ledger's ``contamination:<dataset>`` meta."""
 
 from __future__ import annotations
 
@@ -16,14 +20,26 @@ from typing import Any
 from .. import __version__
 from ..errors import InputError
 from ..export.preview import PREVIEW_FILE, Preview, read_preview
+from ..measure.contamination import Tally
 from ..records import ExportManifest
 from ..store.guard import reading
 from ..store.ledger import Ledger, LedgerError
 from ..store.stats import Throughput, throughput, work_datasets
+from ..tokens.quality import QUALITY_CHECKS
 
-__all__ = ["DatasetTokens", "LedgerFigures", "Preview", "ReportData", "Throughput", "collect"]
+__all__ = [
+    "DatasetTokens",
+    "LedgerFigures",
+    "Preview",
+    "QualityExample",
+    "ReportData",
+    "Tally",
+    "Throughput",
+    "collect",
+]
 
 SHARD_COLUMNS = (
+    "id",
     "dataset",
     "input_ids",
     "loss_mask",
@@ -33,7 +49,24 @@ SHARD_COLUMNS = (
     "warnings",
 )
 REQUIRED_COLUMNS = ("dataset", "input_ids", "prompt_len")
+QUALITY_NAMES = tuple(name for name, _ in QUALITY_CHECKS)
 BATCH_ROWS = 2048
+#: examples the report keeps of each quality check, per dataset (the first rows that carry it)
+EXAMPLES_PER_CHECK = 3
+#: answer ids kept of each example (its tail), enough for ``EXAMPLE_CHARS`` characters
+EXAMPLE_IDS = 64
+#: characters of each example's answer the report shows (its end)
+EXAMPLE_CHARS = 80
+
+
+@dataclass(frozen=True)
+class QualityExample:
+    """A sample a quality check fired on: its id, its answer's last ids, and their text (None
+    where the export's tokenizer could not be loaded; ``decode_examples`` fills it)."""
+
+    id: str
+    tail_ids: tuple[int, ...]
+    text: str | None = None
 
 
 # --- what the report is made of ------------------------------------------------------------------
@@ -49,6 +82,8 @@ class DatasetTokens:
     token_sources: Counter[str] = field(default_factory=Counter)
     finish_reasons: Counter[str] = field(default_factory=Counter)
     warnings: Counter[str] = field(default_factory=Counter)
+    #: check name -> the first ``EXAMPLES_PER_CHECK`` samples it fired on
+    examples: dict[str, list[QualityExample]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -59,6 +94,8 @@ class LedgerFigures:
     total: Throughput
     run_manifest: dict[str, Any] | None  # meta "manifest": the run's manifest as it was loaded
     command_line: list[str] | None  # meta "command_line": the argv that last opened the run
+    #: meta "contamination:<dataset>": the tally ``[run] decontaminate`` saved when it was read
+    contamination: dict[str, Tally] = field(default_factory=dict)
 
 
 @dataclass
@@ -78,6 +115,14 @@ class ReportData:
     scores: dict[str, Any] | None = None
     #: the same manifest read as a record (``ExportManifest.from_json``)
     export: ExportManifest | None = None
+    #: dataset -> its contamination tally, from the ledger (datasets the run checked)
+    contamination: dict[str, Tally] = field(default_factory=dict)
+
+    def decontaminate(self) -> list[str]:
+        """The evaluation sets of the run's ``[run] decontaminate`` (empty: not checked)."""
+        run = (self.run_manifest or {}).get("run")
+        sets = run.get("decontaminate") if isinstance(run, dict) else None
+        return [str(x) for x in sets] if isinstance(sets, list) else []
 
     def ds_manifest(self, name: str) -> dict[str, Any]:
         d = self.manifest.get("datasets", {}).get(name)
@@ -193,12 +238,93 @@ def scan_shards(
                     _count(t.finish_reasons, sub.column("finish_reason"))
                 if "warnings" in names:
                     _count(t.warnings, pc.list_flatten(sub.column("warnings")))
+                    if "id" in names:
+                        _take_examples(t, sub)
         expected = rows_by_path.get(path.name) or rows_by_path.get(
             str(path.relative_to(run_dir / "export"))
         )
         if expected is not None and expected != rows:
             notes.append(f"{path.name}: {rows:,} rows, manifest says {expected:,}")
     return out
+
+
+def _take_examples(t: DatasetTokens, batch: Any) -> None:
+    """The batch's first rows for each quality check still short of examples (looked up with
+    Arrow: only the rows taken become Python objects)."""
+    import pyarrow.compute as pc
+
+    need = [
+        c
+        for c in QUALITY_NAMES
+        if len(t.examples.get(c, ())) < EXAMPLES_PER_CHECK and t.warnings.get(c)
+    ]
+    if not need:
+        return
+    col = batch.column("warnings")
+    flat, parents = pc.list_flatten(col), pc.list_parent_indices(col)
+    for check in need:
+        have = t.examples.setdefault(check, [])
+        rows = pc.filter(parents, pc.equal(flat, check)).to_pylist()
+        for i in rows[: EXAMPLES_PER_CHECK - len(have)]:
+            plen = int(batch.column("prompt_len")[i].as_py() or 0)
+            ids = batch.column("input_ids")[i].values.to_pylist()[plen:]
+            have.append(
+                QualityExample(str(batch.column("id")[i].as_py()), tuple(ids[-EXAMPLE_IDS:]))
+            )
+
+
+def decode_examples(
+    tokens: dict[str, DatasetTokens], manifest: ExportManifest, notes: list[str]
+) -> None:
+    """Each example's answer tail as text, decoded with the export's tokenizer (where its file
+    is at hand and is the one the manifest pins)."""
+    if not any(t.examples for t in tokens.values()):
+        return
+    from ..errors import DraftdataError
+    from ..tokenizers import load_tokenizer
+
+    pin = manifest.tokenizer
+    if not pin.path or not Path(pin.path).exists():
+        notes.append(
+            f"the export's tokenizer ({pin.path or 'no path'}) is not at hand: the quality "
+            "examples show ids, not text"
+        )
+        return
+    try:
+        tok = load_tokenizer(pin.path)
+    except (DraftdataError, OSError, ValueError) as e:
+        notes.append(f"the export's tokenizer did not load ({e}): quality examples show ids")
+        return
+    if pin.sha256 and tok.sha256 != pin.sha256:
+        notes.append(
+            f"{pin.path} is not the tokenizer the export pins (sha256 {tok.sha256[:16]}…, "
+            f"manifest says {pin.sha256[:16]}…): quality examples show ids"
+        )
+        return
+    for t in tokens.values():
+        for check, exs in t.examples.items():
+            t.examples[check] = [
+                QualityExample(e.id, e.tail_ids, tok.decode(e.tail_ids)[-EXAMPLE_CHARS:])
+                for e in exs
+            ]
+
+
+def _contamination(led: Ledger, names: list[str]) -> dict[str, Tally]:
+    out = {}
+    for name in names:
+        doc = led.get_meta(f"contamination:{name}")
+        if doc is not None:
+            out[name] = Tally.from_json(doc)
+    return out
+
+
+def _manifest_datasets(cfg: Any) -> list[str]:
+    ds = cfg.get("datasets") if isinstance(cfg, dict) else None
+    if isinstance(ds, dict):
+        return [str(k) for k in ds]
+    if isinstance(ds, list):
+        return [str(d["name"]) for d in ds if isinstance(d, dict) and "name" in d]
+    return []
 
 
 def read_ledger(run_dir: Path) -> LedgerFigures | None:
@@ -211,11 +337,13 @@ def read_ledger(run_dir: Path) -> LedgerFigures | None:
             with reading(path):  # a damaged page the open did not touch
                 per = {name: throughput(led, name) for name in work_datasets(led)}
                 cfg, argv = led.get_meta("manifest"), led.get_meta("command_line")
+                names = list(dict.fromkeys([*per, *_manifest_datasets(cfg)]))
                 return LedgerFigures(
                     per,
                     throughput(led, None),
                     cfg if isinstance(cfg, dict) else None,
                     [str(a) for a in argv] if isinstance(argv, list) else None,
+                    _contamination(led, names),
                 )
         finally:
             led.close()
@@ -270,6 +398,7 @@ def _collect(run_dir: Path) -> ReportData:
     export, manifest = load_manifest(run_dir)
     notes: list[str] = []
     tokens = scan_shards(run_dir, export, notes)
+    decode_examples(tokens, export, notes)
     led = read_ledger(run_dir)
     if led is None:
         notes.append("ledger.sqlite not found in the run folder: no throughput or error figures")
@@ -296,6 +425,7 @@ def _collect(run_dir: Path) -> ReportData:
         command_line=led.command_line if led else None,
         scores=load_scores(run_dir, notes),
         export=export,
+        contamination=led.contamination if led else {},
     )
 
 

@@ -27,6 +27,7 @@ from .figures import (
     usd,
 )
 from .page import ExactnessSections
+from .quality import QualitySections
 from .style import CSS, FINISH_COLORS, SECTIONS
 from .svg import (
     Raw,
@@ -48,7 +49,7 @@ from .svg import (
 from .viewer import ViewerSections, command
 
 
-class Page(ExactnessSections, ViewerSections):
+class Page(QualitySections, ExactnessSections, ViewerSections):
     # --- header ----------------------------------------------------------------------------
     def header(self) -> str:
         m, d, lt = self.m, self.d, self.d.ledger_total
@@ -81,7 +82,7 @@ class Page(ExactnessSections, ViewerSections):
             (rate(lt.completion_tokens_per_s if lt else None), "completion tokens / s", no_rate),
         ]
         notes = "".join(f"<li>{esc(n)}</li>" for n in d.notes)
-        warns = "".join(f"<li>{esc(a.text)}</li>" for a in alerts(d))
+        warns = "".join(f"<li>{esc(a.text)}</li>" for a in alerts(d, "error"))
         nav = "".join(f'<a href="#{k}">{v}</a>' for k, v in SECTIONS.items())
         return (
             f"<header><h1>Run report: {esc(m.get('run', d.run_dir.name))}</h1>"
@@ -382,6 +383,7 @@ class Page(ExactnessSections, ViewerSections):
         now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         parts = (
             self.header,
+            self.quality,
             self.datasets,
             self.samples,
             self.lengths,

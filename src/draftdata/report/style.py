@@ -4,6 +4,7 @@
 TRAINED_BG = "#c6ecd2"
 SOURCE_COLORS = {"engine": "#009E73", "logprobs": "#0072B2", "reconstructed": "#E69F00"}
 SECTIONS = {
+    "quality": "Quality",
     "datasets": "Datasets",
     "samples": "Samples",
     "lengths": "Lengths",
@@ -97,6 +98,10 @@ border:1px dashed #cbd2d9;border-radius:4px;padding:0 6px}
 .wtag{display:inline-block;background:#fff8e5;border:1px solid #f0d48a;border-radius:4px;
 padding:0 6px;font-size:12px}
 pre.cfg,pre.cmd{background:#f0f2f5;padding:10px 12px;white-space:pre;overflow-x:auto}
+table.quality th[title]{cursor:help;text-decoration:underline dotted}
+dl.checks{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:0 0 12px;
+font-size:12.5px;color:var(--muted)} dl.checks dt{font-family:ui-monospace,monospace}
+dl.checks dd{margin:0}
 @media print{body{background:#fff} nav{display:none}}
 """
 )

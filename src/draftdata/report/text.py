@@ -19,6 +19,7 @@ from .figures import (
     truncated_share,
     usd,
 )
+from .quality import contamination_lines, quality_lines
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -52,7 +53,7 @@ def summary_of(data: ReportData) -> str:
         f"{total:,} samples in {len(data.datasets)} datasets · {tokens:,} tokens · "
         f"{pct(trained / tokens if tokens else None)} trained (loss mask)",
     ]
-    lines += [f"warning: {a.text}" for a in alerts(data)]
+    lines += [f"warning: {a.text}" for a in alerts(data, "error")]
     lines.append("")
     val = data.validation() or {}
     by_src = val.get("by_source") or {}
@@ -85,6 +86,9 @@ def summary_of(data: ReportData) -> str:
             ]
         )
     lines += _table(head, rows)
+    lines.append("")
+    lines += quality_lines(data)
+    lines += contamination_lines(data)
     drops: Counter[str] = Counter()
     for name in data.datasets:
         for stage, reason, n in drop_rows(data.ds_manifest(name)):
