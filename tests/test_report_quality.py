@@ -13,6 +13,7 @@ import json
 import re
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -171,3 +172,23 @@ def test_a_run_without_decontaminate_says_not_checked(run_dir: Path, tmp_path: P
     page = build_report(copy).read_text()
     assert "Not checked: the run had no <code>[run] decontaminate</code>" in page
     assert "contamination: not checked (no [run] decontaminate)" in summary(copy)
+
+
+def test_examples_stop_at_three_and_show_ids_without_the_tokenizer(tmp_path: Path) -> None:
+    """5 cut answers, the manifest's tokenizer file not at hand: 3 examples, each its last ids,
+    and a note that says why there is no text."""
+    run_dir = export_only(tmp_path, ["length"] * 5, PASSED)
+    shard = run_dir / "export" / "shard-00000.parquet"
+    t = pq.read_table(shard)
+    t = t.set_column(
+        t.schema.get_field_index("warnings"),
+        t.schema.field("warnings"),
+        pa.array([["truncated"]] * 5, type=t.schema.field("warnings").type),
+    )
+    pq.write_table(t, shard)
+    page = build_report(run_dir).read_text()
+    ex = section(page, "<h3>Examples</h3>", "</table>")
+    # export_only's samples are ids 0..11 with an 8-id prompt: the answer is 8 9 10 11
+    assert re.findall(r"<td>(d/\d)</td><td><pre>ids …8 9 10 11</pre>", ex) == ["d/0", "d/1", "d/2"]
+    assert "the export&#x27;s tokenizer (t) is not at hand" in page
+    assert "5 (100.0%)" in section(page, '<table class="quality">', "</table>")

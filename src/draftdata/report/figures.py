@@ -131,3 +131,18 @@ def rate(x: float | None) -> str:
     if x >= 100:
         return f"{x:,.0f}"
     return f"{x:.3g}" if x >= 0.001 else f"{x:.1e}"
+
+
+def text_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """Plain-text columns for the summary: the first left-aligned, the others right."""
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    line = [head[0].ljust(widths[0])] + [
+        h.rjust(w) for h, w in zip(head[1:], widths[1:], strict=True)
+    ]
+    out = ["  ".join(line).rstrip()]
+    for r in rows:
+        cells = [r[0].ljust(widths[0])] + [
+            c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)
+        ]
+        out.append("  ".join(cells).rstrip())
+    return out

@@ -10,7 +10,7 @@ from collections import Counter
 from ..tokens.quality import QUALITY_CHECKS
 from .alerts import alerts
 from .data import QualityExample, ReportData, Tally
-from .figures import pct
+from .figures import pct, text_table
 from .page import PageBase
 from .svg import Raw, esc, hint, table
 
@@ -146,15 +146,13 @@ class QualitySections(PageBase):
 def quality_lines(data: ReportData) -> list[str]:
     """The summary's quality table (a line per dataset, a column per check), its notes and
     the first examples of each check."""
-    from .text import _table
-
     head = ["quality", "samples", *(name for name, _ in QUALITY_CHECKS)]
     rows = [
         [name, f"{data.ds_tokens(name).rows:,}"]
         + [count_cell(data, name, c) for c, _ in QUALITY_CHECKS]
         for name in data.datasets
     ]
-    lines = _table(head, rows)
+    lines = text_table(head, rows)
     lines += [f"note: {a.text}" for a in alerts(data, "note")]
     lines += [f"  {name} {check} {e.id}: {example_text(e)!r}" for name, check, e in _examples(data)]
     return lines

@@ -16,24 +16,11 @@ from .figures import (
     pct,
     quantile,
     rate,
+    text_table,
     truncated_share,
     usd,
 )
 from .quality import contamination_lines, quality_lines
-
-
-def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    line = [head[0].ljust(widths[0])] + [
-        h.rjust(w) for h, w in zip(head[1:], widths[1:], strict=True)
-    ]
-    out = ["  ".join(line).rstrip()]
-    for r in rows:
-        cells = [r[0].ljust(widths[0])] + [
-            c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)
-        ]
-        out.append("  ".join(cells).rstrip())
-    return out
 
 
 def summary_of(data: ReportData) -> str:
@@ -85,7 +72,7 @@ def summary_of(data: ReportData) -> str:
                 rate(lg.completion_tokens_per_s if lg else None),
             ]
         )
-    lines += _table(head, rows)
+    lines += text_table(head, rows)
     lines.append("")
     lines += quality_lines(data)
     lines += contamination_lines(data)
