@@ -9,10 +9,10 @@ import pytest
 
 from draftdata.config import ManifestError, load_manifest
 from draftdata.generate.backends.retry import backoff, retry_after, retry_delay, should_retry
-from draftdata.generate.conversation import turn_messages
 from draftdata.records import ApiView, Completion, FailedAttempt, Key, Message, Prompt
 from draftdata.store.ledger import Ledger
 from draftdata.store.stats import status
+from draftdata.tokens.conversation import turn_messages
 
 GOOD = """
 [run]

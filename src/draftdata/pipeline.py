@@ -19,11 +19,11 @@ from .errors import ReconstructError
 from .export.run import export_run
 from .files import write_json
 from .generate.runner import Runner
-from .generate.samples import Tokenized
 from .measure.gate import Gate, GateError, gate_on
 from .measure.validate import ValidationReport, validate
 from .records import GroundTruth
 from .tokens.reconstruct import check_ids
+from .tokens.run_samples import Tokenized
 
 
 @dataclass
@@ -41,7 +41,7 @@ def ground_truth(runner: Runner, d: DatasetCfg) -> Iterator[GroundTruth]:
     """The engine's exact answers as ground truth, with the conversations they answered. The
     prompt ids are the ones the server says it fed the model, where it says so."""
     stage = runner.tokens
-    for a in runner.conversations(d):
+    for a in runner.samples_stage.conversations(d):
         key, p, msgs, r = a.key, a.prompt, a.messages, a.stored
         if r.output_ids is None:
             continue
@@ -144,7 +144,16 @@ def run_pipeline(
         if scorer is not None and m.model is not None:
             res.scores = model_stage(runner, scorer, m.model, console, quiet)
         # 7. export
-        res.export_dir = export_run(runner, res.validation, res.gate)
+        res.export_dir = export_run(
+            runner.ledger,
+            m,
+            runner.bound,
+            res.validation,
+            res.gate,
+            text_ids=runner.text_ids,
+            checks=runner.checks,
+            console=None if quiet else console,
+        )
     finally:
         runner.close()
     return res

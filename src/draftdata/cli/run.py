@@ -471,8 +471,7 @@ def export(
     from ..generate.runner import Runner
     from ..store.runs import manifest_of_run
 
-    kinds = as_ or []
-    for k in kinds:
+    for k in (kinds := as_ or []):
         if k not in EXPORTERS:
             raise InputError(f"--as {k!r}: choose one of {', '.join(EXPORTERS)}")
     filters = parse_drop(drop or [])
@@ -480,9 +479,10 @@ def export(
     m.run.output = str(run.resolve())
     runner = Runner(m, quiet=True, console=err, check_settings=False, command_line=command_line())
     try:
-        validation = StoredValidation.read(run / "validation.json")
-        folder = export_run(runner, validation, None, drop=filters)
-        files = {k: [str(p) for p in export_as(runner, k, filters)] for k in kinds}
+        at = (runner.ledger, m, runner.bound)  # what the export reads of the run
+        valid = StoredValidation.read(run / "validation.json")
+        folder = export_run(*at, valid, None, drop=filters, text_ids=runner.text_ids)
+        files = {k: [str(p) for p in export_as(*at, k, filters)] for k in kinds}
     finally:
         runner.close()
     em = read_export_manifest(folder)

@@ -2,8 +2,9 @@
 (Parquet shards, manifest.json, preview.json) in a new folder, swapped in whole (``RUN/export``
 is a symlink to it; see ``shards.publish``); and the trainers' files beside it (``export_as``).
 
-This module is where a run meets the export: the writers take streams of samples and an
-``ExportManifest``, never the run. Samples are read back with the provenance they were made
+This module is where a run meets the export: its functions take what they read (the run's
+ledger, its manifest, the bound format), never the generation ``Runner``, and the writers take
+streams of samples and an ``ExportManifest``. Samples are read back with the provenance they were made
 under. Answers the tokens stage has not decided yet (a ledger migrated from an older schema, or a
 run stopped between generation and the tokens stage) go through it first; samples already made
 are never made again."""
@@ -21,6 +22,7 @@ from ..measure.gate import Gate
 from ..measure.validate import ValidationReport
 from ..records import Answered, DatasetExport, ExportManifest, FormatPin, Sample, TokenizerPin
 from ..store.stats import status
+from ..tokens.run_samples import RunTokens
 from .filters import CONTAMINATED, SampleFilter
 from .shards import publish, staging_folder
 from .trainers import EXPORTERS
@@ -28,9 +30,13 @@ from .trainers.specforge import rendered_system
 from .write import read_export_manifest, write_export
 
 if TYPE_CHECKING:
-    from ..config import DatasetCfg
-    from ..generate.runner import Runner
+    from rich.console import Console
+
+    from ..config import DatasetCfg, Manifest
+    from ..formats import BoundFormat
     from ..store.ledger import Ledger
+    from ..tokens.checks import RunChecks
+    from ..tokens.reconstruct import TextIds
 
 #: request fields that decide what is sampled or where it stops: set in a backend's
 #: ``extra_body``, they override the dataset's sampling table (extra_body is merged into the
@@ -114,12 +120,16 @@ class StoredValidation(ValidationReport):
 
 
 def run_manifest(
-    runner: Runner, validation: ValidationReport | None, gate: Gate | None
+    ledger: Ledger,
+    m: Manifest,
+    bound: BoundFormat,
+    validation: ValidationReport | None,
+    gate: Gate | None,
 ) -> ExportManifest:
     """What the run's export manifest says before its samples are counted: the run, each
     dataset's settings, drops and cost, the validation, the gate, the tokenizer and format the
     run is configured with."""
-    m, led = runner.m, runner.ledger
+    led = ledger
     st = status(led)
     datasets: dict[str, DatasetExport] = {}
     for d in m.datasets:
@@ -143,7 +153,7 @@ def run_manifest(
             read_drops=led.get_meta(f"read_drops:{d.name}", {}),
             cost_usd=ds.cost_usd,
         )
-    tok, fmt = runner.bound.tokenizer, runner.bound.format
+    tok, fmt = bound.tokenizer, bound.format
     return ExportManifest(
         run=m.run.name,
         tokenizer=TokenizerPin(str(tok.path), tok.sha256, tok.chat_template_sha256),
@@ -156,71 +166,85 @@ def run_manifest(
     )
 
 
-def contaminated_prompts(runner: Runner) -> frozenset[tuple[str, str]]:
+def contaminated_prompts(ledger: Ledger, m: Manifest) -> frozenset[tuple[str, str]]:
     """The (dataset, prompt id) of every prompt of the run that holds an evaluation prompt: of
     the manifest's ``[run] decontaminate`` sets, or of every built-in set where it names none."""
     from ..measure.contamination import BUILTIN_SETS, detector_for
 
-    m = runner.m
     det = detector_for(m.run.decontaminate or BUILTIN_SETS, m.base_dir)
     return frozenset(
-        (d.name, p.id) for d in m.datasets for p, _ in det.scan(runner.ledger.prompts(d.name))
+        (d.name, p.id) for d in m.datasets for p, _ in det.scan(ledger.prompts(d.name))
     )
 
 
 def export_run(
-    runner: Runner,
+    ledger: Ledger,
+    m: Manifest,
+    bound: BoundFormat,
     validation: ValidationReport | None,
     gate: Gate | None,
     shard_bytes: int | None = None,
     drop: Sequence[str] = (),
+    *,
+    text_ids: TextIds | None,
+    checks: RunChecks | None = None,
+    console: Console | None = None,
 ) -> Path:
     """Write RUN/export/shard-*.parquet, manifest.json and preview.json; returns the folder.
     ``drop``: the filters (``export.filters``) whose samples are left out, recorded in the
-    manifest with how many each took."""
-    m = runner.m
+    manifest with how many each took. Answers not decided yet go through the run's tokens
+    stage first (``tokens.run_samples``), with the run's split preferences ``text_ids`` (None:
+    none), its quality ``checks`` where the caller holds them, and ``console`` for its notes
+    (None: quiet)."""
+    stage = RunTokens(ledger, m, bound, text_ids=text_ids, checks=checks, console=console)
     for d in m.datasets:
-        runner.make_samples(d, only_missing=True)
-    flt = SampleFilter(drop, contaminated_prompts(runner) if CONTAMINATED in drop else frozenset())
+        stage.make(d, only_missing=True)
+    flt = _filter(ledger, m, drop)
     # the manifest holds the filter's counts, filled as the samples stream through it
     head = replace(
-        run_manifest(runner, validation, gate), filters=tuple(drop), filtered=flt.filtered
+        run_manifest(ledger, m, bound, validation, gate), filters=tuple(drop), filtered=flt.filtered
     )
     folder = staging_folder(m.output_dir)  # the old export stays whole until the swap
-    samples = RunSamples(runner.ledger, [d.name for d in m.datasets], with_metadata=True)
+    samples = RunSamples(ledger, [d.name for d in m.datasets], with_metadata=True)
     write_export(
         flt(samples) if drop else samples,
         folder,
         head,
         metadata=samples.metadata,
-        tokenizer=runner.bound.tokenizer,
+        tokenizer=bound.tokenizer,
         shard_bytes=shard_bytes,
     )
     return publish(m.output_dir, folder)
 
 
-def run_conversations(runner: Runner, drop: Sequence[str] = ()) -> Iterator[Answered]:
+def run_conversations(
+    ledger: Ledger, m: Manifest, bound: BoundFormat, drop: Sequence[str] = ()
+) -> Iterator[Answered]:
     """The run's answered conversations that became samples (the others were dropped at the
     tokens stage: not training data) and pass ``drop``'s filters, dataset by dataset."""
-    flt = _filter(runner, drop)
-    for d in runner.m.datasets:
-        have = {s.key for s in flt(runner.ledger.samples(d.name))}
-        yield from (a for a in runner.conversations(d) if a.key in have)
+    flt = _filter(ledger, m, drop)
+    stage = RunTokens(ledger, m, bound)
+    for d in m.datasets:
+        have = {s.key for s in flt(ledger.samples(d.name))}
+        yield from (a for a in stage.conversations(d) if a.key in have)
 
 
-def _filter(runner: Runner, drop: Sequence[str]) -> SampleFilter:
-    return SampleFilter(drop, contaminated_prompts(runner) if CONTAMINATED in drop else frozenset())
+def _filter(ledger: Ledger, m: Manifest, drop: Sequence[str]) -> SampleFilter:
+    hit = contaminated_prompts(ledger, m) if CONTAMINATED in drop else frozenset()
+    return SampleFilter(drop, hit)
 
 
-def export_as(runner: Runner, name: str, drop: Sequence[str] = ()) -> tuple[Path, ...]:
+def export_as(
+    ledger: Ledger, m: Manifest, bound: BoundFormat, name: str, drop: Sequence[str] = ()
+) -> tuple[Path, ...]:
     """A trainer's files (``EXPORTERS[name]``) beside the run's published export, from the
     run's samples (or, for a lossy export, its conversations) that pass ``drop``'s filters
     (the ones the export was written with) and the export's manifest."""
     e = EXPORTERS[name]
-    folder = runner.m.output_dir / "export"
+    folder = m.output_dir / "export"
     if e.write_conversations is not None:
-        system = rendered_system(runner.bound.format)
-        return e.write_conversations(run_conversations(runner, drop), folder, system)
+        system = rendered_system(bound.format)
+        return e.write_conversations(run_conversations(ledger, m, bound, drop), folder, system)
     assert e.write is not None
-    samples = RunSamples(runner.ledger, [d.name for d in runner.m.datasets])
-    return e.write(_filter(runner, drop)(samples), read_export_manifest(folder), folder)
+    samples = RunSamples(ledger, [d.name for d in m.datasets])
+    return e.write(_filter(ledger, m, drop)(samples), read_export_manifest(folder), folder)

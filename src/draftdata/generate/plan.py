@@ -18,9 +18,9 @@ from ..errors import DraftdataError
 from ..formats import BoundFormat
 from ..records import Message
 from ..store.ledger import Ledger
+from ..tokens.conversation import n_turns, turn_messages
 from ..tokens.stage import TokensStage
 from .backends import backend_class
-from .conversation import n_turns, turn_messages
 from .inputs import bind_target, read_dataset
 
 

@@ -21,6 +21,7 @@ from ..errors import DraftdataError, GenerateError
 from ..formats import BoundFormat
 from ..measure.contamination import Tally
 from ..records import (
+    ApiView,
     Completion,
     FailedAttempt,
     Key,
@@ -31,7 +32,10 @@ from ..records import (
 from ..store.ledger import Ledger
 from ..store.lock import RunLock
 from ..store.stats import status
+from ..tokens.checks import RunChecks
+from ..tokens.conversation import answer_message, n_turns, turn_messages
 from ..tokens.reconstruct import TextIds
+from ..tokens.run_samples import RunTokens, Tokenized, stored_view
 from ..tokens.stage import TokensStage
 from .backends import make_backend
 from .backends.base import Backend, GenRequest
@@ -39,10 +43,9 @@ from .backends.retry import PROBE_REFUSED
 from .budget import Budget
 from .commits import GroupCommit
 from .contaminated import DecontaminateMixin
-from .conversation import answer_message, n_turns, sample_seed, turn_messages
+from .conversation import sample_seed
 from .inputs import bind_target, iter_dataset
 from .progress import Bars
-from .samples import SamplesMixin, Tokenized
 from .settings import check, settings_of
 
 #: a Retry-After this long is said in the progress output
@@ -82,7 +85,7 @@ class RunReport:
     stopped: dict[str, str] = field(default_factory=dict)
 
 
-class Runner(SamplesMixin, DecontaminateMixin):
+class Runner(DecontaminateMixin):
     def __init__(
         self,
         manifest: Manifest,
@@ -109,6 +112,8 @@ class Runner(SamplesMixin, DecontaminateMixin):
         tok = self.bound.tokenizer
         self.backends: dict[str, Backend] = {}
         self.text_ids: TextIds | None = None
+        #: the run's cross-answer quality checks (one answer index for every dataset)
+        self.checks = RunChecks(manifest.run.drop)
         if t.prefs:
             from ..tokens.prefs import SplitPrefs
 
@@ -160,10 +165,17 @@ class Runner(SamplesMixin, DecontaminateMixin):
         """The tokens stage as configured now (learned preferences may be set after start)."""
         return TokensStage(self.bound, self.m.target.thinking, self.text_ids)
 
-    def server_of(self, backend: str) -> str | None:
-        cfg = self.m.backends.get(backend)
-        server = getattr(cfg, "server", "auto")
-        return None if server == "auto" else str(server)
+    @property
+    def samples_stage(self) -> RunTokens:
+        """The run's tokens stage (``tokens.run_samples``), with its preferences as they are now."""
+        console = None if self.quiet else self.console
+        return RunTokens(self.ledger, self.m, self.bound, self.text_ids, self.checks, console)
+
+    def make_samples(self, d: DatasetCfg, **how: Any) -> Tokenized:
+        return self.samples_stage.make(d, **how)  # only_missing, jobs, window
+
+    def view(self, r: StoredResponse) -> ApiView:
+        return stored_view(self.m, self.bound, r)
 
     # --- setup ---------------------------------------------------------------------------
     def backend(self, name: str) -> Backend:

@@ -13,7 +13,7 @@ Every id must lie inside the vocabulary; an answer that finished ends with a sto
 Each sample also carries the names of the per-answer quality checks that fire on it
 (``tokens.quality.check_sample``: ``repetition_loop``, ``truncated``, ``empty_answer``,
 ``think_unclosed``) among its warnings; the checks across answers (``near_duplicate_answer``,
-``language_mismatch``) need the run's state and are added by the run (``generate.samples``).
+``language_mismatch``) need the run's state and are added by the run (``tokens.run_samples``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,10 @@
 """The tokens stage of a run: every stored answer, with the conversation it answered (its
-on-policy history rebuilt from the model's own answers), made into a sample or a drop. A mixin
-of :class:`~draftdata.generate.runner.Runner`."""
+on-policy history rebuilt from the model's own answers), made into a sample or a drop.
+
+A stage over what it reads: the run's ledger, its manifest (the datasets' turns, the backends'
+servers, ``[run] drop``, the target's thinking), the bound format, and the learned split
+preferences where there are some. Generation (``generate.runner.Runner``) and the export
+(``export.run``) both call it; neither hands it the other."""
 
 from __future__ import annotations
 
@@ -20,11 +24,11 @@ from ..records import Answered, ApiView, Drop, Key, Message, SampleRow, StoredRe
 from ..records.wire import view_from_record
 from ..store import codec
 from ..store.ledger import Ledger
-from ..tokens.checks import RunChecks
-from ..tokens.parallel import jobs_for, outcomes
-from ..tokens.reconstruct import WINDOW
-from ..tokens.stage import TokensStage
+from .checks import RunChecks
 from .conversation import answer_message, n_turns, turn_messages
+from .parallel import jobs_for, outcomes
+from .reconstruct import WINDOW, TextIds
+from .stage import TokensStage
 
 #: samples written per statement by the tokens stage
 SAMPLE_WRITES = 512
@@ -38,42 +42,53 @@ class Tokenized:
     drops: dict[str, int]  # reason -> answers
 
 
-class SamplesMixin:
-    ledger: Ledger
-    bound: BoundFormat
-    m: Manifest
-    console: Console
-    quiet: bool
-    _checks: RunChecks | None = None
+def server_of(m: Manifest, backend: str) -> str | None:
+    """The server a backend's manifest names (None: auto, told from each response)."""
+    cfg = m.backends.get(backend)
+    server = getattr(cfg, "server", "auto")
+    return None if server == "auto" else str(server)
+
+
+def stored_view(m: Manifest, bound: BoundFormat, r: StoredResponse) -> ApiView:
+    """The answer as text: from the stored API response, or derived from exact engine ids."""
+    if r.problem is not None:  # quarantined: its body is not parsed again
+        return ApiView(None, r.finish_reason)
+    if "choices" in r.response:
+        v = view_from_record(r.response)
+        if v is not None:
+            server = server_of(m, r.backend)
+            return v if server is None else replace(v, server=server)
+    if r.output_ids is not None:
+        return derive_view(bound, r.output_ids, r.finish_reason)
+    raise GenerateError(f"stored response for {r.key} has neither choices nor ids")
+
+
+class RunTokens:
+    """The run's tokens stage over its ledger, manifest and bound format. ``text_ids``: the
+    learned split preferences (None: none); ``checks``: the run's cross-answer quality checks
+    (one answer index for every dataset; made here when not given); ``console``: where the
+    one-time language-check note goes (None: quiet)."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        manifest: Manifest,
+        bound: BoundFormat,
+        text_ids: TextIds | None = None,
+        checks: RunChecks | None = None,
+        console: Console | None = None,
+    ) -> None:
+        self.ledger, self.m, self.bound = ledger, manifest, bound
+        self.text_ids = text_ids
+        self.checks = checks if checks is not None else RunChecks(manifest.run.drop)
+        self.console = console
 
     @property
-    def checks(self) -> RunChecks:
-        """The run's cross-answer quality checks (one answer index for every dataset)."""
-        if self._checks is None:
-            self._checks = RunChecks(self.m.run.drop)
-        return self._checks
+    def stage(self) -> TokensStage:
+        return TokensStage(self.bound, self.m.target.thinking, self.text_ids)
 
-    @property
-    def tokens(self) -> TokensStage:
-        raise NotImplementedError
-
-    def server_of(self, backend: str) -> str | None:
-        """The server a backend's manifest names (None: auto, told from each response)."""
-        return None
-
-    # --- tokens stage --------------------------------------------------------------------------
     def view(self, r: StoredResponse) -> ApiView:
-        """The answer as text: from the stored API response, or derived from exact engine ids."""
-        if r.problem is not None:  # quarantined: its body is not parsed again
-            return ApiView(None, r.finish_reason)
-        if "choices" in r.response:
-            v = view_from_record(r.response)
-            if v is not None:
-                server = self.server_of(r.backend)
-                return v if server is None else replace(v, server=server)
-        if r.output_ids is not None:
-            return derive_view(self.bound, r.output_ids, r.finish_reason)
-        raise GenerateError(f"stored response for {r.key} has neither choices nor ids")
+        return stored_view(self.m, self.bound, r)
 
     def conversations(self, d: DatasetCfg) -> Iterator[Answered]:
         """Every stored answer with the conversation it answered (on-policy history rebuilt),
@@ -117,7 +132,7 @@ class SamplesMixin:
                 continue
             yield last
 
-    def make_samples(
+    def make(
         self, d: DatasetCfg, *, only_missing: bool = False, jobs: int = 0, window: int = WINDOW
     ) -> Tokenized:
         """Every stored answer through the tokens stage: a sample, or a drop with its reason.
@@ -129,7 +144,7 @@ class SamplesMixin:
         todo = self.ledger.untokenized(d.name) if only_missing else None
         if todo == 0:
             return Tokenized({}, {})  # every answer has its sample or drop: nothing to walk
-        stage = self.tokens
+        stage = self.stage
         done = self.ledger.tokenized(d.name) if only_missing else set()
         joined = d.turns == "joined"
         if joined:
@@ -156,7 +171,7 @@ class SamplesMixin:
             for got in outcomes(stage, sent(), codec.sample_row, n_jobs, window):
                 a = pending.pop(got.key)
                 if not isinstance(got, Drop):
-                    got = self._quality(checks, a, got)
+                    got = quality(checks, a, got)
                 if isinstance(got, Drop):
                     drops[got.reason] += 1
                     self.ledger.put_drop(got.key, "tokens", got.reason)
@@ -167,20 +182,20 @@ class SamplesMixin:
                         self.ledger.put_sample_rows(made)
                         made.clear()
             self.ledger.put_sample_rows(made)
-        if not loaded and checks.load_s is not None and not self.quiet:
+        if not loaded and checks.load_s is not None and self.console is not None:
             self.console.print(
                 Text(f"language check: py3langid loaded in {checks.load_s:.1f} s (once per run)")
             )
         return Tokenized(dict(counts), dict(drops))
 
-    @staticmethod
-    def _quality(checks: RunChecks, a: Answered, got: SampleRow) -> SampleRow | Drop:
-        """A sample with the cross-answer checks that fire added to its warnings, or its drop
-        (``quality:<check>``) when ``[run] drop`` names one of its checks."""
-        have = codec.row_warnings(got.row)
-        added = [w for w in checks.across(a) if w not in have]
-        warnings = (*have, *added)
-        why = checks.dropped(warnings)
-        if why is not None:
-            return Drop(got.key, why)
-        return replace(got, row=codec.with_row_warnings(got.row, warnings)) if added else got
+
+def quality(checks: RunChecks, a: Answered, got: SampleRow) -> SampleRow | Drop:
+    """A sample with the cross-answer checks that fire added to its warnings, or its drop
+    (``quality:<check>``) when ``[run] drop`` names one of its checks."""
+    have = codec.row_warnings(got.row)
+    added = [w for w in checks.across(a) if w not in have]
+    warnings = (*have, *added)
+    why = checks.dropped(warnings)
+    if why is not None:
+        return Drop(got.key, why)
+    return replace(got, row=codec.with_row_warnings(got.row, warnings)) if added else got
