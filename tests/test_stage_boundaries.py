@@ -154,7 +154,13 @@ def test_server_prompt_ids_that_differ_are_kept_and_counted_as_drift(tmp_path):
     assert st["template_drift"] == {"checked": 2, "differs": 1}
     assert st["warnings"]["prompt_drift"] == 1
     doc = json.loads((tmp_path / "run" / "export" / "manifest.json").read_text())
-    assert doc["datasets"]["truth"]["warnings"] == {"prompt_drift": 1}
+    # the served records' own finish reasons say how many were cut at max_tokens (issue 29's
+    # quality check ``truncated`` counts them too)
+    cut = sum(r["finish_reason"] == "length" for r in (drifted, same))
+    assert doc["datasets"]["truth"]["warnings"] == {
+        "prompt_drift": 1,
+        **({"truncated": cut} if cut else {}),
+    }
 
 
 def test_ids_outside_the_vocabulary_are_refused_at_the_tokens_stage(tmp_path):
