@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -123,20 +123,43 @@ def init(
     epilog=example(
         "draftdata plan examples/demo/manifest.toml",
         "draftdata plan manifest.toml --json",
+        "draftdata plan examples/demo/manifest.toml --hidden-for speculators",
     )
 )
 def plan(
     manifest: Annotated[Path, typer.Argument(help="the run manifest (TOML)", metavar="MANIFEST")],
     json_out: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+    hidden_for: Annotated[
+        str | None,
+        typer.Option(
+            "--hidden-for",
+            help="also estimate the hidden-state storage of `hidden-states --for LAYOUT` "
+            "(speculators, specforge, safetensors), bf16 and fp8",
+            metavar="LAYOUT",
+        ),
+    ] = None,
+    hidden_size: Annotated[
+        int | None,
+        typer.Option(
+            "--hidden-size",
+            help="the target's hidden size (default: read from the hf backend's model_path)",
+            min=1,
+        ),
+    ] = None,
 ) -> None:
     """What a run will ask for and cost, and every problem found, before one request is sent.
     Reads the datasets and renders the prompts; exits 1 when it finds a problem."""
     from ..config import load_manifest
     from ..generate.plan import make_plan
 
-    p = make_plan(load_manifest(manifest))
+    m = load_manifest(manifest)
+    p = make_plan(m)
+    storage = _storage(m, p, hidden_for, hidden_size) if hidden_for else None
     if json_out:
-        sys.stdout.write(json.dumps(p.to_json(), indent=2) + "\n")
+        doc = p.to_json()
+        if storage is not None:
+            doc["hidden_states"] = storage.to_json()
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         t = Table(
             "dataset",
@@ -171,6 +194,8 @@ def plan(
             f"cost: ${p.cost_min_usd:.4f} to ${p.cost_max_usd:.4f} at the manifest's prices{budget}",
         )
         say(out, f"gate: {p.gate}")
+        if storage is not None:
+            say(out, storage.line())
         for d in p.datasets:
             if d.read_drops:
                 parts = ", ".join(f"{k}: {v}" for k, v in d.read_drops.items())
@@ -182,3 +207,20 @@ def plan(
             say(out, "no problems found; nothing was sent", "green")
     if p.problems:
         raise typer.Exit(1)
+
+
+def _storage(m: Any, p: Any, layout: str, hidden_size: int | None) -> Any:
+    """The hidden-state storage of the planned samples: each sample is its prompt and its
+    answer, at most (later turns and answers at max_tokens, as the plan bounds them)."""
+    from ..hidden.estimate import estimate, hidden_size_of
+
+    if hidden_size is None:
+        paths = [b.model_path for b in m.backends.values() if getattr(b, "model_path", None)]
+        if not paths:
+            raise InputError(
+                "--hidden-for: no backend names the target's model (model_path); pass --hidden-size"
+            )
+        spec = paths[0] if paths[0].startswith("pkg:") else str(m.resolve(paths[0]))
+        hidden_size = hidden_size_of(spec)
+    tokens = sum(d.prompt_tokens_max + d.completion_tokens_max for d in p.datasets)
+    return estimate(layout, hidden_size, sum(d.requests for d in p.datasets), tokens)
