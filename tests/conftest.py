@@ -82,8 +82,7 @@ def bound(load):
 def transformers_serve():
     """`transformers serve` over SmolLM2's converted folder on a free loopback port, started
     once for the tests that talk to it (a start costs ~10 s): (base URL, served folder)."""
-    for module in ("torch", "fastapi", "uvicorn", "openai"):
-        pytest.importorskip(module)
+    require("torch", "fastapi", "uvicorn", "openai")
     import socket
     import subprocess
 

@@ -140,7 +140,7 @@ class ReportData:
 
 
 # --- reading -----------------------------------------------------------------------------------
-def load_manifest(run_dir: Path) -> tuple[ExportManifest, dict[str, Any]]:
+def read_export_record(run_dir: Path) -> tuple[ExportManifest, dict[str, Any]]:
     """export/manifest.json as a record, and the document it was read from."""
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such run folder; pass the run's output folder")
@@ -395,7 +395,7 @@ def collect(run_dir: Path) -> ReportData:
 
 
 def _collect(run_dir: Path) -> ReportData:
-    export, manifest = load_manifest(run_dir)
+    export, manifest = read_export_record(run_dir)
     notes: list[str] = []
     tokens = scan_shards(run_dir, export, notes)
     decode_examples(tokens, export, notes)
