@@ -37,6 +37,7 @@ COMMANDS = {
     "init": [],
     "score": None,
     "hidden-states": None,
+    "contamination": None,
 }
 
 

@@ -136,7 +136,8 @@ def hidden_states(
         return
     if target is None or model is None:
         raise InputError(
-            "give the samples (RUN|SHARDS) and --model, or --verify OUT to check a capture"
+            "draftdata hidden-states: Missing the samples (RUN|SHARDS) and --model, or "
+            "--verify OUT to check a capture; see `draftdata hidden-states --help`"
         )
     layout_trainer(layout, dtype)  # the trainer's rules (its dtypes), before anything loads
     from ..hidden.codec import check_codec
