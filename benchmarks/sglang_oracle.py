@@ -56,8 +56,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import vllm_oracle as vo
 
-from draftdata.records import Message
-
 #: vllm_oracle's parser runs, by the SGLang parsers that serve the same model
 #: (``ReasoningParser.DetectorMap`` / ``FunctionCallParser.ToolCallParserEnum`` names)
 SG_PARSERS = {
@@ -354,54 +352,34 @@ def main() -> int:
     ap.add_argument("--show-views", action="store_true", help="print each SGLang view")
     a = ap.parse_args()
     import sglang
-    from vllm_oracle_corpus import CORPUS
 
     t0 = time.time()
     rows = []
-    for case in CORPUS:
-        if a.only and a.only not in case["name"]:
-            continue
-        for fname in RUNS[case["family"]]:
-            fam = vo.FAMILIES[fname]
-            bound = vo.dd_bound(fam)
-            thinking = case.get("thinking", True)
-            if fam.kwargs_on is None and bound.format.think is None:
-                thinking = False
-            truth = vo.raw_ids(bound.tokenizer, case["raw"])
-            prompt_ids = bound.prompt_ids(
-                (Message("user", vo.USER),),
-                **({"thinking": thinking} if bound.format.think else {}),
-            )
-            for variant in VARIANTS:
-                try:
-                    resp, text, flags = sglang_response(fam, truth, prompt_ids, thinking, variant)
-                except Exception as e:  # SGLang itself failed on this output
-                    rows.append({"case": case["name"], "parser": fname, "variant": variant,
-                                 "class": "sglang_error", "detail": repr(e)[:200]})  # fmt: skip
-                    continue
-                ch = resp["choices"][0]
-                msg = ch["message"]
-                view = {
-                    "content": msg.get("content"),
-                    "reasoning_content": msg.get("reasoning_content"),
-                    "tool_calls": [(t["function"]["name"], t["function"]["arguments"], t["id"])
-                                   for t in msg.get("tool_calls") or []],
-                    "finish_reason": ch["finish_reason"],
-                    "matched_stop": ch.get("matched_stop"),
-                }  # fmt: skip
-                if a.show_views:
-                    print(case["name"], fname, variant, json.dumps(view, ensure_ascii=False))
-                for server in ("sglang", "auto"):
-                    r = vo.classify(bound, truth, resp, server, thinking)
-                    if not thinking and r.get("where") == "reasoning":
-                        # divergence_segment reads ids before any marker as reasoning in a
-                        # format that can think; with thinking off they are the content
-                        r["where"] = "content"
-                        if r["class"] == "lossy_wrong":
-                            r["label_names_divergence"] = vo.label_names_it(r["labels"], "content")
-                    rows.append({"case": case["name"], "parser": fname, "variant": variant,
-                                 "sglang_parsers": SG_PARSERS[fname], "server_mode": server,
-                                 "view": view, "text": text, "flags": flags, **r})  # fmt: skip
+    for case, fname, fam, bound, thinking, truth, prompt_ids in vo.corpus_runs(RUNS, a.only):
+        for variant in VARIANTS:
+            try:
+                resp, text, flags = sglang_response(fam, truth, prompt_ids, thinking, variant)
+            except Exception as e:  # SGLang itself failed on this output
+                rows.append({"case": case["name"], "parser": fname, "variant": variant,
+                             "class": "sglang_error", "detail": repr(e)[:200]})  # fmt: skip
+                continue
+            ch = resp["choices"][0]
+            msg = ch["message"]
+            view = {
+                "content": msg.get("content"),
+                "reasoning_content": msg.get("reasoning_content"),
+                "tool_calls": [(t["function"]["name"], t["function"]["arguments"], t["id"])
+                               for t in msg.get("tool_calls") or []],
+                "finish_reason": ch["finish_reason"],
+                "matched_stop": ch.get("matched_stop"),
+            }  # fmt: skip
+            if a.show_views:
+                print(case["name"], fname, variant, json.dumps(view, ensure_ascii=False))
+            for server in ("sglang", "auto"):
+                r = vo.classify(bound, truth, resp, server, thinking)
+                rows.append({"case": case["name"], "parser": fname, "variant": variant,
+                             "sglang_parsers": SG_PARSERS[fname], "server_mode": server,
+                             "view": view, "text": text, "flags": flags, **r})  # fmt: skip
     elapsed = time.time() - t0
     vo.report(
         rows, elapsed, sglang.__version__, len({r["case"] for r in rows}),

@@ -416,7 +416,7 @@ def around(tok: Any, ids: list[int], k: int, width: int = 4) -> str:
     )
 
 
-def divergence_segment(bound: Any, truth: list[int], k: int) -> str:
+def divergence_segment(bound: Any, truth: list[int], k: int, thinking: bool = True) -> str:
     """Where in the answer's grammar position ``k`` of the raw ids falls: reasoning, content,
     tool section, end of turn (by the control tokens before it)."""
     tok = bound.tokenizer
@@ -431,8 +431,8 @@ def divergence_segment(bound: Any, truth: list[int], k: int) -> str:
         return "tool section"
     if "think>" in last:
         return "after " + last if last.startswith("</") else "reasoning"
-    if not seen:
-        return "reasoning" if bound.format.think is not None else "content"
+    if not seen:  # with thinking off, ids before any marker are the content
+        return "reasoning" if bound.format.think is not None and thinking else "content"
     return "after " + last
 
 
@@ -473,7 +473,7 @@ def classify(bound: Any, truth: list[int], resp: dict[str, Any], server: str, th
                 s = _from_ids(bound, view, out_ids, prompt_ids, (), thinking)
             if isinstance(s, DraftdataError):
                 raise s
-            return _compared(s, truth, view, bound)
+            return _compared(s, truth, view, bound, thinking)
         # the request offered TOOLS, as vLLM's was; a format whose template takes no tool schemas
         # (DeepSeek V3.1) is rebuilt without them, as a run would have to
         try:
@@ -485,7 +485,7 @@ def classify(bound: Any, truth: list[int], resp: dict[str, Any], server: str, th
     except DraftdataError as e:
         return {"class": "dropped", "reason": getattr(e, "reason", type(e).__name__),
                 "detail": str(e)[:160], "server": view.server}  # fmt: skip
-    return _compared(s, truth, view, bound)
+    return _compared(s, truth, view, bound, thinking)
 
 
 def _from_ids(bound: Any, view: Any, out: Any, prompt: Any, tools: Any, thinking: bool) -> Any:
@@ -494,7 +494,7 @@ def _from_ids(bound: Any, view: Any, out: Any, prompt: Any, tools: Any, thinking
     return s
 
 
-def _compared(s: Any, truth: list[int], view: Any, bound: Any) -> dict[str, Any]:
+def _compared(s: Any, truth: list[int], view: Any, bound: Any, thinking: bool) -> dict[str, Any]:
     got = list(s.response_ids)
     labels = [w for w in s.warnings if w.startswith("lossy:")]
     k = first_divergence(got, truth)
@@ -502,7 +502,7 @@ def _compared(s: Any, truth: list[int], view: Any, bound: Any) -> dict[str, Any]
     if k is None:
         out["class"] = "lossy_held" if labels else "exact"
         return out
-    where = divergence_segment(bound, truth, k)
+    where = divergence_segment(bound, truth, k, thinking)
     out.update(
         divergence=k, where=where,
         truth_around=around(bound.tokenizer, truth, k), got_around=around(bound.tokenizer, got, k),
@@ -526,21 +526,15 @@ def raw_ids(tok: Any, raw: Any) -> list[int]:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--json", help="write every row here")
-    ap.add_argument("--only", help="run only cases whose name contains this")
-    ap.add_argument("--show-views", action="store_true", help="print each vLLM view")
-    a = ap.parse_args()
-    import vllm
+def corpus_runs(runs: dict[str, list[str]], only: str | None) -> Any:
+    """Each corpus case under each parser configuration ``runs`` names for its family: (case,
+    configuration name, family, bound format, thinking, the raw output's ids, prompt ids)."""
     from vllm_oracle_corpus import CORPUS
 
-    t0 = time.time()
-    rows = []
     for case in CORPUS:
-        if a.only and a.only not in case["name"]:
+        if only and only not in case["name"]:
             continue
-        for fname in RUNS[case["family"]]:
+        for fname in runs[case["family"]]:
             fam = FAMILIES[fname]
             bound = dd_bound(fam)
             thinking = case.get("thinking", True)
@@ -550,28 +544,42 @@ def main() -> int:
             prompt_ids = bound.prompt_ids(
                 (Message("user", USER),), **({"thinking": thinking} if bound.format.think else {})
             )
-            for variant in VARIANTS:
-                try:
-                    resp, text, flags = vllm_response(fam, truth, prompt_ids, thinking, variant)
-                except Exception as e:  # vLLM itself failed on this output
-                    rows.append({"case": case["name"], "parser": fname, "variant": variant,
-                                 "class": "vllm_error", "detail": repr(e)[:200]})  # fmt: skip
-                    continue
-                msg = resp["choices"][0]["message"]
-                view = {
-                    "content": msg.get("content"),
-                    "reasoning": msg.get("reasoning"),
-                    "tool_calls": [(t["function"]["name"], t["function"]["arguments"], t["id"])
-                                   for t in msg.get("tool_calls") or []],
-                    "finish_reason": resp["choices"][0]["finish_reason"],
-                }  # fmt: skip
-                if a.show_views:
-                    print(case["name"], fname, variant, json.dumps(view, ensure_ascii=False))
-                for server in ("vllm", "auto"):
-                    r = classify(bound, truth, resp, server, thinking)
-                    rows.append({"case": case["name"], "parser": fname, "variant": variant,
-                                 "server_mode": server, "view": view, "text": text,
-                                 "flags": flags, **r})  # fmt: skip
+            yield case, fname, fam, bound, thinking, truth, prompt_ids
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", help="write every row here")
+    ap.add_argument("--only", help="run only cases whose name contains this")
+    ap.add_argument("--show-views", action="store_true", help="print each vLLM view")
+    a = ap.parse_args()
+    import vllm
+
+    t0 = time.time()
+    rows = []
+    for case, fname, fam, bound, thinking, truth, prompt_ids in corpus_runs(RUNS, a.only):
+        for variant in VARIANTS:
+            try:
+                resp, text, flags = vllm_response(fam, truth, prompt_ids, thinking, variant)
+            except Exception as e:  # vLLM itself failed on this output
+                rows.append({"case": case["name"], "parser": fname, "variant": variant,
+                             "class": "vllm_error", "detail": repr(e)[:200]})  # fmt: skip
+                continue
+            msg = resp["choices"][0]["message"]
+            view = {
+                "content": msg.get("content"),
+                "reasoning": msg.get("reasoning"),
+                "tool_calls": [(t["function"]["name"], t["function"]["arguments"], t["id"])
+                               for t in msg.get("tool_calls") or []],
+                "finish_reason": resp["choices"][0]["finish_reason"],
+            }  # fmt: skip
+            if a.show_views:
+                print(case["name"], fname, variant, json.dumps(view, ensure_ascii=False))
+            for server in ("vllm", "auto"):
+                r = classify(bound, truth, resp, server, thinking)
+                rows.append({"case": case["name"], "parser": fname, "variant": variant,
+                             "server_mode": server, "view": view, "text": text,
+                             "flags": flags, **r})  # fmt: skip
     elapsed = time.time() - t0
     report(rows, elapsed, vllm.__version__, len({r["case"] for r in rows}))
     if a.json:
