@@ -137,3 +137,24 @@ def peak_generate(m: Path) -> tuple[subprocess.CompletedProcess[str], int]:
         [sys.executable, "-c", probe, str(m)], capture_output=True, text=True, timeout=600
     )
     return r, int(r.stderr.split("peak_kb")[-1].split()[0])
+
+
+def oracle_rows(script: str, out_dir: Path) -> list[dict]:
+    """Every row of ``benchmarks/SCRIPT --json``, run with the oracles' own venv (.venv/vllm,
+    built by `make install`: vLLM and SGLang pin an older transformers than draftdata)."""
+    import pytest
+
+    from conftest import ROOT
+
+    python = ROOT / ".venv" / "vllm" / "bin" / "python"
+    if not python.exists():
+        pytest.fail(f"{python} is missing: run `make install` (it installs the oracles)")
+    out = out_dir / "rows.json"
+    r = subprocess.run(
+        [str(python), str(ROOT / "benchmarks" / script), "--json", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    sys.stdout.write(r.stdout)  # the per-parser tables, shown with pytest -s
+    return json.loads(out.read_text())

@@ -25,16 +25,11 @@ What must hold:
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-PYTHON = ROOT / ".venv" / "vllm" / "bin" / "python"
+from servers import oracle_rows
 
 TYPED_SPLIT = {"q35-typed-function-in-content"}
 REFUSED = {"llama-json-call"}
@@ -43,17 +38,7 @@ CUT_CALL_DROPPED = {"r1-cut-in-call", "v31-off-cut-in-call"}
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
-    if not PYTHON.exists():
-        pytest.fail(f"{PYTHON} is missing: run `make install` (it installs the oracles)")
-    out = tmp_path_factory.mktemp("oracle") / "rows.json"
-    r = subprocess.run(
-        [str(PYTHON), str(ROOT / "benchmarks" / "sglang_oracle.py"), "--json", str(out)],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    sys.stdout.write(r.stdout)  # the per-parser tables, shown with pytest -s
-    return json.loads(out.read_text())
+    return oracle_rows("sglang_oracle.py", tmp_path_factory.mktemp("oracle"))
 
 
 def test_the_corpus_covers_every_parser_and_request(rows):

@@ -18,16 +18,11 @@ What must hold:
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-VLLM_PYTHON = ROOT / ".venv" / "vllm" / "bin" / "python"
+from servers import oracle_rows
 
 #: typed marker text that vLLM's parsers delete from the content: invisible in any text view
 DELETED_TEXT = {"q3-typed-think-in-content", "llama-typed-eot"}
@@ -35,17 +30,7 @@ DELETED_TEXT = {"q3-typed-think-in-content", "llama-typed-eot"}
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
-    if not VLLM_PYTHON.exists():
-        pytest.fail(f"{VLLM_PYTHON} is missing: run `make install` (it installs the vLLM oracle)")
-    out = tmp_path_factory.mktemp("oracle") / "rows.json"
-    r = subprocess.run(
-        [str(VLLM_PYTHON), str(ROOT / "benchmarks" / "vllm_oracle.py"), "--json", str(out)],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    sys.stdout.write(r.stdout)  # the per-parser tables, shown with pytest -s
-    return json.loads(out.read_text())
+    return oracle_rows("vllm_oracle.py", tmp_path_factory.mktemp("oracle"))
 
 
 def test_the_corpus_covers_every_parser_and_request(rows):
