@@ -181,27 +181,23 @@ def test_a_rerun_captures_a_damaged_file_again(lm, caps, tmp_path):
     shard = out / "hs-00000000-00000001.safetensors.zst"
     before = shard.read_bytes()
     _flip(shard)
-    doc = capture_to(
-        [tmp / "s.parquet"],
-        out,
-        lm,
-        parse_layers("auto", 30),
-        layout="safetensors",
-        dtype="fp8",
-        codec="zstd",
-    )
+
+    def rerun() -> dict:
+        return capture_to(
+            [tmp / "s.parquet"],
+            out,
+            lm,
+            parse_layers("auto", 30),
+            layout="safetensors",
+            dtype="fp8",
+            codec="zstd",
+        )
+
+    doc = rerun()
     assert (doc["captured"], doc["resumed"]) == (2, 0)
     assert shard.read_bytes() == before  # the same bytes as the first capture
     assert verify(out).ok
-    doc = capture_to(
-        [tmp / "s.parquet"],
-        out,
-        lm,
-        parse_layers("auto", 30),
-        layout="safetensors",
-        dtype="fp8",
-        codec="zstd",
-    )
+    doc = rerun()
     assert (doc["captured"], doc["resumed"]) == (0, 2)
 
 
