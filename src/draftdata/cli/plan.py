@@ -134,7 +134,8 @@ def plan(
         typer.Option(
             "--hidden-for",
             help="also estimate the hidden-state storage of `hidden-states --for LAYOUT` "
-            "(speculators, specforge, safetensors), bf16 and fp8",
+            "(speculators, specforge, modelopt, safetensors), bf16 and fp8, and the capture "
+            "time where a capture in the run folder measured its rate",
             metavar="LAYOUT",
         ),
     ] = None,
@@ -195,7 +196,8 @@ def plan(
         )
         say(out, f"gate: {p.gate}")
         if storage is not None:
-            say(out, storage.line())
+            for line in storage.lines():
+                say(out, line)
         for d in p.datasets:
             if d.read_drops:
                 parts = ", ".join(f"{k}: {v}" for k, v in d.read_drops.items())
@@ -210,9 +212,11 @@ def plan(
 
 
 def _storage(m: Any, p: Any, layout: str, hidden_size: int | None) -> Any:
-    """The hidden-state storage of the planned samples: each sample is its prompt and its
-    answer, at most (later turns and answers at max_tokens, as the plan bounds them)."""
-    from ..hidden.estimate import estimate, hidden_size_of
+    """The hidden-state storage of the planned samples, each its prompt and its answer: measured
+    where the ledger has answers (their mean per answer for the rest), and at most (later turns
+    and answers at max_tokens, as the plan bounds them); and the capture time at the rate a
+    capture in the run folder measured."""
+    from ..hidden.estimate import capture_rate, estimate, hidden_size_of
 
     if hidden_size is None:
         paths = [b.model_path for b in m.backends.values() if getattr(b, "model_path", None)]
@@ -222,5 +226,22 @@ def _storage(m: Any, p: Any, layout: str, hidden_size: int | None) -> Any:
             )
         spec = paths[0] if paths[0].startswith("pkg:") else str(m.resolve(paths[0]))
         hidden_size = hidden_size_of(spec)
-    tokens = sum(d.prompt_tokens_max + d.completion_tokens_max for d in p.datasets)
-    return estimate(layout, hidden_size, sum(d.requests for d in p.datasets), tokens)
+    bound = sum(d.prompt_tokens_max + d.completion_tokens_max for d in p.datasets)
+    tokens = measured = 0
+    for d in p.datasets:
+        answers, counted = d.measured
+        if answers and counted:
+            tokens += round(counted / answers * d.requests)
+            measured += answers
+        else:
+            tokens += d.prompt_tokens_max + d.completion_tokens_max
+    requests = sum(d.requests for d in p.datasets)
+    return estimate(
+        layout,
+        hidden_size,
+        requests,
+        min(tokens, bound),
+        bound,
+        measured,
+        capture_rate(m.output_dir),
+    )

@@ -41,6 +41,8 @@ class DatasetPlan:
     cost_min_usd: float
     cost_max_usd: float
     read_drops: dict[str, int] = field(default_factory=dict)
+    #: the ledger's answers so far: (responses, their prompt plus completion tokens as counted)
+    measured: tuple[int, int] = (0, 0)
 
     @property
     def remaining(self) -> int:
@@ -78,15 +80,20 @@ class Plan:
         }
 
 
-def _answered(m: Manifest) -> dict[str, int]:
+def _answered(m: Manifest) -> dict[str, tuple[int, tuple[int, int]]]:
+    """Per dataset of the run's ledger: requests answered, and (responses, their tokens)."""
     path = m.output_dir / "ledger.sqlite"
     if not path.is_file():
         return {}
-    from ..store.stats import status
+    from ..store.stats import status, throughput
 
     led = Ledger.read(path)
     try:
-        return {name: d.done for name, d in status(led).datasets.items()}
+        got = {}
+        for name, d in status(led).datasets.items():
+            t = throughput(led, name)
+            got[name] = (d.done, (t.responses, t.prompt_tokens + t.completion_tokens))
+        return got
     finally:
         led.close()
 
@@ -102,7 +109,8 @@ def make_plan(m: Manifest) -> Plan:
         problems.append(f"the run folder's ledger cannot be read: {e}")
     plans = []
     for d in m.datasets:
-        plans.append(_dataset_plan(m, d, bound, stage, answered.get(d.name, 0), problems))
+        done, measured = answered.get(d.name, (0, (0, 0)))
+        plans.append(_dataset_plan(m, d, bound, stage, done, measured, problems))
     problems += _backend_problems(m)
     gate = _gate_evidence(m, plans, problems)
     if m.run.budget_usd is not None and sum(p.cost_min_usd for p in plans) > m.run.budget_usd:
@@ -122,6 +130,7 @@ def _dataset_plan(
     bound: BoundFormat,
     stage: TokensStage,
     answered: int,
+    measured: tuple[int, int],
     problems: list[str],
 ) -> DatasetPlan:
     cfg = m.backends[d.backend]
@@ -166,6 +175,7 @@ def _dataset_plan(
         cost_min_usd=cost(cfg, share_left * prompt_tokens, 0),
         cost_max_usd=share_left * cost(cfg, prompt_max, completion_max),
         read_drops=dict(drops),
+        measured=measured,
     )
 
 
