@@ -92,7 +92,9 @@ def hidden_states(
     ] = "none",
     layout: Annotated[
         str,
-        typer.Option("--for", help="speculators, specforge or safetensors (draftdata's shards)"),
+        typer.Option(
+            "--for", help="speculators, specforge, modelopt or safetensors (draftdata's shards)"
+        ),
     ] = "speculators",
     device: DeviceOpt = "cpu",
     threshold: ThresholdOpt = -12.0,

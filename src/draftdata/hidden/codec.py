@@ -116,13 +116,13 @@ def safetensors_metadata(data: bytes) -> dict[str, str]:
 
 
 def decode_tensors(path: Path, data: bytes, torch: Any) -> tuple[dict[str, Any], dict[str, str]]:
-    """The tensors of a hidden-state file's bytes (``.safetensors``, ``.safetensors.zst`` or a
-    SpecForge ``.ckpt``) and its safetensors metadata; bytes that do not decode are a
-    ``CorruptFileError`` naming ``path``."""
+    """The tensors of a hidden-state file's bytes (``.safetensors``, ``.safetensors.zst``, or a
+    ``torch.save`` file: SpecForge's ``.ckpt``, ModelOpt's ``.pt``) and its safetensors metadata;
+    bytes that do not decode are a ``CorruptFileError`` naming ``path``."""
     try:
         if path.name.endswith(".zst"):
             data = _zstd().ZstdDecompressor().decompress(data)
-        if path.suffix == ".ckpt":
+        if path.suffix in (".ckpt", ".pt"):
             return torch.load(io.BytesIO(data), weights_only=True), {}
         from safetensors.torch import load
 

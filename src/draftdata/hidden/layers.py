@@ -6,7 +6,9 @@ output, ``i`` (1..L) the output of decoder layer ``i - 1``. The auxiliary layers
 before the final norm (what speculators stores) and after it (what SpecForge stores, and what
 transformers returns as ``hidden_states[L]``). SpecForge names the same aux layers
 ``[1, L // 2 - 1, L - 4]`` (it hooks the input of layer ``i + 1``); speculators names them as we
-do."""
+do. ModelOpt (``default_eagle_aux_layer_ids``, its ``eagle_aux_hidden_state_layer_ids``) and NeMo
+Automodel (``default_eagle3_aux_layer_ids``) name them 0-based as SpecForge does and hook the
+outputs of those decoder layers: the same states."""
 
 from __future__ import annotations
 
@@ -49,6 +51,8 @@ class Layers:
             "aux": list(self.aux),
             "last": self.last,
             "specforge_aux_layer_ids": [i - 1 for i in self.aux],
+            # ModelOpt's eagle_aux_hidden_state_layer_ids (0-based decoder layers)
+            "modelopt_aux_layer_ids": [i - 1 for i in self.aux],
             "speculators_layer_ids": [*self.aux, self.last],
         }
 

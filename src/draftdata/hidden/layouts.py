@@ -9,6 +9,13 @@
 - ``specforge``: ``OUT/rows_{a}-{b}/data_{i}.ckpt``, one ``torch.save`` dict per sample:
   ``input_ids`` and ``loss_mask`` int64 [S], ``hidden_state`` [1, S, H] (the last layer after the
   final norm) and ``aux_hidden_state`` [1, S, k*H], lowest layer first.
+- ``modelopt``: ``OUT/{i:08d}.pt``, one ``torch.save`` dict per sample, the record
+  ``export.trainers.modelopt.offline_record`` builds for ModelOpt's ``OfflineSupervisedDataset``:
+  ``id``, ``input_ids`` and ``loss_mask`` int64 [S], ``hidden_states`` [S, H] (the last layer
+  after the final norm: ModelOpt's offline forward takes ``lm_head(hidden_states)`` as the
+  target's logits) and ``aux_hidden_states`` [S, k*H], lowest layer first. Flat, so both of
+  ModelOpt's globs (``rglob("*.pt")`` in its trainer, ``glob("*.pt")`` in its calibration) see
+  every file.
 - ``safetensors``: draftdata's own shards, ``OUT/hs-{first}-{last}.safetensors``, each holding
   many samples back to back (``input_ids`` int64 [T], ``loss_mask`` uint8 [T], ``offsets`` int64
   [n+1], ``hidden_states`` [T, k+1, H] as in speculators, fp8 with ``hidden_states_scales``), the
@@ -36,6 +43,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from ..export.trainers import DTYPES, layout_trainer
+from ..export.trainers.modelopt import file_name as modelopt_file
+from ..export.trainers.modelopt import offline_record
 from ..files import atomic_path, write_bytes, write_json
 from ..records import Provenance, Sample
 from .codec import (
@@ -137,6 +146,23 @@ def _stack(cap: Captured, torch: Any) -> Any:
     return torch.cat([cap.aux, cap.last[:, None, :]], dim=1)
 
 
+def _normed_and_aux(cap: Captured, enc: Encoder) -> tuple[Any, Any]:
+    """On the host: the last layer after the final norm [S, H] and the aux layers side by side
+    [S, k*H], lowest layer first (SpecForge's and ModelOpt's files)."""
+    aux = cap.aux.reshape(cap.aux.shape[0], -1)
+    return (
+        _host(enc.encode(cap.last_normed))["hidden_states"],
+        _host(enc.encode(aux))["hidden_states"],
+    )
+
+
+def _torch_save(torch: Any, d: dict[str, Any], path: Path) -> None:
+    """``torch.save`` through a file object: the archive inside is named ``archive`` (a path
+    would name it after the temporary file), so the same states make the same bytes."""
+    with path.open("wb") as f:
+        torch.save(d, f)
+
+
 def _atomic(path: Path, write: Callable[[Path], Any]) -> int:
     """``write`` the file ``path`` through its temporary path; the bytes written."""
     with atomic_path(path) as tmp:
@@ -183,6 +209,12 @@ class _Files:
         self.sums[self.rel(path)] = sha
         return got
 
+    def _holds(self, path: Path, key: str, ids: list[int]) -> bool:
+        """Whether an earlier run's ``path`` is the recorded file and holds ``ids`` under
+        ``key`` (unreadable or changed: captured again)."""
+        got = self._earlier(path)
+        return got is not None and key in got[0] and got[0][key].tolist() == ids
+
     def _write(self, path: Path, write: Callable[[Path], Any]) -> int:
         """``_atomic``, the file's digest put in ``sums`` (on the writer thread)."""
         n = _atomic(path, write)
@@ -209,12 +241,7 @@ class Speculators(_Files):
         write_dataset((it.sample() for it in items), self.out, keep=("hidden_states",))
 
     def done(self, it: Item) -> bool:
-        got = self._earlier(self.path(it.index))  # unreadable or changed: captured again
-        return (
-            got is not None
-            and "token_ids" in got[0]
-            and (got[0]["token_ids"].tolist() == it.input_ids)
-        )
+        return self._holds(self.path(it.index), "token_ids", it.input_ids)
 
     def write(self, it: Item, cap: Captured) -> Job:
         from safetensors.torch import save_file
@@ -249,21 +276,16 @@ class SpecForge(_Files):
             pass
 
     def done(self, it: Item) -> bool:
-        got = self._earlier(self.path(it.index))  # unreadable or changed: captured again
-        return (
-            got is not None
-            and "input_ids" in got[0]
-            and (got[0]["input_ids"].tolist() == it.input_ids)
-        )
+        return self._holds(self.path(it.index), "input_ids", it.input_ids)
 
     def write(self, it: Item, cap: Captured) -> Job:
         torch = self.torch
-        aux = cap.aux.reshape(cap.aux.shape[0], -1)  # [S, k*H], lowest layer first
+        last, aux = _normed_and_aux(cap, self.enc)
         d = {
             "input_ids": torch.tensor(it.input_ids, dtype=torch.long),
             "loss_mask": torch.tensor([int(b) for b in it.loss_mask], dtype=torch.long),
-            "hidden_state": _host(self.enc.encode(cap.last_normed))["hidden_states"][None],
-            "aux_hidden_state": _host(self.enc.encode(aux))["hidden_states"][None],
+            "hidden_state": last[None],
+            "aux_hidden_state": aux[None],
         }
         path = self.path(it.index)
         return lambda: self._write(path, lambda t: torch.save(d, str(t)))
@@ -273,6 +295,34 @@ class SpecForge(_Files):
             "files": f"rows_{{a}}-{{a+{ROWS_PER_FOLDER}}}/data_{{i}}.ckpt",
             "sha256": dict(sorted(self.sums.items())),
         }
+
+
+class ModelOpt(_Files):
+    name = "modelopt"
+
+    def __init__(self, out: Path, torch: Any, enc: Encoder) -> None:
+        self.out, self.torch, self.enc = out, torch, enc
+        self._start_sums()
+
+    def path(self, index: int) -> Path:
+        return self.out / modelopt_file(index)
+
+    def prepare(self, items: Iterator[Item]) -> None:
+        for _ in items:
+            pass
+
+    def done(self, it: Item) -> bool:
+        return self._holds(self.path(it.index), "input_ids", it.input_ids)
+
+    def write(self, it: Item, cap: Captured) -> Job:
+        torch = self.torch
+        last, aux = _normed_and_aux(cap, self.enc)
+        d = offline_record(torch, it.id, it.input_ids, it.loss_mask, last, aux)
+        path = self.path(it.index)
+        return lambda: self._write(path, lambda t: _torch_save(torch, d, t))
+
+    def close(self) -> dict[str, Any]:
+        return {"files": "{i:08d}.pt", "sha256": dict(sorted(self.sums.items()))}
 
 
 class Shards(_Files):

@@ -18,15 +18,18 @@ from .run import iter_items
 
 __all__ = ["Stored", "VerifyReport", "read_manifest", "read_stored", "verify"]
 
-_INDEX = re.compile(r"(?:hs|data)_(\d+)\.(?:safetensors|ckpt)$")
+#: a per-sample file's index: speculators' hs_{i}, SpecForge's data_{i}, ModelOpt's {i:08d}
+_INDEX = re.compile(r"(?:(?:hs|data)_(\d+)\.(?:safetensors|ckpt)|(?:^|/)(\d{8})\.pt)$")
 
 
 @dataclass(frozen=True)
 class Stored:
     """One sample as stored: its index in the export's order, its id where the layout keeps it
-    (draftdata's shards), its ids, and its tensors: ``hidden_states`` [S, k+1, H] (speculators
-    and draftdata's shards) or ``hidden_state`` [1, S, H] and ``aux_hidden_state`` [1, S, k*H]
-    (SpecForge), fp8 dequantized to float32 with its per-token scale."""
+    (draftdata's shards, ModelOpt), its ids, and its tensors: ``hidden_states`` [S, k+1, H]
+    (speculators and draftdata's shards), ``hidden_state`` [1, S, H] and ``aux_hidden_state``
+    [1, S, k*H] (SpecForge), or ``hidden_states`` [S, H] and ``aux_hidden_states`` [S, k*H]
+    (ModelOpt), with ``loss_mask`` where the file holds one; fp8 dequantized to float32 with its
+    per-token scale."""
 
     index: int
     id: str
@@ -78,7 +81,9 @@ def _samples(out: Path, rel: str, t: dict[str, Any], meta: dict[str, str]) -> It
         raise CorruptFileError(f"{path}: not a file name of a hidden-state layout")
     ids_key = "token_ids" if "token_ids" in t else "input_ids"
     ids = t.pop(ids_key).tolist()
-    yield Stored(int(found.group(1)), "", ids, _dequantized(t), path)
+    sid = t.pop("id", "")  # ModelOpt's files keep the sample's id
+    index = int(found.group(1) or found.group(2))
+    yield Stored(index, str(sid), ids, _dequantized(t), path)
 
 
 def read_stored(out: Path, torch: Any | None = None) -> Iterator[Stored]:

@@ -104,9 +104,12 @@ TRAINERS: dict[str, Trainer] = {
                 "hidden_states and aux_hidden_states, from a hidden-state layout",
                 write=modelopt.write_offline,
             ),
-            # hidden-states --for modelopt: modelopt.offline_record is the file; the layout class
-            # belongs in hidden/layouts.py (not written yet)
-            layout=None,
+            layout="draftdata.hidden.layouts:ModelOpt",
+            # its collator stacks the tensors as stored and its draft's fc takes them as they
+            # are: no fp8 scale is read anywhere (modelopt/torch/speculative/eagle/utils.py)
+            dtypes=("bf16", "fp32"),
+            dtype_hint="ModelOpt reads bf16 or fp32 .pt files (it has no fp8 scales); use fp8 "
+            "with --for speculators or --for safetensors",
         ),
         _trainer(
             "nemo-automodel",

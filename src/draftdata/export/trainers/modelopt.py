@@ -1,15 +1,17 @@
 """NVIDIA ModelOpt (``nvidia-modelopt``): the one place ModelOpt takes token ids is its offline
 EAGLE-3 data, ``modelopt.torch.speculative.eagle.utils.OfflineSupervisedDataset``: one ``.pt``
 per conversation, a dict with ``input_ids`` and ``loss_mask`` ``(seq_len,)`` int64,
-``hidden_states`` ``(seq_len, H)`` (the last layer) and ``aux_hidden_states`` ``(seq_len, k*H)``
-(the aux layers side by side), read with ``torch.load(weights_only=True)``. Its online path
+``hidden_states`` ``(seq_len, H)`` (the last layer after the final norm, transformers'
+``hidden_states[-1]``: unless the file says ``hidden_states_prenorm``, its offline forward takes
+``lm_head(hidden_states)`` as the target's logits) and ``aux_hidden_states`` ``(seq_len, k*H)``
+(the aux layers side by side, lowest first), read with ``torch.load(weights_only=True)``. Its online path
 (``LanguageDataCollator``, the vLLM streaming dataset) re-renders ``messages`` with the chat
 template and builds the mask from HF ``assistant_masks``, which needs ``{% generation %}`` tags.
 
 ``export --as modelopt`` writes the ids half of those files, ``modelopt/{n:08d}.pt`` in export
 order with ``input_ids``, ``loss_mask`` (0/1) and ``id``; ``offline_record`` is the whole dict,
-so a hidden-state layout (``hidden-states --for modelopt``) adds the two hidden-state tensors to
-the same rows. The dataset trains on the stored ``loss_mask`` only with
+which ``hidden-states --for modelopt`` (``hidden.layouts.ModelOpt``) writes whole, with the two
+hidden-state tensors, as ``OUT/{n:08d}.pt``. The dataset trains on the stored ``loss_mask`` only with
 ``answer_only_loss=True``; its default ignores it and trains every position.
 
 Mask convention: the same mask as every export. ModelOpt distills (no labels): at TTT step 0
