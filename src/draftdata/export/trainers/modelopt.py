@@ -16,9 +16,11 @@ hidden-state tensors, as ``OUT/{n:08d}.pt``. The dataset trains on the stored ``
 
 Mask convention: the same mask as every export. ModelOpt distills (no labels): at TTT step 0
 the draft's logits at position t are matched to the base model's distribution at t+1 under
-``loss_mask[t+1]``, so the first proposal (the answer's first id) is never trained, as in
-SpecForge. Layers: ModelOpt hooks decoder layers ``{1, L//2-1, L-4}`` (0-based), transformers'
-``output_hidden_states`` ``[2, L//2, L-3]``, the layers ``--layers auto`` captures."""
+``loss_mask[t+1]`` (step s: ``loss_mask[t+1+s]``), so the first proposal (the answer's first id)
+is never trained: its first trained label is the answer's second id, as in speculators and NeMo
+Automodel (SpecForge gates on ``loss_mask[t]``, one later). Layers: ModelOpt hooks decoder layers
+``{1, L//2-1, L-4}`` (0-based), transformers' ``output_hidden_states`` ``[2, L//2, L-3]``, the
+layers ``--layers auto`` captures (tests/test_hidden_modelopt.py checks both against its code)."""
 
 from __future__ import annotations
 
