@@ -121,6 +121,9 @@ class DatasetCfg(_Strict):
     #: "native": tool schemas go to the format's own tool prompt; "system": they are written
     #: into a system message as text (for formats whose template has no tool prompt)
     tools_prompt: Literal["native", "system"] = "native"
+    #: a system message put first in every prompt that has none (in place of the format's
+    #: default one); a prompt's own system message is kept
+    system: str | None = Field(None, min_length=1)
     #: a prompt with more text than this (characters of messages and tool schemas) is skipped
     #: as prompt_too_large: one huge record must not take the run's memory
     max_prompt_chars: int = Field(1_000_000, ge=1)

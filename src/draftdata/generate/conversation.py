@@ -16,6 +16,13 @@ TOOLS_SYSTEM = (
 )
 
 
+def with_system(p: Prompt, text: str) -> Prompt:
+    """``p`` with ``text`` as its system message, where it has none of its own."""
+    if p.messages and p.messages[0].role == "system":
+        return p
+    return Prompt(p.id, p.dataset, (Message("system", text), *p.messages), p.tools, p.metadata)
+
+
 def tools_as_system(p: Prompt) -> Prompt:
     """Tool schemas written into the system message as text, for formats whose chat template
     has no tool prompt (the way the SmolLM2 ground truth shows BFCL functions)."""

@@ -11,7 +11,7 @@ from ..formats import BoundFormat, get_format
 from ..records import Prompt
 from ..sources import iter_prompts
 from ..tokenizers import load_tokenizer
-from .conversation import tools_as_system
+from .conversation import tools_as_system, with_system
 
 
 def bind_target(m: Manifest) -> BoundFormat:
@@ -36,6 +36,8 @@ def iter_dataset(m: Manifest, d: DatasetCfg, drops: Counter[str]) -> Iterator[Pr
         m.resolve(d.source), d.reader, d.name, drops, d.columns, d.limit, d.max_prompt_chars
     )
     it = _answerable(it, drops)
+    if d.system is not None:
+        it = (with_system(p, d.system) for p in it)
     return (tools_as_system(p) for p in it) if d.tools_prompt == "system" else it
 
 

@@ -59,6 +59,7 @@ def settings_of(m: Manifest, d: DatasetCfg, bound: BoundFormat) -> dict[str, Any
         "reader": d.reader,
         "columns": dict(d.columns),
         "tools_prompt": d.tools_prompt,
+        "system": d.system,
         "source_sha256": source_sha256(src) if src.exists() else None,
     }
 
