@@ -185,7 +185,10 @@ def test_plan_of_the_demo_prints_the_table_and_sends_nothing(tmp_path):
     assert rows["mtbench"]["ground_truth"] and rows["mtbench"]["requests"] == 24  # 12 x 2 turns
     assert (rows["bfcl"]["requests"], rows["sharegpt"]["requests"]) == (8, 12)
     assert all(d["prompt_tokens"] > 0 for d in rows.values())
-    assert rows["sharegpt"]["completion_tokens_max"] == 12 * 64
+    from draftdata.config import load_manifest
+
+    per = load_manifest(demo).dataset("sharegpt").sampling.max_tokens
+    assert rows["sharegpt"]["completion_tokens_max"] == 12 * per
     assert "mtbench" in doc["gate"] and "min_exact 0.8" in doc["gate"]
     assert doc["problems"] == [] and r.returncode == 0
     table = run("plan", str(demo))
