@@ -279,6 +279,8 @@ backend = "paid"
         r = run("run", str(m))
         assert r.returncode == 0, r.stdout + r.stderr
     assert "model stage: 6 samples scored, 3 repaired" in r.stderr
+    # the gate's repair forwards the model too (minutes on a CPU): it says how far it is
+    assert "gate: repairing and measuring: 2/2 records, 2 exact so far" in r.stderr
     import pyarrow.parquet as pq
 
     rows = pq.read_table(sorted((tmp_path / "run" / "export").glob("shard-*.parquet"))).to_pylist()

@@ -7,7 +7,8 @@ measured on them and gates the datasets whose backend returns text (see ``measur
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,18 +199,26 @@ def model_stage(
 
 def measure(runner: Runner, records: list[GroundTruth], scorer: Any = None) -> ValidationReport:
     """Validation on the run's ground truth (cross-validated where preferences are learned);
-    repaired by the target model first when the manifest's [model] asks for repair."""
+    repaired by the target model first when the manifest's [model] asks for repair, with a
+    progress line (the repair forwards the model, minutes on a CPU)."""
     m, bound = runner.m, runner.bound
     repairer = None
+    tick: Callable[[Any], None] | None = None
     if scorer is not None and m.model is not None and m.model.repair:
         from .model.repairer import sample_repairer
 
         repairer = sample_repairer(scorer, bound.tokenizer, runner.text_ids)
+        tick = _progress(runner, "gate: repairing and measuring", len(records))
     if m.run.learn_prefs and records:
-        report = learn_and_validate(runner, records, repairer)
+        report = learn_and_validate(runner, records, repairer, tick)
     else:
         report = validate(
-            bound, records, text_ids=runner.text_ids, thinking=m.target.thinking, repairer=repairer
+            bound,
+            records,
+            text_ids=runner.text_ids,
+            thinking=m.target.thinking,
+            repairer=repairer,
+            on_result=tick,
         )
     report.meta = {
         **report.meta,
@@ -221,8 +230,33 @@ def measure(runner: Runner, records: list[GroundTruth], scorer: Any = None) -> V
     return report
 
 
+def _progress(runner: Runner, what: str, total: int) -> Callable[[Any], None]:
+    """A callback per measured record that prints ``what: N/total records, K exact so far`` every
+    ``progress_every`` seconds and at the last one (nothing with ``quiet``)."""
+    start = last = time.monotonic()
+    done = exact = 0
+
+    def tick(result: Any) -> None:
+        nonlocal done, exact, last
+        done += 1
+        exact += bool(getattr(result, "exact", False))
+        now = time.monotonic()
+        if runner.quiet or (now - last < runner.progress_every and done != total):
+            return
+        last = now
+        runner.console.print(
+            f"{what}: {done}/{total} records, {exact} exact so far, {now - start:.0f} s",
+            highlight=False,
+        )
+
+    return tick
+
+
 def learn_and_validate(
-    runner: Runner, records: list[GroundTruth], repairer: Any = None
+    runner: Runner,
+    records: list[GroundTruth],
+    repairer: Any = None,
+    tick: Callable[[Any], None] | None = None,
 ) -> ValidationReport:
     """Learn split preferences from the run's own ground truth. The figure the gate sees is
     cross-validated: preferences learned on one half of the prompts are measured on the other,
@@ -237,6 +271,12 @@ def learn_and_validate(
         [r for r in records if _bucket(r.group) >= 0.5],
     )
     report = ValidationReport()
+
+    def on_result(result: Any) -> None:
+        report.add(result)
+        if tick is not None:
+            tick(result)
+
     for learn_on, measure_on in ((halves[0], halves[1]), (halves[1], halves[0])):
         if not measure_on:
             continue
@@ -247,7 +287,7 @@ def learn_and_validate(
             measure_on,
             text_ids=applier,
             thinking=thinking,
-            on_result=report.add,
+            on_result=on_result,
             repairer=repairer,
         )
         report.drops.update(inner.drops)
