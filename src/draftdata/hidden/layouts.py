@@ -260,16 +260,16 @@ class Speculators(_Files):
         }
 
 
-class SpecForge(_Files):
-    name = "specforge"
+class _TorchFiles(_Files):
+    """A layout of one ``torch.save`` dict per sample (SpecForge, ModelOpt): nothing to prepare,
+    and a sample is done when its file holds its ids."""
 
     def __init__(self, out: Path, torch: Any, enc: Encoder) -> None:
         self.out, self.torch, self.enc = out, torch, enc
         self._start_sums()
 
     def path(self, index: int) -> Path:
-        a = index // ROWS_PER_FOLDER * ROWS_PER_FOLDER
-        return self.out / f"rows_{a}-{a + ROWS_PER_FOLDER}" / f"data_{index}.ckpt"
+        raise NotImplementedError
 
     def prepare(self, items: Iterator[Item]) -> None:
         for _ in items:
@@ -277,6 +277,14 @@ class SpecForge(_Files):
 
     def done(self, it: Item) -> bool:
         return self._holds(self.path(it.index), "input_ids", it.input_ids)
+
+
+class SpecForge(_TorchFiles):
+    name = "specforge"
+
+    def path(self, index: int) -> Path:
+        a = index // ROWS_PER_FOLDER * ROWS_PER_FOLDER
+        return self.out / f"rows_{a}-{a + ROWS_PER_FOLDER}" / f"data_{index}.ckpt"
 
     def write(self, it: Item, cap: Captured) -> Job:
         torch = self.torch
@@ -297,22 +305,11 @@ class SpecForge(_Files):
         }
 
 
-class ModelOpt(_Files):
+class ModelOpt(_TorchFiles):
     name = "modelopt"
-
-    def __init__(self, out: Path, torch: Any, enc: Encoder) -> None:
-        self.out, self.torch, self.enc = out, torch, enc
-        self._start_sums()
 
     def path(self, index: int) -> Path:
         return self.out / modelopt_file(index)
-
-    def prepare(self, items: Iterator[Item]) -> None:
-        for _ in items:
-            pass
-
-    def done(self, it: Item) -> bool:
-        return self._holds(self.path(it.index), "input_ids", it.input_ids)
 
     def write(self, it: Item, cap: Captured) -> Job:
         torch = self.torch
