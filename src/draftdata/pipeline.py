@@ -7,7 +7,6 @@ measured on them and gates the datasets whose backend returns text (see ``measur
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from .files import write_json
 from .generate.runner import Runner
 from .measure.gate import Gate, GateError, gate_on
 from .measure.validate import ValidationReport, validate
+from .progress import Ticker
 from .records import GroundTruth
 from .tokens.reconstruct import check_ids
 from .tokens.run_samples import Tokenized
@@ -208,7 +208,11 @@ def measure(runner: Runner, records: list[GroundTruth], scorer: Any = None) -> V
         from .model.repairer import sample_repairer
 
         repairer = sample_repairer(scorer, bound.tokenizer, runner.text_ids)
-        tick = _progress(runner, "gate: repairing and measuring", len(records))
+        if not runner.quiet:
+            ticker = Ticker(
+                "gate: repairing and measuring", len(records), runner.progress_every, runner.console
+            )
+            tick = ticker.tick
     if m.run.learn_prefs and records:
         report = learn_and_validate(runner, records, repairer, tick)
     else:
@@ -228,28 +232,6 @@ def measure(runner: Runner, records: list[GroundTruth], scorer: Any = None) -> V
         "prefs": m.target.prefs,
     }
     return report
-
-
-def _progress(runner: Runner, what: str, total: int) -> Callable[[Any], None]:
-    """A callback per measured record that prints ``what: N/total records, K exact so far`` every
-    ``progress_every`` seconds and at the last one (nothing with ``quiet``)."""
-    start = last = time.monotonic()
-    done = exact = 0
-
-    def tick(result: Any) -> None:
-        nonlocal done, exact, last
-        done += 1
-        exact += bool(getattr(result, "exact", False))
-        now = time.monotonic()
-        if runner.quiet or (now - last < runner.progress_every and done != total):
-            return
-        last = now
-        runner.console.print(
-            f"{what}: {done}/{total} records, {exact} exact so far, {now - start:.0f} s",
-            highlight=False,
-        )
-
-    return tick
 
 
 def learn_and_validate(

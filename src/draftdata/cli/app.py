@@ -14,6 +14,7 @@ from rich.text import Text
 
 from .. import __version__
 from ..errors import DraftdataError, InputError
+from ..progress import Ticker as _Ticker
 
 app = typer.Typer(
     name="draftdata",
@@ -164,40 +165,11 @@ def command_line() -> list[str]:
     return ["draftdata", *sys.argv[1:]]
 
 
-class Ticker:
-    """A progress line on stderr for long loops: every ``every`` seconds, and once at the end."""
+class Ticker(_Ticker):
+    """The progress line of ``draftdata.progress`` on the CLI's stderr console."""
 
     def __init__(self, what: str, total: int | None, every: float = 15.0) -> None:
-        import time
-
-        self.what, self.total, self.every = what, total, every
-        self.done = self.exact = 0
-        self._clock = time.monotonic
-        self.start = self._last = self._clock()
-
-    def elapsed(self) -> float:
-        return self._clock() - self.start
-
-    def tick(self, result: Any = None) -> None:
-        self.exact += bool(getattr(result, "exact", False))
-        self.advance(1)
-
-    def advance(self, n: int) -> None:
-        """``n`` more records done (a worker's chunk)."""
-        self.done += n
-        now = self._clock()
-        if now - self._last >= self.every or self.done == self.total:
-            self._last = now
-            rate = self.done / max(now - self.start, 1e-9)
-            if self.total is None:  # a stream: how far, how fast
-                err.print(f"{self.what}: {self.done} records, {rate:.1f}/s", highlight=False)
-                return
-            left = (self.total - self.done) / rate if rate else 0
-            err.print(
-                f"{self.what}: {self.done}/{self.total} records, {self.exact} exact so far, "
-                f"{rate:.1f}/s, about {left:.0f} s left",
-                highlight=False,
-            )
+        super().__init__(what, total, every, err)
 
 
 def emit_json(doc: Any, dest: Any) -> bool:
