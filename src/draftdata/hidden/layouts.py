@@ -262,7 +262,7 @@ class Speculators(_Files):
 
 class _TorchFiles(_Files):
     """A layout of one ``torch.save`` dict per sample (SpecForge, ModelOpt): nothing to prepare,
-    and a sample is done when its file holds its ids."""
+    a sample is done when its file holds its ids, and the same states make the same bytes."""
 
     def __init__(self, out: Path, torch: Any, enc: Encoder) -> None:
         self.out, self.torch, self.enc = out, torch, enc
@@ -277,6 +277,11 @@ class _TorchFiles(_Files):
 
     def done(self, it: Item) -> bool:
         return self._holds(self.path(it.index), "input_ids", it.input_ids)
+
+    def _save(self, it: Item, d: dict[str, Any]) -> Job:
+        """The job that writes ``d`` as ``it``'s file (on a writer thread)."""
+        path, torch = self.path(it.index), self.torch
+        return lambda: self._write(path, lambda t: _torch_save(torch, d, t))
 
 
 class SpecForge(_TorchFiles):
@@ -295,8 +300,7 @@ class SpecForge(_TorchFiles):
             "hidden_state": last[None],
             "aux_hidden_state": aux[None],
         }
-        path = self.path(it.index)
-        return lambda: self._write(path, lambda t: torch.save(d, str(t)))
+        return self._save(it, d)
 
     def close(self) -> dict[str, Any]:
         return {
@@ -315,8 +319,7 @@ class ModelOpt(_TorchFiles):
         torch = self.torch
         last, aux = _normed_and_aux(cap, self.enc)
         d = offline_record(torch, it.id, it.input_ids, it.loss_mask, last, aux)
-        path = self.path(it.index)
-        return lambda: self._write(path, lambda t: _torch_save(torch, d, t))
+        return self._save(it, d)
 
     def close(self) -> dict[str, Any]:
         return {"files": "{i:08d}.pt", "sha256": dict(sorted(self.sums.items()))}
