@@ -307,6 +307,70 @@ backend = "paid"
     assert "Loading weights" not in r.stderr  # nothing left to score: the model is not loaded
 
 
+def test_the_gate_repairs_a_sampled_ground_truth_as_sampled(tmp_path):
+    """The gate's evidence from a run's own engine dataset carries that dataset's decoding. It
+    was read as unknown, so the repair took sampled answers for greedy ones and "fixed" every
+    token the draw had not taken from the arg-max: on the dev ground truth's 32 sampled answers
+    whose text alone rebuilds them wrong, 0 came out exact that way (29 as sampled), with up to
+    64 repairs each and ten times the forwards (SmolLM2's own draws, T 0.8, top-p 0.95)."""
+    truth_keys = ["humaneval-20-sample", "mtbench-52-sample"]
+    (tmp_path / "truth.jsonl").write_text(
+        "".join(json.dumps({"id": k, "messages": RAW[k]["messages"]}) + "\n" for k in truth_keys)
+    )
+    (tmp_path / "paid.jsonl").write_text(
+        json.dumps({"id": "p", "messages": RAW["sharegpt-52-sample"]["messages"]}) + "\n"
+    )
+    with replay_server(GROUNDTRUTH, "--token-ids") as t_url, replay_server(GROUNDTRUTH) as p_url:
+        m = tmp_path / "m.toml"
+        m.write_text(f"""
+[run]
+name = "sampled"
+output = "{tmp_path / "run"}"
+min_exact = 0.9
+[target]
+tokenizer = "{TOKENIZERS / "smollm2"}"
+format = "chatml"
+[model]
+path = "{MODEL}"
+repair = true
+[backends.engine]
+kind = "openai"
+base_url = "{t_url}"
+token_ids = "always"
+[backends.paid]
+kind = "openai"
+base_url = "{p_url}"
+token_ids = "never"
+[[datasets]]
+name = "truth"
+source = "truth.jsonl"
+reader = "openai"
+backend = "engine"
+ground_truth = true
+sampling = {{ temperature = 0.8, top_p = 0.95 }}
+[[datasets]]
+name = "paid"
+source = "paid.jsonl"
+reader = "openai"
+backend = "paid"
+sampling = {{ temperature = 0.8, top_p = 0.95 }}
+""")
+        r = run("run", str(m))
+        assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads((tmp_path / "run" / "validation.json").read_text())
+    assert doc["by_decoding"] == {"sampled": {"n": 2, "exact": 2, "exact_match_rate": 1.0}}
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(sorted((tmp_path / "run" / "export").glob("shard-*.parquet"))).to_pylist()
+    by_id = {json.loads(x["metadata"])["id"]: x for x in rows}
+    for k in truth_keys:
+        assert by_id[k]["input_ids"] == RAW[k]["prompt_ids"] + RAW[k]["output_ids"], k
+    gt = RAW["sharegpt-52-sample"]
+    (paid,) = [x for x in rows if x["token_source"] != "engine"]
+    assert paid["input_ids"] == gt["prompt_ids"] + gt["output_ids"]
+    assert paid["token_source"] == "repaired"
+
+
 @pytest.mark.parametrize("before", [" "])
 def test_score_names_a_marker_the_model_would_not_have_written_there(scorer, bound, before):
     """A chatml analogue of the views no text can tell (issue 26): a server stripped the
