@@ -281,6 +281,9 @@ backend = "paid"
     assert "model stage: 6 samples scored, 3 repaired" in r.stderr
     # the gate's repair forwards the model too (minutes on a CPU): it says how far it is
     assert "gate: repairing and measuring: 2/2 records, 2 exact so far" in r.stderr
+    # and so does the model stage after the text datasets (it was silent for minutes on the demo)
+    assert "model stage: scoring and repairing: 6/6 samples, " in r.stderr
+    assert "exact so far" not in r.stderr.split("model stage: scoring")[1]
     import pyarrow.parquet as pq
 
     rows = pq.read_table(sorted((tmp_path / "run" / "export").glob("shard-*.parquet"))).to_pylist()

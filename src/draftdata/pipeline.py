@@ -177,9 +177,14 @@ def model_stage(
     runner: Runner, scorer: Any, cfg: ModelCfg, console: Console, quiet: bool
 ) -> dict[str, Any]:
     """Score (and repair) every sample of the run not yet scored; RUN/scores.json."""
-    from .model.run import score_run_to_file
+    from .model.run import score_run_to_file, unscored
 
     m = runner.m
+    tick = None
+    if not quiet:
+        what = "model stage: scoring and repairing" if cfg.repair else "model stage: scoring"
+        todo = unscored(runner.ledger, scorer, [d.name for d in m.datasets])
+        tick = Ticker(what, todo, runner.progress_every, console, "samples").tick if todo else None
     doc = score_run_to_file(
         runner.ledger,
         scorer,
@@ -190,6 +195,7 @@ def model_stage(
         text_ids=runner.text_ids,
         out=m.output_dir / "scores.json",
         extra={"model": cfg.path},
+        on_sample=tick,
     )
     scored, repaired = doc["scored_now"], doc["repaired_now"]
     if not quiet:

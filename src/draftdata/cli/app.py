@@ -168,8 +168,10 @@ def command_line() -> list[str]:
 class Ticker(_Ticker):
     """The progress line of ``draftdata.progress`` on the CLI's stderr console."""
 
-    def __init__(self, what: str, total: int | None, every: float = 15.0) -> None:
-        super().__init__(what, total, every, err)
+    def __init__(
+        self, what: str, total: int | None, every: float = 15.0, unit: str = "records"
+    ) -> None:
+        super().__init__(what, total, every, err, unit)
 
 
 def emit_json(doc: Any, dest: Any) -> bool:

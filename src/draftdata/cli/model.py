@@ -106,7 +106,7 @@ def score(
 
 def _score_run(run: Path, load: Any, threshold: float, repair: bool) -> dict[str, Any]:
     from ..generate.runner import Runner
-    from ..model.run import score_run_to_file
+    from ..model.run import score_run_to_file, unscored
     from ..store.runs import manifest_of_run
 
     m = manifest_of_run(run)
@@ -114,7 +114,8 @@ def _score_run(run: Path, load: Any, threshold: float, repair: bool) -> dict[str
     runner = Runner(m, quiet=True, console=err, check_settings=False, command_line=command_line())
     try:
         led = runner.ledger
-        ticker = Ticker("score", sum(len(led.sample_keys(d.name)) for d in m.datasets))
+        todo = unscored(led, load, [d.name for d in m.datasets])  # a rerun goes on from there
+        ticker = Ticker("score", todo, unit="samples")
         doc = score_run_to_file(
             led,
             load,
@@ -160,7 +161,7 @@ def _score_files(
         )
     scorer = load()
     rep = ScoreReport(threshold)
-    ticker = Ticker("score", len(samples))
+    ticker = Ticker("score", len(samples), unit="samples")
     kept = []
     decoding = Decoding(temperature, top_p)
     for r in score_samples(

@@ -21,7 +21,14 @@ from .flags import ScoreReport
 from .score import Scorer
 from .stage import CHUNK, Scored, score_samples
 
-__all__ = ["DatasetDecoding", "datasets_of", "run_report", "score_run", "score_run_to_file"]
+__all__ = [
+    "DatasetDecoding",
+    "datasets_of",
+    "run_report",
+    "score_run",
+    "score_run_to_file",
+    "unscored",
+]
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,15 @@ def _keep(ledger: Ledger, model: str, threshold: float, batch: list[Scored]) -> 
                 ledger.put_sample(key, r.sample)
                 n += 1
             ledger.put_score(key, model, threshold, r.score, r.repairs)
+    return n
+
+
+def unscored(ledger: Ledger, scorer: ScorerSource, datasets: Sequence[str]) -> int:
+    """How many samples of ``datasets`` the scorer's model has not scored yet."""
+    n, model = 0, _key(scorer)
+    for name in datasets:
+        done = ledger.scored(name, model)
+        n += sum(k not in done for k in ledger.sample_keys(name))
     return n
 
 
