@@ -215,5 +215,5 @@ def _gate_evidence(m: Manifest, plans: list[DatasetPlan], problems: list[str]) -
         return f"no evidence: {names} wait on a gate that cannot be measured"
     return (
         f"reconstruction measured on {' and '.join(evidence)} must reach min_exact "
-        f"{m.run.min_exact} before {names} send a request"
+        f"{m.run.min_exact} before {names} {'sends' if len(text) == 1 else 'send'} a request"
     )
