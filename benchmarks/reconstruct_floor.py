@@ -98,9 +98,10 @@ def library(rc, bound, items):  # type: ignore[no-untyped-def]
         return
     for (m, v, _), x in zip(items, ids, strict=True):
         try:
-            yield rc.reconstruct(bound, m, v, record_id=x)
+            s = rc.reconstruct(bound, m, v, record_id=x)
         except Exception:
-            pass
+            continue  # a record our reconstruction refuses is left out of the floor, as before
+        yield s
 
 
 def streamed(samples):  # type: ignore[no-untyped-def]
