@@ -170,6 +170,23 @@ def test_decontaminate_drops_every_mtbench_prompt_before_it_is_asked(tmp_path):
     with replay_server(GROUNDTRUTH) as url:
         m = manifest(tmp_path, url, src, limit=20, turns="first")
         with_run(m, 'decontaminate = ["mt-bench"]')
+        # the plan counts what the run will drop, before anything is asked
+        doc = json.loads(run("plan", str(m), "--json").stdout)
+        (ds,) = doc["datasets"]
+        assert (ds["prompts"], ds["requests"]) == (10, 10)
+        assert ds["read_drops"] == {"contaminated:mt-bench": 10}
+        # and a second dataset over the same file holds nothing the first one did not
+        twice = tmp_path / "twice.toml"
+        block = m.read_text()[m.read_text().index("[[datasets]]") :]
+        twice.write_text(m.read_text() + "\n" + block.replace('name = "gt"', 'name = "again"'))
+        doc = json.loads(run("plan", str(twice), "--json").stdout)
+        again = doc["datasets"][1]
+        assert (again["name"], again["prompts"], again["requests"]) == ("again", 0, 0)
+        assert again["read_drops"] == {
+            "contaminated:mt-bench": 10,
+            "duplicate_across_datasets": 10,
+        }
+        assert any("again" in x and "gives no prompts" in x for x in doc["problems"])
         r = run("generate", str(m))
         assert r.returncode == 0, r.stdout + r.stderr
         from servers import stats

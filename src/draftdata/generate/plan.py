@@ -16,7 +16,7 @@ from typing import Any
 from ..config import DatasetCfg, Manifest
 from ..errors import DraftdataError
 from ..formats import BoundFormat
-from ..records import Message
+from ..records import Message, Prompt
 from ..store.ledger import Ledger
 from ..tokens.conversation import n_turns, turn_messages
 from ..tokens.stage import TokensStage
@@ -107,10 +107,19 @@ def make_plan(m: Manifest) -> Plan:
     except DraftdataError as e:
         answered = {}
         problems.append(f"the run folder's ledger cannot be read: {e}")
+    det = None
+    if m.run.decontaminate:
+        from ..measure.contamination import detector_for
+
+        try:
+            det = detector_for(m.run.decontaminate, m.base_dir)
+        except DraftdataError as e:
+            problems.append(f"[run] decontaminate: {e}")
     plans = []
+    seen: set[str] = set()  # prompts of earlier datasets: the run drops them again, as here
     for d in m.datasets:
         done, measured = answered.get(d.name, (0, (0, 0)))
-        plans.append(_dataset_plan(m, d, bound, stage, done, measured, problems))
+        plans.append(_dataset_plan(m, d, bound, stage, done, measured, problems, det, seen))
     problems += _backend_problems(m)
     gate = _gate_evidence(m, plans, problems)
     if m.run.budget_usd is not None and sum(p.cost_min_usd for p in plans) > m.run.budget_usd:
@@ -132,6 +141,8 @@ def _dataset_plan(
     answered: int,
     measured: tuple[int, int],
     problems: list[str],
+    det: Any = None,
+    seen: set[str] | None = None,
 ) -> DatasetPlan:
     cfg = m.backends[d.backend]
     try:
@@ -139,6 +150,7 @@ def _dataset_plan(
     except DraftdataError as e:
         problems.append(f"dataset {d.name}: {e}")
         prompts, drops = [], Counter()
+    prompts = _kept(prompts, drops, det, seen if seen is not None else set())
     if not prompts and not any(p.startswith(f"dataset {d.name}:") for p in problems):
         problems.append(f"dataset {d.name}: {d.source} gives no prompts (skipped: {dict(drops)})")
     s = d.sampling
@@ -177,6 +189,24 @@ def _dataset_plan(
         read_drops=dict(drops),
         measured=measured,
     )
+
+
+def _kept(prompts: list[Prompt], drops: Counter[str], det: Any, seen: set[str]) -> list[Prompt]:
+    """What the run keeps of a dataset's prompts (``Runner.prompts``): a prompt an earlier dataset
+    holds is dropped as ``duplicate_across_datasets``, and one ``[run] decontaminate`` flags as
+    ``contaminated:<set>``; the others are added to ``seen``."""
+    out = []
+    for p in prompts:
+        if p.id in seen:
+            drops["duplicate_across_datasets"] += 1
+            continue
+        hit = det.check_prompt(p) if det is not None else None
+        if hit is not None:
+            drops[f"contaminated:{hit.eval_set}"] += 1
+            continue
+        out.append(p)
+    seen.update(p.id for p in out)
+    return out
 
 
 def _backend_problems(m: Manifest) -> list[str]:
