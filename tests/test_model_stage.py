@@ -236,16 +236,12 @@ def test_score_cli_repairs_sample_files(tmp_path):
     assert r.returncode != 0 and "need -t TOKENIZER" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_run_with_model_repair_exports_the_engine_ids(tmp_path):
-    truth_keys = ["mtbench-27-greedy", "mtbench-2-greedy"]
-    paid_keys = ["mtbench-74-greedy", "mtbench-73-greedy", "bfcl-21-greedy", "mtbench-0-greedy"]
-    for name, keys in (("truth", truth_keys), ("paid", paid_keys)):
-        (tmp_path / f"{name}.jsonl").write_text(
-            "".join(json.dumps({"id": k, "messages": RAW[k]["messages"]}) + "\n" for k in keys)
-        )
-    with replay_server(GROUNDTRUTH, "--token-ids") as t_url, replay_server(GROUNDTRUTH) as p_url:
-        m = tmp_path / "m.toml"
-        m.write_text(f"""
+def repair_manifest(tmp_path: Path, t_url: str, p_url: str, sampling: str = "") -> Path:
+    """A run with [model] repair: "truth" (truth.jsonl) from a server that returns the engine's
+    ids, the gate's evidence, and "paid" (paid.jsonl) from one that returns text; ``sampling``
+    is a line both datasets get."""
+    m = tmp_path / "m.toml"
+    m.write_text(f"""
 [run]
 name = "repair"
 output = "{tmp_path / "run"}"
@@ -270,12 +266,26 @@ source = "truth.jsonl"
 reader = "openai"
 backend = "engine"
 ground_truth = true
+{sampling}
 [[datasets]]
 name = "paid"
 source = "paid.jsonl"
 reader = "openai"
 backend = "paid"
+{sampling}
 """)
+    return m
+
+
+def test_run_with_model_repair_exports_the_engine_ids(tmp_path):
+    truth_keys = ["mtbench-27-greedy", "mtbench-2-greedy"]
+    paid_keys = ["mtbench-74-greedy", "mtbench-73-greedy", "bfcl-21-greedy", "mtbench-0-greedy"]
+    for name, keys in (("truth", truth_keys), ("paid", paid_keys)):
+        (tmp_path / f"{name}.jsonl").write_text(
+            "".join(json.dumps({"id": k, "messages": RAW[k]["messages"]}) + "\n" for k in keys)
+        )
+    with replay_server(GROUNDTRUTH, "--token-ids") as t_url, replay_server(GROUNDTRUTH) as p_url:
+        m = repair_manifest(tmp_path, t_url, p_url)
         r = run("run", str(m))
         assert r.returncode == 0, r.stdout + r.stderr
     assert "model stage: 6 samples scored, 3 repaired" in r.stderr
@@ -324,40 +334,9 @@ def test_the_gate_repairs_a_sampled_ground_truth_as_sampled(tmp_path):
         json.dumps({"id": "p", "messages": RAW["sharegpt-52-sample"]["messages"]}) + "\n"
     )
     with replay_server(GROUNDTRUTH, "--token-ids") as t_url, replay_server(GROUNDTRUTH) as p_url:
-        m = tmp_path / "m.toml"
-        m.write_text(f"""
-[run]
-name = "sampled"
-output = "{tmp_path / "run"}"
-min_exact = 0.9
-[target]
-tokenizer = "{TOKENIZERS / "smollm2"}"
-format = "chatml"
-[model]
-path = "{MODEL}"
-repair = true
-[backends.engine]
-kind = "openai"
-base_url = "{t_url}"
-token_ids = "always"
-[backends.paid]
-kind = "openai"
-base_url = "{p_url}"
-token_ids = "never"
-[[datasets]]
-name = "truth"
-source = "truth.jsonl"
-reader = "openai"
-backend = "engine"
-ground_truth = true
-sampling = {{ temperature = 0.8, top_p = 0.95 }}
-[[datasets]]
-name = "paid"
-source = "paid.jsonl"
-reader = "openai"
-backend = "paid"
-sampling = {{ temperature = 0.8, top_p = 0.95 }}
-""")
+        m = repair_manifest(
+            tmp_path, t_url, p_url, "sampling = { temperature = 0.8, top_p = 0.95 }"
+        )
         r = run("run", str(m))
         assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads((tmp_path / "run" / "validation.json").read_text())
