@@ -22,7 +22,7 @@ from .generate.runner import Runner
 from .measure.gate import Gate, GateError, gate_on
 from .measure.validate import ValidationReport, validate
 from .progress import Ticker
-from .records import Decoding, GroundTruth
+from .records import GroundTruth
 from .tokens.reconstruct import check_ids
 from .tokens.run_samples import Tokenized
 
@@ -44,7 +44,7 @@ def ground_truth(runner: Runner, d: DatasetCfg) -> Iterator[GroundTruth]:
     the dataset's decoding: the gate's repair reads an unknown one as greedy, and would then
     "fix" every token a sampled answer did not take from the arg-max."""
     stage = runner.tokens
-    decoding = Decoding(d.sampling.temperature, d.sampling.top_p)
+    decoding = d.sampling.decoding
     for a in runner.samples_stage.conversations(d):
         key, p, msgs, r = a.key, a.prompt, a.messages, a.stored
         if r.output_ids is None:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import DraftdataError
 from ..files import resolve_path
+from ..records import Decoding
 from .backends import BACKENDS, BackendCfg, redact_url
 
 if sys.version_info >= (3, 11):
@@ -74,6 +75,11 @@ class Sampling(_Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_tokens: int = Field(256, ge=1, le=1_000_000)
     seed: int = 0
+
+    @property
+    def decoding(self) -> Decoding:
+        """How these settings decode, as the repair and the gate read it."""
+        return Decoding(self.temperature, self.top_p)
 
 
 class RunCfg(_Strict):

@@ -133,10 +133,7 @@ def run_report(ledger: Ledger, model: str | None = None) -> ScoreReport | None:
 
 def datasets_of(m: Manifest) -> list[DatasetDecoding]:
     """Each dataset of a run with the decoding its answers were made with."""
-    return [
-        DatasetDecoding(d.name, Decoding(d.sampling.temperature, d.sampling.top_p))
-        for d in m.datasets
-    ]
+    return [DatasetDecoding(d.name, d.sampling.decoding) for d in m.datasets]
 
 
 def score_run_to_file(
