@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 
 from ..config import DatasetCfg, Manifest
 from ..formats import BoundFormat, get_format
+from ..measure.contamination import Detector, Tally
 from ..records import Prompt
 from ..sources import iter_prompts
 from ..tokenizers import load_tokenizer
@@ -39,6 +41,26 @@ def iter_dataset(m: Manifest, d: DatasetCfg, drops: Counter[str]) -> Iterator[Pr
     if d.system is not None:
         it = (with_system(p, d.system) for p in it)
     return (tools_as_system(p) for p in it) if d.tools_prompt == "system" else it
+
+
+#: the drop reason of a prompt an earlier dataset of the run already holds
+DUPLICATE = "duplicate_across_datasets"
+
+
+def drop_reason(
+    p: Prompt, earlier: AbstractSet[str], det: Detector | None, tally: Tally | None = None
+) -> str | None:
+    """Why the run drops a prompt it read, before asking it (None: kept): one an earlier dataset
+    holds is ``DUPLICATE``; one ``[run] decontaminate`` flags is ``contaminated:<set>`` (each
+    prompt checked goes into ``tally``). ``Runner.prompts`` drops by it, and ``plan`` counts."""
+    if p.id in earlier:
+        return DUPLICATE
+    if det is None:
+        return None
+    hit = det.check_prompt(p)
+    if tally is not None:
+        tally.add(p.id, hit)
+    return None if hit is None else f"contaminated:{hit.eval_set}"
 
 
 def _answerable(prompts: Iterator[Prompt], drops: Counter[str]) -> Iterator[Prompt]:

@@ -16,12 +16,13 @@ from typing import Any
 from ..config import DatasetCfg, Manifest
 from ..errors import DraftdataError
 from ..formats import BoundFormat
+from ..measure.contamination import Detector, detector_for
 from ..records import Message, Prompt
 from ..store.ledger import Ledger
 from ..tokens.conversation import n_turns, turn_messages
 from ..tokens.stage import TokensStage
 from .backends import backend_class
-from .inputs import bind_target, read_dataset
+from .inputs import bind_target, drop_reason, read_dataset
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,6 @@ def make_plan(m: Manifest) -> Plan:
         problems.append(f"the run folder's ledger cannot be read: {e}")
     det = None
     if m.run.decontaminate:
-        from ..measure.contamination import detector_for
-
         try:
             det = detector_for(m.run.decontaminate, m.base_dir)
         except DraftdataError as e:
@@ -141,8 +140,8 @@ def _dataset_plan(
     answered: int,
     measured: tuple[int, int],
     problems: list[str],
-    det: Any = None,
-    seen: set[str] | None = None,
+    det: Detector | None,
+    seen: set[str],
 ) -> DatasetPlan:
     cfg = m.backends[d.backend]
     try:
@@ -150,7 +149,7 @@ def _dataset_plan(
     except DraftdataError as e:
         problems.append(f"dataset {d.name}: {e}")
         prompts, drops = [], Counter()
-    prompts = _kept(prompts, drops, det, seen if seen is not None else set())
+    prompts = _kept(prompts, drops, det, seen)
     if not prompts and not any(p.startswith(f"dataset {d.name}:") for p in problems):
         problems.append(f"dataset {d.name}: {d.source} gives no prompts (skipped: {dict(drops)})")
     s = d.sampling
@@ -191,20 +190,18 @@ def _dataset_plan(
     )
 
 
-def _kept(prompts: list[Prompt], drops: Counter[str], det: Any, seen: set[str]) -> list[Prompt]:
-    """What the run keeps of a dataset's prompts (``Runner.prompts``): a prompt an earlier dataset
-    holds is dropped as ``duplicate_across_datasets``, and one ``[run] decontaminate`` flags as
-    ``contaminated:<set>``; the others are added to ``seen``."""
+def _kept(
+    prompts: list[Prompt], drops: Counter[str], det: Detector | None, seen: set[str]
+) -> list[Prompt]:
+    """What the run keeps of a dataset's prompts (``drop_reason``, as ``Runner.prompts`` drops
+    them), the rest counted in ``drops``; the kept ones are added to ``seen``."""
     out = []
     for p in prompts:
-        if p.id in seen:
-            drops["duplicate_across_datasets"] += 1
-            continue
-        hit = det.check_prompt(p) if det is not None else None
-        if hit is not None:
-            drops[f"contaminated:{hit.eval_set}"] += 1
-            continue
-        out.append(p)
+        why = drop_reason(p, seen, det)
+        if why is None:
+            out.append(p)
+        else:
+            drops[why] += 1
     seen.update(p.id for p in out)
     return out
 

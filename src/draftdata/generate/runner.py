@@ -44,7 +44,7 @@ from .budget import Budget
 from .commits import GroupCommit
 from .contaminated import DecontaminateMixin
 from .conversation import sample_seed
-from .inputs import bind_target, iter_dataset
+from .inputs import DUPLICATE, bind_target, drop_reason, iter_dataset
 from .progress import Bars
 from .settings import check, settings_of
 
@@ -210,17 +210,13 @@ class Runner(DecontaminateMixin):
 
         def kept(ps: Iterable[Prompt]) -> Iterator[Prompt]:
             for p in ps:
-                if p.id in earlier:
-                    drops["duplicate_across_datasets"] += 1
-                    dups.add(p.id)
+                why = drop_reason(p, earlier, det, tally)
+                if why is None:
+                    yield p
                     continue
-                if det is not None:  # [run] decontaminate: dropped before it is asked
-                    hit = det.check_prompt(p)
-                    tally.add(p.id, hit)
-                    if hit is not None:
-                        drops[f"contaminated:{hit.eval_set}"] += 1
-                        continue
-                yield p
+                drops[why] += 1
+                if why == DUPLICATE:
+                    dups.add(p.id)
 
         turns = lambda p: n_turns(p, d.turns)  # noqa: E731
         if fresh:  # the source changed: answered prompts stay, unanswered ones follow the file
