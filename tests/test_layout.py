@@ -22,7 +22,7 @@ IMPURE = ("sqlite3", "aiohttp", "httpx", "torch", "transformers", "starlette", "
 LEVELS: tuple[tuple[str, ...], ...] = (
     ("draftdata",),
     ("errors",),
-    ("files", "progress"),
+    ("files", "progress", "nesting"),
     ("records",),
     ("config",),
     ("tokenizers", "sources", "store"),

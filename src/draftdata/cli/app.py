@@ -14,6 +14,7 @@ from rich.text import Text
 
 from .. import __version__
 from ..errors import DraftdataError, InputError
+from ..nesting import TooDeep, loads_json
 from ..progress import Ticker as _Ticker
 
 app = typer.Typer(
@@ -140,12 +141,13 @@ def jsonl_records(
                 continue
             raise InputError(f"{path}:{lineno}: not UTF-8 text; a JSONL file is UTF-8")
         try:
-            rec = json.loads(line)
-        except ValueError:
+            rec = loads_json(line)
+        except ValueError as e:
+            reason = "too_deep" if isinstance(e, TooDeep) else "malformed_json"
             if counter is not None:
-                counter["malformed_json"] = counter.get("malformed_json", 0) + 1
+                counter[reason] = counter.get(reason, 0) + 1
                 continue
-            raise InputError(f"{path}:{lineno}: not valid JSON") from None
+            raise InputError(f"{path}:{lineno}: not valid JSON ({e})") from None
         if not isinstance(rec, dict):
             if counter is not None:
                 counter["not_an_object"] = counter.get("not_an_object", 0) + 1

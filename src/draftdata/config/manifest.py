@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import DraftdataError
 from ..files import resolve_path
+from ..nesting import TooDeep, loads_toml
 from ..records import Decoding
 from .backends import BACKENDS, BackendCfg, redact_url
 
@@ -209,7 +210,9 @@ def load_manifest(path: Path) -> Manifest:
             "manifest (`draftdata init` writes one)"
         ) from None
     try:
-        raw = tomllib.loads(text)
+        raw = loads_toml(text)
+    except TooDeep as e:
+        raise ManifestError(f"{path}: invalid TOML: {e}; fix the manifest") from None
     except tomllib.TOMLDecodeError as e:
         raise ManifestError(f"{path}: invalid TOML: {e}") from e
     _check_backend_kinds(raw, path, text)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..nesting import TooDeep, loads_json
 
 _REQUIRED = ("id", "messages", "prompt_ids", "output_ids", "api_view")
 
@@ -127,9 +128,9 @@ def load_records(path: Path) -> tuple[list[dict[str, Any]], dict[str, int]]:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-        except ValueError:
-            reason = "malformed_json"
+            rec = loads_json(line)
+        except ValueError as e:
+            reason = "too_deep" if isinstance(e, TooDeep) else "malformed_json"
         else:
             if not isinstance(rec, dict):
                 reason = "not_an_object"

@@ -39,6 +39,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import FormatError
+from ..nesting import TooDeep, loads_toml
 from .base import ChatFormat, ThinkGrammar
 from .families import TemplateFormat
 from .markers import MarkerSpec
@@ -97,7 +98,7 @@ class _FormatDoc(BaseModel):
 
 def load_format_file(path: Path, registry: dict[str, ChatFormat]) -> ChatFormat:
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = loads_toml(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise FormatError(f"{path}: cannot read ({e})") from e
     except UnicodeDecodeError as e:
@@ -105,6 +106,8 @@ def load_format_file(path: Path, registry: dict[str, ChatFormat]) -> ChatFormat:
             f"{path}: not a format file (byte {e.start} is not UTF-8 text); pass a chat format "
             "declared in TOML (README.md, Chat formats) or a built-in name (`draftdata formats`)"
         ) from None
+    except TooDeep as e:
+        raise FormatError(f"{path}: {e}; a format file nests a few tables at most") from None
     except tomllib.TOMLDecodeError as e:
         raise FormatError(f"{path}: invalid TOML ({e}); fix the syntax at that line") from e
     try:

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..config import READER_NAMES
 from ..errors import InputError
+from ..nesting import TooDeep, loads_json
 from ..records import GroundTruth, Message, Prompt
 from ..records.wire import ground_truth_of, messages_of
 
@@ -114,9 +115,9 @@ def _records_of(f: Any, path: Path, counter: Counter[str]) -> Iterator[dict[str,
     if rest[:1] == b"[":
         text = (rest + f.read()).decode("utf-8", errors="surrogateescape")
         try:
-            data = json.loads(text)
+            data = loads_json(text)
         except ValueError as e:
-            raise InputError(f"{path}: invalid JSON array ({e})") from e
+            raise InputError(f"{path}: invalid JSON array ({e}); fix the file") from None
         if not isinstance(data, list):
             raise InputError(f"{path}: a JSON file must hold an array of records")
         for rec in data:
@@ -134,7 +135,10 @@ def _records_of(f: Any, path: Path, counter: Counter[str]) -> Iterator[dict[str,
             counter["invalid_utf8"] += 1
             continue
         try:
-            rec = json.loads(line)
+            rec = loads_json(line)
+        except TooDeep:
+            counter["too_deep"] += 1
+            continue
         except ValueError:
             counter["malformed_json"] += 1
             continue

@@ -4,10 +4,10 @@ OpenAI tool format. Kept apart so that neither reader module imports the other."
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..nesting import loads_json
 from ..records import Message
 
 
@@ -44,7 +44,7 @@ def tools_of(raw: Any) -> tuple[dict[str, Any], ...]:
         return ()
     if isinstance(raw, str):
         try:
-            raw = json.loads(raw)
+            raw = loads_json(raw)
         except ValueError:
             raise Skip("bad_tools") from None
     if isinstance(raw, Mapping):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..nesting import loads_json
 from ..records import Message, Prompt, Role, ToolCall
 from ..records.wire import messages_of
 from . import iter_json_records, make_prompt, reader
@@ -83,7 +84,7 @@ def arguments_text(args: Any) -> str:
     an object is serialised."""
     if isinstance(args, str):
         try:
-            json.loads(args)
+            loads_json(args)
         except ValueError:
             raise Skip("bad_function_call") from None
         return args
@@ -153,7 +154,7 @@ def sharegpt_messages(turns: Any, system: Any = None) -> tuple[Message, ...]:
         who, value = t["from"].lower(), _text(t.get("value"))
         if who == "function_call":
             try:
-                doc = json.loads(value)
+                doc = loads_json(value)
             except ValueError:
                 raise Skip("bad_function_call") from None
             docs = doc if isinstance(doc, list) else [doc]

@@ -13,6 +13,7 @@ from typing import Any
 from tokenizers import Tokenizer as HFCore
 
 from ..errors import TokenizerError
+from ..nesting import loads_json
 from .base import TokenInfo, Tokenizer
 from .fast_bpe import FAST, FastBPE, fast_bpe, fast_from_snapshot, read_snapshot, write_snapshot
 
@@ -324,7 +325,7 @@ def _parse_json(path: Path, raw: bytes) -> tuple[str, dict[str, Any]]:
     """A JSON file's text (the tokenizers library parses it itself) and its object."""
     try:
         text = raw.decode("utf-8")
-        data = json.loads(text)
+        data = loads_json(text)
     except ValueError as e:
         raise TokenizerError(f"{path}: unreadable JSON ({e}); re-download the file") from e
     if not isinstance(data, dict):

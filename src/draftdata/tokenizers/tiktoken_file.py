@@ -22,6 +22,7 @@ from typing import Any
 import tiktoken
 
 from ..errors import TokenizerError
+from ..nesting import loads_json
 from .base import TokenInfo, Tokenizer, encode_threaded, file_sha256
 
 
@@ -159,7 +160,7 @@ def _find_profile(path: Path, sha: str) -> dict[str, Any]:
     ):
         if side.exists():
             try:
-                return dict(json.loads(side.read_text(encoding="utf-8")))
+                return dict(loads_json(side.read_text(encoding="utf-8")))
             except ValueError as e:
                 raise TokenizerError(f"{side}: invalid JSON ({e})") from e
     prof = builtin_profiles().get(sha)
@@ -188,7 +189,10 @@ def _specials_from(prof: dict[str, Any], path: Path, n_ranks: int) -> dict[int, 
             f"{path}: the profile takes special-token names from tokenizer_config.json, "
             f"which is missing beside it; copy the model's tokenizer_config.json there"
         )
-    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    try:
+        cfg = loads_json(cfg_path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise TokenizerError(f"{cfg_path}: invalid JSON ({e}); copy the model's file again") from e
     for key, entry in (cfg.get("added_tokens_decoder") or {}).items():
         tid = int(key)
         specials[tid] = TokenInfo(

@@ -24,6 +24,7 @@ from typing import Any
 from .. import __version__
 from ..errors import InputError
 from ..files import write_text
+from ..nesting import loads_json
 from ..tokenizers import Tokenizer
 
 EDGE = "e"
@@ -86,7 +87,7 @@ class SplitPrefs:
     @classmethod
     def load(cls, path: Path) -> SplitPrefs:
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            doc = loads_json(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             raise InputError(
                 f"{path}: cannot read split preferences ({e}); make them with `draftdata learn`"
