@@ -170,3 +170,17 @@ def test_nesting_helpers_bound_depth():
     with pytest.raises(TooDeep):
         loads_toml("a = " + DEEP)
     assert loads_toml("a = [[1]]") == {"a": [[1]]}
+
+
+# --- a NUL byte in a path of the manifest -------------------------------------------------------
+@pytest.mark.parametrize("key", ["output", "source", "tokenizer"])
+def test_a_nul_byte_in_a_manifest_path_is_one_line(key, tmp_path):
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:2])
+    m = manifest(tmp_path, "http://127.0.0.1:9/v1", src, limit=2)
+    text = m.read_text()
+    start = text.index(f"\n{key} = ") + len(f"\n{key} = ") + 1
+    m.write_text(text[:start] + "\\u0000" + text[start:])  # a TOML escape: the string holds NUL
+    for cmd in ("plan", "generate", "status"):
+        line = one_line_exit_2(run(cmd, str(m)))
+        assert str(m) in line and key in line and "NUL" in line
+    assert not (tmp_path / "run").exists()

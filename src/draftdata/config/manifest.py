@@ -215,6 +215,7 @@ def load_manifest(path: Path) -> Manifest:
         raise ManifestError(f"{path}: invalid TOML: {e}; fix the manifest") from None
     except tomllib.TOMLDecodeError as e:
         raise ManifestError(f"{path}: invalid TOML: {e}") from e
+    _check_no_nul(raw, path, text)
     _check_backend_kinds(raw, path, text)
     try:
         m = Manifest.model_validate(raw)
@@ -242,6 +243,29 @@ def load_manifest(path: Path) -> Manifest:
                 f"define [backends.{d.backend}] or use one of {sorted(m.backends)}"
             )
     return m
+
+
+def _check_no_nul(raw: dict[str, Any], path: Path, text: str) -> None:
+    """A NUL byte (``\\u0000``) in any string of the manifest is refused: no path, URL or name
+    holds one, and the OS refuses a path that does."""
+    stack: list[tuple[list[Any], Any]] = [([], raw)]
+    while stack:
+        loc, node = stack.pop()
+        if isinstance(node, str) and "\x00" in node:
+            key = ".".join(str(k) for k in loc)
+            line = _line_of(text, loc)
+            raise ManifestError(
+                f"{path}{f':{line}' if line else ''}: {key} holds a NUL byte (\\u0000); "
+                "no path or name can hold one: remove it"
+            )
+        items = (
+            node.items()
+            if isinstance(node, dict)
+            else enumerate(node)
+            if isinstance(node, list)
+            else ()
+        )
+        stack.extend(([*loc, k], v) for k, v in items)
 
 
 def _check_backend_kinds(raw: dict[str, Any], path: Path, text: str) -> None:
