@@ -9,6 +9,8 @@ a file inside an installed Python package."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import importlib.util
 import json
 import os
@@ -25,15 +27,19 @@ __all__ = ["atomic_path", "resolve_path", "write_bytes", "write_json", "write_te
 @contextmanager
 def atomic_path(path: Path | str) -> Iterator[Path]:
     """The temporary path to write ``path`` through: renamed over ``path`` when the block ends
-    without an error, removed when it raises. The folder is made where missing."""
+    without an error, removed when it raises. The folder is made where missing; a folder at
+    ``path`` itself is an IsADirectoryError at once."""
     path = Path(path)
+    if path.is_dir():  # before the work, not at the rename after it
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         yield tmp
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only folder: the write failed, not this
+            tmp.unlink(missing_ok=True)
         raise
 
 

@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import types
+from pathlib import Path
 from typing import Any
 
 import click
@@ -65,6 +66,54 @@ def one_line(message: str) -> str:
     return re.sub(r"\s*\n\s*", " ", message.strip())
 
 
+def _named(e: OSError) -> str:
+    """The path an OSError is about: its filename, or the one quoted in its text (pyarrow's)."""
+    if e.filename2 is not None:  # os.replace(tmp, target): the target is what the user named
+        return str(e.filename2)
+    if e.filename is not None:
+        return str(e.filename)
+    m = re.search(r"'([^']+)'", str(e))
+    return m.group(1) if m else "a file"
+
+
+#: an OSError about a path the user chose, by errno: (what is wrong, the fix), said in one line
+#: with exit 2 like any other bad input
+_PATH_ERRORS = {
+    errno.EROFS: (
+        "is on a read-only file system",
+        "write to a folder you can write to (another -o or [run] output, or a copy of the run)",
+    ),
+    errno.EACCES: (
+        "is not writable or readable by this user",
+        "fix its permissions or use another",
+    ),
+    errno.EPERM: ("is not writable or readable by this user", "fix its permissions or use another"),
+    errno.EISDIR: ("is a folder where a file belongs", "name a file, or move the folder aside"),
+    errno.EEXIST: ("is a file where a folder belongs", "move the file aside or choose another"),
+    errno.ENOTDIR: ("has a file where a folder belongs", "move the file aside or choose another"),
+}
+
+
+def os_error_line(e: OSError) -> tuple[str, int]:
+    """One line for an OSError that reached the boundary, and the exit code: a full disk
+    (exit 1: free space and rerun) or a path the user chose that cannot be used (exit 2);
+    anything else as the OS said it (exit 1)."""
+    if e.errno == errno.ENOSPC:
+        return (
+            f"the disk is full ({e.filename or 'writing'}); free space and run the same command "
+            "again: everything stored so far is kept",
+            1,
+        )
+    if e.errno in _PATH_ERRORS:
+        what, fix = _PATH_ERRORS[e.errno]
+        path = Path(_named(e))
+        if e.errno == errno.EROFS and path.name.startswith("."):  # a temporary name, a lock
+            path = path.parent
+        detail = f" ({e.strerror})" if e.filename is not None and e.strerror else ""
+        return f"{path} {what}{detail}; {fix}", 2
+    return one_line(str(e)), 1
+
+
 _INTERRUPTS: tuple[type[BaseException], ...] = (*_classes("Abort"), KeyboardInterrupt)
 
 
@@ -96,16 +145,9 @@ def main() -> None:
         say(err, f"error: {e.format_message()}", "bold red")  # type: ignore[attr-defined]
         sys.exit(getattr(e, "exit_code", 1))
     except OSError as e:  # the disk, the network, a file: one line, and what to do
-        if e.errno == errno.ENOSPC:
-            say(
-                err,
-                f"error: the disk is full ({e.filename or 'writing'}); free space and run the "
-                "same command again: everything stored so far is kept",
-                "bold red",
-            )
-        else:
-            say(err, f"error: {one_line(str(e))}", "bold red")
-        sys.exit(1)
+        line, code = os_error_line(e)
+        say(err, f"error: {line}", "bold red")
+        sys.exit(code)
     except Exception as e:  # a bug: one line, and the traceback only on request
         if os.environ.get("DRAFTDATA_DEBUG"):
             raise

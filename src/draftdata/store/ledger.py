@@ -16,6 +16,7 @@ ledger is read as it is, through views that give its columns today's names."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections import Counter
@@ -33,6 +34,28 @@ from .scores import ScoresMixin
 __all__ = ["INTERRUPTED", "Ledger", "LedgerError"]
 
 _KEY = "dataset=? AND prompt_id=? AND sample_idx=? AND turn=?"
+
+
+def _open_read_only(path: Path) -> sqlite3.Connection:
+    """``path`` opened read-only. A WAL ledger needs its ``-shm`` file, which SQLite makes
+    beside it when missing: on a read-only mount it cannot, so a ledger with no write-ahead
+    log to replay is opened ``immutable`` (no one can write to that folder either)."""
+    uri = path.resolve().as_uri()
+    db = sqlite3.connect(uri + "?mode=ro", uri=True, timeout=30)
+    try:
+        db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        return db
+    except sqlite3.OperationalError:
+        db.close()
+        wal = path.with_name(path.name + "-wal")
+        if not wal.exists() or not wal.stat().st_size:
+            return sqlite3.connect(uri + "?mode=ro&immutable=1", uri=True, timeout=30)
+        if os.access(path.parent, os.W_OK):
+            raise
+        raise LedgerError(
+            f"{path}: its write-ahead log cannot be read in a read-only folder; copy the run "
+            "folder to a writable place and read it there"
+        ) from None
 
 
 class Ledger(ReadsMixin, ScoresMixin, InflightMixin):
@@ -57,9 +80,7 @@ class Ledger(ReadsMixin, ScoresMixin, InflightMixin):
             )
         try:
             if readonly:
-                self.db = sqlite3.connect(
-                    path.resolve().as_uri() + "?mode=ro", uri=True, timeout=30
-                )
+                self.db = _open_read_only(path)
                 version = self._version()
                 if version in schema.MIGRATES_FROM:
                     schema.views_of_old_columns(self.db)
@@ -250,7 +271,7 @@ class Ledger(ReadsMixin, ScoresMixin, InflightMixin):
             )
             self.db.execute(
                 f"UPDATE work SET errors=errors+1, last_error=?, state=? WHERE {_KEY}",
-                (f.reason, "failed" if f.final else "pending", *key.tuple()),
+                (f.why, "failed" if f.final else "pending", *key.tuple()),
             )
 
     def record_answer(

@@ -1,0 +1,154 @@
+"""Every path a user can hand over (issue 37): a read-only folder, a file where a folder belongs
+and a folder where a file belongs are one line naming the path and the fix (exit 2), never a
+raw errno or a traceback; a read-only run still reads. Each case failed before the change it
+guards."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conftest import GROUNDTRUTH
+from servers import manifest, replay_server
+from test_audit_cli import run
+from test_bad_input_lines import SMOLLM2, UNIQUE, one_line_exit_2, write_prompts
+
+GT_LINES = GROUNDTRUTH.read_text().splitlines(keepends=True)
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[Path]:
+    """``folder`` bind-mounted read-only beside itself (as a container mounts a volume ``:ro``;
+    root ignores file modes, so a chmod would not do). Skips where mounting is not allowed."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a read-only bind mount needs root")
+    ro = Path(tempfile.mkdtemp(prefix=folder.name + "-ro", dir=folder.parent))
+    if subprocess.run(["mount", "--bind", str(folder), str(ro)]).returncode:
+        pytest.skip("bind mounts are not allowed here")
+    try:
+        if subprocess.run(["mount", "-o", "remount,ro,bind", str(ro)]).returncode:
+            pytest.skip("a read-only remount is not allowed here")
+        yield ro
+    finally:
+        subprocess.run(["umount", str(ro)])
+        ro.rmdir()
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A small run against the replay server, exported: its manifest and run folder."""
+    tmp = tmp_path_factory.mktemp("run")
+    src = write_prompts(tmp / "p.jsonl", UNIQUE[:12])
+    with replay_server(GROUNDTRUTH) as url:
+        m = manifest(tmp, url, src, limit=12, turns="first")
+        r = run("generate", str(m), "--quiet")
+        assert r.returncode == 0, r.stderr
+    r = run("export", str(tmp / "run"))
+    assert r.returncode == 0, r.stderr
+    return m, tmp / "run"
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+# --- a read-only output ------------------------------------------------------------------------
+@pytest.mark.parametrize("suffix", ["jsonl", "parquet"])
+def test_reconstruct_into_a_read_only_folder_is_one_line(suffix, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(GT_LINES[:3]))
+    out = tmp_path / "out"
+    out.mkdir()
+    with read_only(out) as ro:
+        r = run("reconstruct", str(src), "-t", SMOLLM2, "-f", "chatml", "-o", f"{ro}/o.{suffix}")
+        line = one_line_exit_2(r)
+        assert str(ro) in line and "read-only" in line
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("cmd", ["generate", "run", "export"])
+def test_a_writer_on_a_read_only_run_is_one_line(cmd, finished_run, tmp_path):
+    m, run_dir = finished_run
+    before = snapshot(run_dir)
+    with read_only(run_dir) as ro:
+        m2 = tmp_path / "manifest.toml"
+        m2.write_text(m.read_text().replace(f'output = "{run_dir}"', f'output = "{ro}"'))
+        args = [str(ro)] if cmd == "export" else [str(m2), "--quiet"]
+        line = one_line_exit_2(run(cmd, *args))
+        assert str(ro) in line and "read-only" in line and "Errno" not in line
+    assert snapshot(run_dir) == before
+
+
+def test_a_new_run_under_a_read_only_folder_is_one_line(tmp_path):
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:2])
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    m = manifest(tmp_path, "http://127.0.0.1:9/v1", src, limit=2)
+    with read_only(parent) as ro:
+        m.write_text(m.read_text().replace(f'output = "{tmp_path / "run"}"', f'output = "{ro}/r"'))
+        line = one_line_exit_2(run("generate", str(m), "--quiet"))
+        assert str(ro) in line and "read-only" in line
+
+
+def test_status_reads_a_read_only_run(finished_run, tmp_path):
+    """A finished run has no -shm file; SQLite cannot make one on a read-only mount, so the
+    ledger is read as immutable."""
+    m, run_dir = finished_run
+    assert not (run_dir / "ledger.sqlite-shm").exists()
+    with read_only(run_dir) as ro:
+        m2 = tmp_path / "manifest.toml"
+        m2.write_text(m.read_text().replace(f'output = "{run_dir}"', f'output = "{ro}"'))
+        r = run("status", str(m2))
+        assert r.returncode == 0, r.stderr
+        assert "not a readable" not in r.stdout + r.stderr
+        assert "12" in r.stdout
+
+
+# --- a file where a folder belongs, a folder where a file belongs -------------------------------
+@pytest.mark.parametrize("cmd", ["validate", "learn", "reconstruct"])
+def test_a_folder_where_a_file_belongs_is_one_line(cmd, tmp_path):
+    src = tmp_path / "gt.jsonl"
+    src.write_text("".join(GT_LINES[:40]))
+    folder = tmp_path / "out.json"
+    (folder / "keep").mkdir(parents=True)
+    flag = {"validate": "--json", "learn": "-o", "reconstruct": "-o"}[cmd]
+    args = [cmd, str(src), "-t", SMOLLM2, "-f", "chatml", flag, str(folder)]
+    if cmd == "learn":
+        args += ["--min-support", "1"]
+    line = one_line_exit_2(run(*args))
+    assert str(folder) in line and "folder where a file belongs" in line
+    assert (folder / "keep").is_dir()
+
+
+@pytest.mark.parametrize("cmd", ["reconstruct", "generate"])
+def test_a_file_where_a_folder_belongs_is_one_line(cmd, tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("kept\n")
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:2])
+    if cmd == "reconstruct":
+        gt = tmp_path / "gt.jsonl"
+        gt.write_text("".join(GT_LINES[:2]))
+        args = [cmd, str(gt), "-t", SMOLLM2, "-f", "chatml", "-o", f"{blocker}/out.jsonl"]
+    else:
+        m = manifest(tmp_path, "http://127.0.0.1:9/v1", src, limit=2)
+        m.write_text(m.read_text().replace(f'"{tmp_path / "run"}"', f'"{blocker}/run"'))
+        args = [cmd, str(m), "--quiet"]
+    line = one_line_exit_2(run(*args))
+    assert str(blocker) in line and "a file where a folder belongs" in line
+    assert blocker.read_text() == "kept\n"
+
+
+def test_a_run_output_that_is_a_file_is_one_line(tmp_path):
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:2])
+    m = manifest(tmp_path, "http://127.0.0.1:9/v1", src, limit=2)
+    (tmp_path / "run").write_text("kept\n")
+    line = one_line_exit_2(run("generate", str(m), "--quiet"))
+    assert str(tmp_path / "run") in line
+    assert (tmp_path / "run").read_text() == "kept\n"
