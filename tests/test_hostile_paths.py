@@ -152,3 +152,43 @@ def test_a_run_output_that_is_a_file_is_one_line(tmp_path):
     line = one_line_exit_2(run("generate", str(m), "--quiet"))
     assert str(tmp_path / "run") in line
     assert (tmp_path / "run").read_text() == "kept\n"
+
+
+# --- an output folder that is not the run's own ---------------------------------------------------
+def test_the_filesystem_root_as_output_is_refused(tmp_path):
+    from draftdata.config import ManifestError, load_manifest
+
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:2])
+    m = manifest(tmp_path, "http://127.0.0.1:9/v1", src, limit=2)
+    m.write_text(m.read_text().replace(f'output = "{tmp_path / "run"}"', 'output = "/"'))
+    with pytest.raises(ManifestError, match="root"):
+        load_manifest(m)  # plan, generate and run all load it first; nothing is written to /
+    line = one_line_exit_2(run("plan", str(m)))
+    assert "run.output" in line and "root" in line and "force_output" in line
+
+
+def test_a_folder_of_other_files_as_output_is_refused_unless_forced(tmp_path):
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:2])
+    m = manifest(tmp_path, "http://127.0.0.1:9/v1", src, limit=2)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "thesis.tex").write_text("kept\n")
+    line = one_line_exit_2(run("generate", str(m), "--quiet"))
+    assert str(out) in line and "not a draftdata run" in line and "force_output" in line
+    assert sorted(p.name for p in out.iterdir()) == ["thesis.tex"]
+    m.write_text(m.read_text().replace('name = "test"', 'name = "test"\nforce_output = true'))
+    r = run("generate", str(m), "--quiet")
+    assert "not a draftdata run" not in r.stderr and (out / "ledger.sqlite").is_file()
+    assert (out / "thesis.tex").read_text() == "kept\n"
+
+
+def test_an_empty_folder_or_a_run_folder_is_taken_as_output(tmp_path):
+    from draftdata.config import load_manifest
+
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:2])
+    m = manifest(tmp_path, "http://127.0.0.1:9/v1", src, limit=2)
+    (tmp_path / "run").mkdir()
+    load_manifest(m)
+    (tmp_path / "run" / "ledger.sqlite").write_bytes(b"")
+    (tmp_path / "run" / "report.html").write_text("x")
+    load_manifest(m)

@@ -101,6 +101,9 @@ class RunCfg(_Strict):
     #: evaluation sets (a built-in name, or a JSONL file) whose prompts are dropped when read,
     #: before any is asked (counted as ``contaminated:<set>``)
     decontaminate: list[str] = []
+    #: write the run into ``output`` although it is a filesystem root or a folder holding
+    #: files that are not a draftdata run (refused otherwise: the run would mix with them)
+    force_output: bool = False
 
 
 class TargetCfg(_Strict):
@@ -223,6 +226,7 @@ def load_manifest(path: Path) -> Manifest:
         raise ManifestError(_explain(e, raw, path, text)) from None
     m.base_dir = path.resolve().parent
     m.path = path
+    _check_output(m, path, text)
     names = [d.name for d in m.datasets]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
@@ -243,6 +247,37 @@ def load_manifest(path: Path) -> Manifest:
                 f"define [backends.{d.backend}] or use one of {sorted(m.backends)}"
             )
     return m
+
+
+#: what a run folder holds from the first write on: its ledger, or the lock taken before it
+#: (``store.lock.LOCK_NAME``)
+RUN_MARKERS = ("ledger.sqlite", ".draftdata.lock")
+
+
+def _check_output(m: Manifest, path: Path, text: str) -> None:
+    """``[run] output`` is refused where the run would write among files not its own: a
+    filesystem root, or a folder holding files and no run (unless ``force_output``)."""
+    out = m.output_dir
+    if m.run.force_output or out.is_file():  # a file there is said by the writer
+        return
+    where = f"{path}:{_line_of(text, ['run', 'output'])}: run.output = {m.run.output!r}"
+    force = "or set [run] force_output = true"
+    if out == Path(out.anchor):
+        raise ManifestError(
+            f"{where} is the filesystem root; name a folder of the run's own (e.g. runs/NAME), "
+            f"{force}"
+        )
+    try:
+        if not out.is_dir() or any((out / name).exists() for name in RUN_MARKERS):
+            return
+        first = next(out.iterdir(), None)
+    except OSError:  # unreadable: the writer says why
+        return
+    if first is not None:
+        raise ManifestError(
+            f"{where}: {out} holds files and is not a draftdata run (it has {first.name!r}); "
+            f"name a new or empty folder, {force} to write beside them"
+        )
 
 
 def _check_no_nul(raw: dict[str, Any], path: Path, text: str) -> None:
