@@ -9,6 +9,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -192,3 +193,37 @@ def test_an_empty_folder_or_a_run_folder_is_taken_as_output(tmp_path):
     (tmp_path / "run" / "ledger.sqlite").write_bytes(b"")
     (tmp_path / "run" / "report.html").write_text("x")
     load_manifest(m)
+
+
+# --- a source that never ends ---------------------------------------------------------------------
+def _refused(*args: str) -> str:
+    try:  # before the fix it read /dev/zero until memory ran out
+        r = subprocess.run(
+            [sys.executable, "-m", "draftdata", *args], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"draftdata {' '.join(args)} did not stop") from None
+    return one_line_exit_2(r)
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+def test_a_manifest_source_that_is_not_a_file_is_refused(kind, tmp_path):
+    if kind == "device":
+        src = Path("/dev/zero")
+    else:
+        src = tmp_path / "pipe.jsonl"
+        os.mkfifo(src)
+    m = manifest(tmp_path, "http://127.0.0.1:9/v1", src, limit=2)
+    for cmd in ("plan", "generate"):
+        line = _refused(cmd, str(m))
+        assert str(src) in line and "not a regular file" in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("cmd", ["reconstruct", "validate"])
+def test_an_input_that_is_a_device_is_refused(cmd, tmp_path):
+    args = [cmd, "/dev/zero", "-t", SMOLLM2, "-f", "chatml"]
+    if cmd == "reconstruct":
+        args += ["-o", str(tmp_path / "out.jsonl")]
+    line = _refused(*args)
+    assert "/dev/zero" in line and "not a regular file" in line

@@ -14,6 +14,7 @@ import errno
 import importlib.util
 import json
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +22,14 @@ from typing import Any
 
 from .errors import TokenizerError
 
-__all__ = ["atomic_path", "resolve_path", "write_bytes", "write_json", "write_text"]
+__all__ = [
+    "atomic_path",
+    "not_a_file",
+    "resolve_path",
+    "write_bytes",
+    "write_json",
+    "write_text",
+]
 
 
 @contextmanager
@@ -75,3 +83,25 @@ def resolve_path(spec: str | Path) -> Path:
         base = Path(next(iter(found.submodule_search_locations)))
         return base / rest if rest else base
     return Path(s).expanduser()
+
+
+_KINDS = (
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISFIFO, "a pipe"),
+)
+
+
+def not_a_file(path: Path | str, *, pipes: bool = False) -> str | None:
+    """What ``path`` is when it is not a regular file or a folder ("a character device" for
+    /dev/zero, which never ends), else None (a missing path too: the reader says so). A pipe
+    is taken where ``pipes`` (read once, a line at a time)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    for test, what in _KINDS:
+        if test(mode) and not (pipes and what == "a pipe"):
+            return what
+    return None

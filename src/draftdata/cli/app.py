@@ -14,6 +14,7 @@ from rich.text import Text
 
 from .. import __version__
 from ..errors import DraftdataError, InputError
+from ..files import not_a_file
 from ..nesting import TooDeep, loads_json
 from ..progress import Ticker as _Ticker
 
@@ -99,6 +100,9 @@ def open_jsonl(path: Path) -> Any:
     """``path`` opened as text whose bytes that are not UTF-8 come through as lone surrogates
     (``surrogateescape``): such a line is then skipped and counted by ``jsonl_records``, not a
     decode error that ends the read."""
+    kind = not_a_file(path, pipes=True)
+    if kind is not None:
+        raise InputError(f"{path}: not a regular file ({kind}); give a JSONL file")
     try:
         return path.open(encoding="utf-8", errors="surrogateescape")
     except OSError as e:

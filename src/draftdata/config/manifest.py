@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import DraftdataError
-from ..files import resolve_path
+from ..files import not_a_file, resolve_path
 from ..nesting import TooDeep, loads_toml
 from ..records import Decoding
 from .backends import BACKENDS, BackendCfg, redact_url
@@ -232,6 +232,14 @@ def load_manifest(path: Path) -> Manifest:
     if dup:
         raise ManifestError(f"{path}: dataset names must be unique; {sorted(dup)} repeat")
     for d in m.datasets:
+        kind = not_a_file(m.resolve(d.source)) if not d.source.startswith("pkg:") else None
+        if kind is not None:
+            line = _line_of(text, ["datasets", names.index(d.name), "source"])
+            raise ManifestError(
+                f"{path}:{line}: datasets.{d.name}.source = {d.source!r} is not a regular file "
+                f"({kind}: a run reads its source more than once, and this one may never end); "
+                "save the prompts to a file and name that"
+            )
         if d.reader not in READER_NAMES:
             line = _line_of(text, ["datasets", names.index(d.name), "reader"])
             close = difflib.get_close_matches(d.reader, sorted(READER_NAMES), n=1)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..files import not_a_file
 from ..nesting import TooDeep, loads_json
 
 _REQUIRED = ("id", "messages", "prompt_ids", "output_ids", "api_view")
@@ -116,6 +117,9 @@ class ReplayRecord:
 def load_records(path: Path) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Records of a ground-truth JSONL file and the count of skipped lines by reason
     (``malformed_json``, ``not_an_object``, ``bad_record``). Reading is all up front."""
+    kind = not_a_file(path)
+    if kind is not None:
+        raise InputError(f"{path}: not a regular file ({kind}); give a JSONL file")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..config import READER_NAMES
 from ..errors import InputError
+from ..files import not_a_file
 from ..nesting import TooDeep, loads_json
 from ..records import GroundTruth, Message, Prompt
 from ..records.wire import ground_truth_of, messages_of
@@ -85,6 +86,9 @@ def _clean(rec: Any, counter: Counter[str]) -> dict[str, Any] | None:
 def iter_json_records(path: Path, counter: Counter[str]) -> Iterator[dict[str, Any]]:
     """Records of a JSONL file, or of a JSON array file, read record by record: a bad line, a
     bad byte or a lone surrogate skips that record only (counted). A UTF-8 BOM is accepted."""
+    kind = not_a_file(path, pipes=True)
+    if kind is not None:
+        raise InputError(f"{path}: not a regular file ({kind}); give a JSONL or JSON file")
     try:
         f = open_bytes(path)
     except OSError as e:
