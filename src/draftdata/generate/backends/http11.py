@@ -264,7 +264,18 @@ def _decoded(body: bytes, headers: Mapping[str, str], limit: int) -> tuple[bytes
         try:
             d = zlib.decompressobj(w)
             out = d.decompress(body, limit)
-            return out, bool(d.unconsumed_tail)
+            cut = bool(d.unconsumed_tail)
+            # a gzip body may be several members one after another (RFC 1952), read as one
+            # (zero bytes after the last are padding, as the gzip module takes them)
+            while enc == "gzip" and not cut and d.eof and d.unused_data.strip(b"\0"):
+                rest, room = d.unused_data, limit - len(out)
+                if room <= 0:  # (0 would mean no limit to zlib)
+                    cut = True
+                    break
+                d = zlib.decompressobj(w)
+                out += d.decompress(rest, room)
+                cut = bool(d.unconsumed_tail)
+            return out, cut
         except zlib.error as e:
             failed = e
     raise TransportError("bad_response", f"a {enc} body that does not decompress") from failed
