@@ -10,10 +10,10 @@ import gzip
 from typing import Any
 
 from aiohttp import web
-from test_http11 import ANSWER, BODY, _aiohttp_get, _with_app
 
 from draftdata.generate.backends.http11 import LeanHttp
 from draftdata.generate.backends.openai_api import _Aiohttp
+from test_http11 import ANSWER, BODY, _aiohttp_get, _with_app
 
 
 def test_a_redirect_to_another_origin_is_not_followed():

@@ -52,7 +52,9 @@ class _Aiohttp:
 
     async def post(self, body: bytes) -> Reply:
         try:
-            async with self.session.post(self.url, data=body, headers=_JSON) as r:
+            async with self.session.post(
+                self.url, data=body, headers=_JSON, allow_redirects=False
+            ) as r:
                 got = {k.lower(): v for k, v in r.headers.items()}
                 data = bytearray()  # counted while reading: a body never sits whole past it
                 while len(data) <= self.limit:
