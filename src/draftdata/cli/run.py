@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -14,10 +14,8 @@ from rich.table import Table
 from ..errors import InputError
 from ..export.trainers import EXPORTERS
 from .app import app, command_line, err, example, out, say
+from .failures import report_failures
 from .show import print_validation
-
-if TYPE_CHECKING:
-    from ..store.stats import RunStatus
 
 ManifestArg = Annotated[Path, typer.Argument(help="the run manifest (TOML)", metavar="MANIFEST")]
 RunArg = Annotated[
@@ -90,6 +88,7 @@ def generate(
     try:
         rep = asyncio.run(runner.run(dataset))
         st = ledger_status(runner.ledger)
+        failed = runner.ledger.failed()
     finally:
         runner.close()
     if json_out:
@@ -115,7 +114,7 @@ def generate(
         )
     for name, why in rep.stopped.items():
         say(err, f"{name} stopped: {why}", "bold red")
-    if _report_failures(st, rep.datasets, manifest) or rep.stopped:
+    if report_failures(st, rep.datasets, manifest, failed) or rep.stopped:
         raise typer.Exit(1)
 
 
@@ -125,32 +124,6 @@ def _print_datasets(datasets: dict[str, Any]) -> None:
         made = ", ".join(f"{k} {v}" for k, v in d.samples.items())
         line = f"{name}: {sum(d.samples.values())} samples" + (f" ({made})" if made else "")
         say(out, line + (f"; dropped {drops}" if drops else ""))
-
-
-def _report_failures(st: RunStatus, names: Any, manifest: Path) -> bool:
-    """Print what failed for good; True when a dataset got no answer at all."""
-    nothing = False
-    for name in names:
-        d = st.dataset(name)
-        if not d.failed:
-            continue
-        reasons = sorted(d.errors.items(), key=lambda kv: -kv[1])[:3]
-        why = ", ".join(f"{k} ({v} attempts)" for k, v in reasons)
-        say(
-            err,
-            f"{name}: {d.failed} of {d.total} failed after retries ({why}); "
-            f"`draftdata status {manifest}` has the details, and rerunning retries them",
-            "bold yellow",
-        )
-        if d.done == 0:
-            nothing = True
-            if any(k.startswith(("connection_error", "timeout")) for k, _ in reasons):
-                say(
-                    err,
-                    "  nothing was answered: is the server at the backend's base_url running "
-                    "and reachable? (`draftdata plan` checks before a run)",
-                )
-    return nothing
 
 
 @app.command(
@@ -346,6 +319,7 @@ def run_cmd(
     led = Ledger.read(m.output_dir / "ledger.sqlite")
     try:
         st = ledger_status(led)
+        failed = led.failed()
     finally:
         led.close()
     g, v = res.gate, res.validation
@@ -401,7 +375,7 @@ def run_cmd(
             f"budget_usd = {m.run.budget_usd}",
             "bold yellow",
         )
-    if _report_failures(st, res.datasets, manifest):
+    if report_failures(st, res.datasets, manifest, failed):
         raise typer.Exit(1)
 
 

@@ -200,6 +200,14 @@ class FailedAttempt:
     asked_s: float | None = None
     #: the ledger row written before the request was sent (``Ledger.begin``)
     intent: int | None = None
+    #: the server's own words for a refusal (its error message), one line; "" where none
+    detail: str = ""
+
+    @property
+    def why(self) -> str:
+        """The reason with the server's words: what ``status --failed`` and the closing line
+        show (``http_400`` alone says nothing of a prompt past the context)."""
+        return f"{self.reason}: {self.detail}" if self.detail else self.reason
 
 
 @dataclass(frozen=True)

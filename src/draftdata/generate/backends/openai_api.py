@@ -32,6 +32,7 @@ from .base import Backend, Completion, FailedAttempt, GenRequest, OnFailure
 from .http11 import READ_STEP, LeanHttp, Reply, TransportError
 from .reach import reachable
 from .retry import AUTH_STATUSES, PROBE_REFUSED, retry_after, retry_delay, will_retry
+from .serving import error_text
 
 _JSON = {"Content-Type": "application/json"}
 
@@ -288,6 +289,7 @@ class OpenAIBackend(Backend):
                     + "; nothing more is sent to it"
                 )
             retry = will_retry(reason, status, attempt, self.cfg.max_retries)
+            detail = error_text(text) if status not in (None, 200) else ""
             wait = retry_delay(attempt, headers, self.rng, self.cfg.backoff_s) if retry else 0.0
             asked = retry_after(headers, cap=float("inf"))
             on_failure(
@@ -303,6 +305,7 @@ class OpenAIBackend(Backend):
                     wait_s=wait,
                     asked_s=asked,
                     intent=intent,
+                    detail=detail,
                 ),
             )
             if not retry:
