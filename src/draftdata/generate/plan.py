@@ -22,6 +22,7 @@ from ..store.ledger import Ledger
 from ..tokens.conversation import n_turns, turn_messages
 from ..tokens.stage import TokensStage
 from .backends import backend_class
+from .contract import Serving, ServingContractError, check_dataset, over_context
 from .inputs import bind_target, drop_reason, read_dataset
 
 
@@ -44,6 +45,14 @@ class DatasetPlan:
     read_drops: dict[str, int] = field(default_factory=dict)
     #: the ledger's answers so far: (responses, their prompt plus completion tokens as counted)
     measured: tuple[int, int] = (0, 0)
+    #: the engine ("vllm", "sglang") whose server returns the answers with its own ids, or None
+    engine: str | None = None
+    #: first-turn prompts whose ids plus max_tokens pass the server's context: skipped, not sent
+    over_context: int = 0
+    #: the server's context (max_model_len), where it says one
+    context: int | None = None
+    #: our prompt rendering against the server's own, in one line ("" where not checked)
+    rendering: str = ""
 
     @property
     def remaining(self) -> int:
@@ -101,6 +110,7 @@ def _answered(m: Manifest) -> dict[str, tuple[int, tuple[int, int]]]:
 
 def make_plan(m: Manifest) -> Plan:
     bound = bind_target(m)
+    serving = Serving(m)
     stage = TokensStage(bound, m.target.thinking)
     problems: list[str] = []
     try:
@@ -118,7 +128,9 @@ def make_plan(m: Manifest) -> Plan:
     seen: set[str] = set()  # prompts of earlier datasets: the run drops them again, as here
     for d in m.datasets:
         done, measured = answered.get(d.name, (0, (0, 0)))
-        plans.append(_dataset_plan(m, d, bound, stage, done, measured, problems, det, seen))
+        plans.append(
+            _dataset_plan(m, d, bound, stage, done, measured, problems, det, seen, serving)
+        )
     problems += _backend_problems(m)
     gate = _gate_evidence(m, plans, problems)
     if m.run.budget_usd is not None and sum(p.cost_min_usd for p in plans) > m.run.budget_usd:
@@ -142,6 +154,7 @@ def _dataset_plan(
     problems: list[str],
     det: Detector | None,
     seen: set[str],
+    serving: Serving,
 ) -> DatasetPlan:
     cfg = m.backends[d.backend]
     try:
@@ -153,7 +166,9 @@ def _dataset_plan(
     if not prompts and not any(p.startswith(f"dataset {d.name}:") for p in problems):
         problems.append(f"dataset {d.name}: {d.source} gives no prompts (skipped: {dict(drops)})")
     s = d.sampling
-    prompt_tokens = prompt_max = requests = 0
+    engine, rendering = _served(serving, d, prompts, bound, problems)
+    context = serving.context(d)
+    prompt_tokens = prompt_max = requests = over = 0
     for p in prompts:
         turns = n_turns(p, d.turns)
         # later turns answer the model's own earlier answers; the dataset's (or empty ones)
@@ -166,6 +181,8 @@ def _dataset_plan(
             except DraftdataError as e:
                 problems.append(f"dataset {d.name}: prompt {p.id} cannot be rendered: {e}")
                 continue
+            if t == 0 and over_context(context, n, s.max_tokens) is not None:
+                over += d.samples_per_prompt  # skipped by the run, never sent
             prompt_tokens += n * d.samples_per_prompt
             prompt_max += (n + t * s.max_tokens) * d.samples_per_prompt
             requests += d.samples_per_prompt
@@ -187,7 +204,28 @@ def _dataset_plan(
         cost_max_usd=share_left * cost(cfg, prompt_max, completion_max),
         read_drops=dict(drops),
         measured=measured,
+        engine=engine,
+        over_context=over,
+        context=context,
+        rendering=rendering,
     )
+
+
+def _served(
+    serving: Serving, d: DatasetCfg, prompts: list[Prompt], bound: BoundFormat, problems: list[str]
+) -> tuple[str | None, str]:
+    """What the dataset's server says (``GET /v1/models``, free): the engine that returns its
+    own ids, and on vLLM our prompt ids against its own rendering, said in one line (a
+    difference is a problem)."""
+    if not prompts or serving.served(d.backend) is None:
+        return None, ""
+    try:
+        line = check_dataset(serving, d, bound, prompts)
+        rendering = line.split(": ", 1)[1] if line else ""
+    except ServingContractError as e:
+        problems.append(str(e))
+        rendering = "differs from the server's (see the problem below)"
+    return serving.engine(d), rendering
 
 
 def _kept(
@@ -219,7 +257,8 @@ def _backend_problems(m: Manifest) -> list[str]:
 
 def _gate_evidence(m: Manifest, plans: list[DatasetPlan], problems: list[str]) -> str:
     gt = [p for p in plans if p.ground_truth]
-    text = [p for p in plans if not p.ground_truth]
+    engine = [p for p in plans if not p.ground_truth and p.engine]
+    text = [p for p in plans if not p.ground_truth and not p.engine]
     if not text:
         return "nothing to gate: every dataset's backend returns exact ids"
     evidence = []
@@ -232,11 +271,18 @@ def _gate_evidence(m: Manifest, plans: list[DatasetPlan], problems: list[str]) -
         evidence.append(
             "the exact-id answers of " + ", ".join(f"{p.name} ({p.requests})" for p in gt)
         )
+    if engine:
+        evidence.append(
+            "the server's own ids of "
+            + ", ".join(f"{p.name} ({p.requests}, {p.engine})" for p in engine)
+            + ", each answer's text view reconstructed and measured against its ids"
+        )
     names = ", ".join(p.name for p in text)
     if not evidence:
         problems.append(
             f"nothing to gate on: {names} return text, and no dataset returns exact ids; add a "
-            'ground-truth dataset (kind = "hf") or [run] ground_truth = "file.jsonl", or the run '
+            'ground-truth dataset (kind = "hf"), a dataset on a vLLM or SGLang server asked for '
+            'its ids (token_ids = "auto"), or [run] ground_truth = "file.jsonl", or the run '
             "stops before them (unless --force)"
         )
         return f"no evidence: {names} wait on a gate that cannot be measured"

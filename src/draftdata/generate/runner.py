@@ -16,19 +16,11 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from ..config import DatasetCfg, Manifest, redact_url
+from ..config import DatasetCfg, Manifest
 from ..errors import DraftdataError, GenerateError
 from ..formats import BoundFormat
 from ..measure.contamination import Tally
-from ..records import (
-    ApiView,
-    Completion,
-    FailedAttempt,
-    Key,
-    Message,
-    Prompt,
-    StoredResponse,
-)
+from ..records import ApiView, Completion, FailedAttempt, Key, Message, Prompt, StoredResponse
 from ..store.ledger import Ledger
 from ..store.lock import RunLock
 from ..store.stats import status
@@ -43,22 +35,14 @@ from .backends.retry import PROBE_REFUSED
 from .budget import Budget
 from .commits import GroupCommit
 from .contaminated import DecontaminateMixin
+from .contract import Serving, check_dataset, over_context
 from .conversation import sample_seed
 from .inputs import DUPLICATE, bind_target, drop_reason, iter_dataset
 from .progress import Bars
-from .settings import check, settings_of
+from .settings import check, settings_of, stored_manifest
 
 #: a Retry-After this long is said in the progress output
 LONG_WAIT_S = 10.0
-
-
-def stored_manifest(m: Manifest) -> dict[str, Any]:
-    """The manifest as the ledger keeps it: credentials in a base_url are redacted."""
-    doc = m.model_dump(mode="json", exclude={"base_dir", "path"})
-    for b in doc.get("backends", {}).values():
-        if isinstance(b.get("base_url"), str):
-            b["base_url"] = redact_url(b["base_url"])
-    return doc
 
 
 #: conversations whose first prompts are rendered in one batched encode
@@ -111,6 +95,10 @@ class Runner(DecontaminateMixin):
         self.bound: BoundFormat = bind_target(manifest)
         tok = self.bound.tokenizer
         self.backends: dict[str, Backend] = {}
+        #: what each server says it serves (engine, context), asked once, before any request
+        self.serving = Serving(manifest)
+        #: datasets whose prompt rendering was checked against their server in this process
+        self.contract_checked: set[str] = set()
         self.text_ids: TextIds | None = None
         #: the run's cross-answer quality checks (one answer index for every dataset)
         self.checks = RunChecks(manifest.run.drop)
@@ -354,6 +342,7 @@ class Runner(DecontaminateMixin):
         bars.add(d.name, total, total - todo)
         if backend is None:
             return
+        self.check_contract(d)
         if backend.batches_turns:
             chains = [c for page in self.pages(d) for c in page]
             await self.rounds(d, chains, backend, bars)
@@ -376,6 +365,24 @@ class Runner(DecontaminateMixin):
                 await self.chain(d, ready.popleft(), backend, bars)
 
         await asyncio.gather(*(worker() for _ in range(min(backend.concurrency, todo))))
+
+    def check_contract(self, d: DatasetCfg) -> None:
+        """Before the dataset's first request (once): our prompt ids against the server's own
+        rendering, on a sample of the prompts still to ask (``contract.check_dataset``)."""
+        if d.name not in self.contract_checked:
+            self.contract_checked.add(d.name)
+            page = self.ledger.pending_chains(d.name, -1, PROMPT_WINDOW)
+            line = check_dataset(self.serving, d, self.bound, (c.prompt for c in page.chains))
+            if line and not self.quiet:
+                self.console.print(Text(line))
+
+    def fits(self, d: DatasetCfg, req: GenRequest) -> bool:
+        """A prompt that leaves no room for max_tokens in the server's context is skipped as
+        over_context: never sent, never paid, counted with the reason."""
+        why = over_context(self.serving.context(d), len(req.prompt_ids), req.sampling.max_tokens)
+        if why is not None:
+            self.ledger.quarantine(req.key, why)
+        return why is None
 
     def pages(self, d: DatasetCfg) -> Iterator[list[Chain]]:
         """The conversations with a turn still to ask, PROMPT_WINDOW prompts at a time, each
@@ -422,7 +429,7 @@ class Runner(DecontaminateMixin):
                 own.append(answer_message(self.view(c.answers[t])))
                 continue
             req = self.safe_request(d, p, s, t, own, c.first_ids if t == 0 else None)
-            if req is None:
+            if req is None or not self.fits(d, req):
                 return  # quarantined: later turns cannot be asked without this one
             estimate = backend.max_cost(req)
             serial = self.budget.serial_lock(estimate, backend.concurrency)

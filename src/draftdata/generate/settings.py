@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..config import DatasetCfg, Manifest
+from ..config import DatasetCfg, Manifest, redact_url
 from ..errors import DraftdataError
 from ..formats import BoundFormat
 
@@ -116,3 +116,12 @@ def check(
         f"dataset {d.name}: the run folder was made with other settings ({'; '.join(changed)}); "
         f"its answers would be stamped with settings that did not make them: {way}"
     )
+
+
+def stored_manifest(m: Manifest) -> dict[str, Any]:
+    """The manifest as the ledger keeps it: credentials in a base_url are redacted."""
+    doc = m.model_dump(mode="json", exclude={"base_dir", "path"})
+    for b in doc.get("backends", {}).values():
+        if isinstance(b.get("base_url"), str):
+            b["base_url"] = redact_url(b["base_url"])
+    return doc

