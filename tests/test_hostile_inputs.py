@@ -184,3 +184,69 @@ def test_a_nul_byte_in_a_manifest_path_is_one_line(key, tmp_path):
         line = one_line_exit_2(run(cmd, str(m)))
         assert str(m) in line and key in line and "NUL" in line
     assert not (tmp_path / "run").exists()
+
+
+# --- a line past the cap is skipped while it is read, and counted by its number -----------------
+def with_long_line(path: Path, n: int = 3) -> Path:
+    """``n`` ground-truth lines, then one line a little over the cap (no newline in it), then
+    one more good line."""
+    from draftdata.lines import MAX_LINE_BYTES
+
+    with path.open("wb") as f:
+        f.write("".join(GT_LINES[:n]).encode())
+        f.write(b'{"messages": "' + b"x" * (MAX_LINE_BYTES + 1000) + b'"}\n')
+        f.write(GT_LINES[n].encode())
+    return path
+
+
+def test_capped_lines_skip_a_long_line_and_keep_the_numbers(tmp_path):
+    import io
+
+    from draftdata.lines import capped_lines
+
+    data = b"a\n" + b"b" * 50 + b"\n" + b"c" * 10 + b"\nd" + b"e" * 100
+    counter: dict[str, int] = {}
+    got = list(capped_lines(io.BytesIO(data), counter, cap=10))
+    assert got == [b"a\n", b"", b"c" * 10 + b"\n", b""]
+    assert counter == {"line_too_long:2": 1, "line_too_long:4": 1}
+    got = list(capped_lines(io.BytesIO(b"}\nxy\n"), counter, first=b"{", cap=10))
+    assert got == [b"{}\n", b"xy\n"]
+    got = list(capped_lines(io.BytesIO(b"z\n"), counter, first=b"{}\nxy\n\nz", cap=10))
+    assert got == [b"{}\n", b"xy\n", b"\n", b"zz\n"]
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_reconstruct_skips_a_line_past_the_cap(jobs, tmp_path):
+    out = tmp_path / "out.jsonl"
+    src = with_long_line(tmp_path / "in.jsonl")
+    r = run("reconstruct", str(src), "-t", SMOLLM2, "-f", "chatml", "-o", str(out), "-j", jobs)
+    no_crash(r)
+    assert r.returncode == 0, r.stderr
+    assert "line_too_long:4: 1" in r.stderr
+    assert len(out.read_text().splitlines()) == 4
+
+
+def test_a_prompt_line_past_the_cap_is_skipped_and_counted(tmp_path):
+    from collections import Counter
+
+    from draftdata.sources import iter_json_records
+
+    counter: Counter[str] = Counter()
+    records = list(iter_json_records(with_long_line(tmp_path / "p.jsonl"), counter))
+    assert len(records) == 4 and counter == Counter({"line_too_long:4": 1})
+
+
+def test_the_replay_server_skips_a_line_past_the_cap(tmp_path):
+    from draftdata.devtools.replay_records import load_records
+
+    records, skipped = load_records(with_long_line(tmp_path / "gt.jsonl"))
+    assert len(records) == 4 and skipped == {"line_too_long:4": 1}
+
+
+def test_a_json_array_file_past_the_cap_is_one_line(tmp_path):
+    from draftdata.lines import MAX_LINE_BYTES
+
+    big = tmp_path / "gt.json"
+    big.write_bytes(b'[{"messages": "' + b"x" * (MAX_LINE_BYTES + 10) + b'"}]')
+    line = one_line_exit_2(run("validate", str(big), "-t", SMOLLM2, "-f", "chatml"))
+    assert str(big) in line and "JSONL" in line

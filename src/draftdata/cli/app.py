@@ -6,7 +6,7 @@ import json
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import IO, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -15,6 +15,7 @@ from rich.text import Text
 from .. import __version__
 from ..errors import DraftdataError, InputError
 from ..files import not_a_file
+from ..lines import capped_lines
 from ..nesting import TooDeep, loads_json
 from ..progress import Ticker as _Ticker
 
@@ -96,24 +97,32 @@ def _root(
         )
 
 
-def open_jsonl(path: Path) -> Any:
-    """``path`` opened as text whose bytes that are not UTF-8 come through as lone surrogates
-    (``surrogateescape``): such a line is then skipped and counted by ``jsonl_records``, not a
-    decode error that ends the read."""
+def open_jsonl(path: Path) -> IO[bytes]:
+    """``path`` opened for ``text_lines``."""
     kind = not_a_file(path, pipes=True)
     if kind is not None:
         raise InputError(f"{path}: not a regular file ({kind}); give a JSONL file")
     try:
-        return path.open(encoding="utf-8", errors="surrogateescape")
+        return path.open("rb")
     except OSError as e:
         raise InputError(f"{path}: cannot open ({e.strerror}); check the path") from e
 
 
+def text_lines(f: IO[bytes], counter: dict[str, int]) -> Iterator[str]:
+    """The lines of ``f``, each capped in bytes while read (``lines.capped_lines``: a longer
+    one is counted by its number and comes as an empty line), as text whose bytes that are not
+    UTF-8 come through as lone surrogates (``surrogateescape``): such a line is then skipped
+    and counted by ``jsonl_records``, not a decode error that ends the read."""
+    for raw in capped_lines(f, counter):
+        yield raw.decode("utf-8", errors="surrogateescape")
+
+
 def read_jsonl(path: Path, counter: dict[str, int] | None = None) -> Iterator[dict[str, Any]]:
-    """Records of a JSONL file; malformed lines are skipped and counted, never fatal. A file
-    with no line of UTF-8 text (a binary file) is an InputError."""
+    """Records of a JSONL file; malformed or over-long lines are skipped and counted, never
+    fatal. A file with no line of UTF-8 text (a binary file) is an InputError."""
+    counter = {} if counter is None else counter
     with open_jsonl(path) as f:
-        yield from jsonl_records(f, counter, path)
+        yield from jsonl_records(text_lines(f, counter), counter, path)
 
 
 def _is_utf8(line: str) -> bool:

@@ -83,13 +83,16 @@ def reconstruct_jobs(
     jobs: int,
     all_turns: bool,
     thinking: bool | None,
+    skipped: dict[str, int],
 ) -> Iterator[tuple[Any, int, dict[str, int], dict[str, int], dict[str, int]]]:
     """Each chunk's ``_work`` result, in input order. ``setup`` names the tokenizer, format,
-    chat template, preferences and the output file (its suffix says how pieces are encoded)."""
-    from .app import open_jsonl
+    chat template, preferences and the output file (its suffix says how pieces are encoded);
+    lines past the cap are counted in ``skipped`` as they are read."""
+    from .app import open_jsonl, text_lines
 
     f = open_jsonl(path)  # a line that is not UTF-8 is counted by the worker that parses it
     with f:
-        chunks = iter(lambda: list(islice(f, CHUNK)), [])
+        lines = text_lines(f, skipped)  # a line past the cap is counted here
+        chunks = iter(lambda: list(islice(lines, CHUNK)), [])
         tasks = ((chunk, all_turns, thinking) for chunk in chunks)
         yield from pool.ordered(_work, tasks, jobs, _init, (setup,))

@@ -164,7 +164,9 @@ def reconstruct(
         if n_jobs > 1:  # each chunk comes back encoded for the file, with its counts
             setup = {"tokenizer": tokenizer, "format": format, "chat_template": chat_template}
             setup |= {"prefs": prefs, "output": output, "server": server}
-            for piece, n, *counts in reconstruct_jobs(input, setup, n_jobs, all_turns, thinking):
+            for piece, n, *counts in reconstruct_jobs(
+                input, setup, n_jobs, all_turns, thinking, skipped
+            ):
                 f.add_piece(piece, n)
                 ticker.advance(n)
                 for part, into in zip(counts, (by_source, drops, skipped), strict=True):

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..files import not_a_file
+from ..lines import capped_lines
 from ..nesting import TooDeep, loads_json
 
 _REQUIRED = ("id", "messages", "prompt_ids", "output_ids", "api_view")
@@ -116,19 +117,21 @@ class ReplayRecord:
 
 def load_records(path: Path) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """Records of a ground-truth JSONL file and the count of skipped lines by reason
-    (``malformed_json``, ``not_an_object``, ``bad_record``). Reading is all up front."""
+    (``malformed_json``, ``too_deep``, ``not_an_object``, ``bad_record``, ``line_too_long:N``).
+    Reading is all up front."""
     kind = not_a_file(path)
     if kind is not None:
         raise InputError(f"{path}: not a regular file ({kind}); give a JSONL file")
+    records: list[dict[str, Any]] = []
+    skipped: dict[str, int] = {}
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            lines = [raw.decode("utf-8") for raw in capped_lines(f, skipped)]
     except OSError as e:
         raise InputError(f"{path}: cannot read ({e.strerror}); check the path") from e
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not UTF-8 ({e.reason}); give a JSONL file") from e
-    records: list[dict[str, Any]] = []
-    skipped: dict[str, int] = {}
-    for line in text.splitlines():
+    for line in lines:
         if not line.strip():
             continue
         try:

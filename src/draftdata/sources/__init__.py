@@ -10,13 +10,13 @@ import json
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
 from ..config import READER_NAMES
 from ..errors import InputError
 from ..files import not_a_file
+from ..lines import MAX_LINE_BYTES, capped_lines
 from ..nesting import TooDeep, loads_json
 from ..records import GroundTruth, Message, Prompt
 from ..records.wire import ground_truth_of, messages_of
@@ -111,13 +111,22 @@ def _records_of(f: Any, path: Path, counter: Counter[str]) -> Iterator[dict[str,
     if head.startswith(b"\xef\xbb\xbf"):
         head = head[3:]
     rest = head.lstrip()
+    blank = head.count(b"\n") - rest.count(b"\n")  # lines before the first that holds text
     while not rest:
         chunk = f.read(4096)
         if not chunk:
             return
         rest = chunk.lstrip()
+        blank += chunk.count(b"\n") - rest.count(b"\n")
     if rest[:1] == b"[":
-        text = (rest + f.read()).decode("utf-8", errors="surrogateescape")
+        whole = rest + f.read(MAX_LINE_BYTES + 1 - len(rest))
+        if len(whole) > MAX_LINE_BYTES:
+            raise InputError(
+                f"{path}: a JSON array file over {MAX_LINE_BYTES >> 20} MiB; write it as JSONL "
+                "(one record per line), which is read a line at a time"
+            )
+        text = whole.decode("utf-8", errors="surrogateescape")
+        del whole
         try:
             data = loads_json(text)
         except ValueError as e:
@@ -129,8 +138,7 @@ def _records_of(f: Any, path: Path, counter: Counter[str]) -> Iterator[dict[str,
             if ok is not None:
                 yield ok
         return
-    first = rest + f.readline()
-    for raw in chain((first,), f):  # (first, *f) would read the whole file first
+    for raw in capped_lines(f, counter, first=rest, lineno=blank):
         if not raw.strip():
             continue
         try:
