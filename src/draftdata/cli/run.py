@@ -455,7 +455,7 @@ def export(
     try:
         at = (runner.ledger, m, runner.bound)  # what the export reads of the run
         valid = StoredValidation.read(run / "validation.json")
-        folder = export_run(*at, valid, None, drop=filters, text_ids=runner.text_ids)
+        folder = export_run(*at, valid, None, drop=filters, text_ids=runner.text_ids, kinds=kinds)
         files = {k: [str(p) for p in export_as(*at, k, filters)] for k in kinds}
     finally:
         runner.close()

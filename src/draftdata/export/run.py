@@ -24,6 +24,7 @@ from ..records import Answered, DatasetExport, ExportManifest, FormatPin, Sample
 from ..store.stats import status
 from ..tokens.run_samples import RunTokens
 from .filters import CONTAMINATED, SampleFilter
+from .sealed import restage, seal
 from .shards import publish, staging_folder
 from .trainers import EXPORTERS
 from .trainers.specforge import rendered_system
@@ -189,8 +190,11 @@ def export_run(
     text_ids: TextIds | None,
     checks: RunChecks | None = None,
     console: Console | None = None,
+    kinds: Sequence[str] = (),
 ) -> Path:
-    """Write RUN/export/shard-*.parquet, manifest.json and preview.json; returns the folder.
+    """Write RUN/export/shard-*.parquet, manifest.json, preview.json and the files of each
+    trainer export in ``kinds`` (``export --as``), all swapped in as one, the manifest listing
+    every file with its size and sha256 (``sealed``); returns the folder.
     ``drop``: the filters (``export.filters``) whose samples are left out, recorded in the
     manifest with how many each took. Answers not decided yet go through the run's tokens
     stage first (``tokens.run_samples``), with the run's split preferences ``text_ids`` (None:
@@ -214,6 +218,7 @@ def export_run(
         tokenizer=bound.tokenizer,
         shard_bytes=shard_bytes,
     )
+    seal(folder, {k: _write_as(ledger, m, bound, k, drop, folder) for k in kinds})
     return publish(m.output_dir, folder)
 
 
@@ -237,11 +242,26 @@ def _filter(ledger: Ledger, m: Manifest, drop: Sequence[str]) -> SampleFilter:
 def export_as(
     ledger: Ledger, m: Manifest, bound: BoundFormat, name: str, drop: Sequence[str] = ()
 ) -> tuple[Path, ...]:
-    """A trainer's files (``EXPORTERS[name]``) beside the run's published export, from the
-    run's samples (or, for a lossy export, its conversations) that pass ``drop``'s filters
-    (the ones the export was written with) and the export's manifest."""
+    """A trainer's files (``EXPORTERS[name]``) in the run's published export: the ones it was
+    written with (``export_run(kinds=...)``), or else written now into a copy of it that is
+    swapped in whole, from the run's samples (or, for a lossy export, its conversations) that
+    pass ``drop``'s filters (the ones the export was written with)."""
+    link = m.output_dir / "export"
+    made = [f.path for f in read_export_manifest(link).files if f.trainer == name]
+    if made:
+        return tuple(sorted({link / p.split("/")[0] for p in made}))
+    staged = restage(link, name)
+    paths = _write_as(ledger, m, bound, name, drop, staged)
+    seal(staged, {name: paths})
+    publish(m.output_dir, staged)
+    return tuple(link / p.relative_to(staged) for p in paths)
+
+
+def _write_as(
+    ledger: Ledger, m: Manifest, bound: BoundFormat, name: str, drop: Sequence[str], folder: Path
+) -> tuple[Path, ...]:
+    """The files of the trainer export ``name`` written into the export ``folder``."""
     e = EXPORTERS[name]
-    folder = m.output_dir / "export"
     if e.write_conversations is not None:
         system = rendered_system(bound.format)
         return e.write_conversations(run_conversations(ledger, m, bound, drop), folder, system)

@@ -19,6 +19,7 @@ __all__ = [
     "LOADER",
     "DatasetExport",
     "ExportManifest",
+    "FileEntry",
     "FormatPin",
     "ShardEntry",
     "TokenizerPin",
@@ -58,6 +59,18 @@ class ShardEntry:
     rows: int | None  # None: not listed (a hand-made manifest)
     bytes: int | None = None
     sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """A file of the export besides ``manifest.json``: its path in the folder, its size and
+    sha256, and the trainer export (``export --as NAME``) that wrote it (None: the export's
+    own shards and preview)."""
+
+    path: str
+    bytes: int
+    sha256: str
+    trainer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +121,9 @@ class ExportManifest:
     filters: tuple[str, ...] = ()
     #: samples each filter left out, by dataset (a sample counts under the first that fits)
     filtered: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: every file of the export besides this manifest, trainers' files included; empty in a
+    #: manifest written before exports listed them
+    files: tuple[FileEntry, ...] = ()
 
     def counted(self, samples: Iterable[Sample]) -> ExportManifest:
         """This manifest with its figures counted from ``samples`` (consumed once): each
@@ -221,6 +237,10 @@ class ExportManifest:
             "loader": self.loader,
             "filters": list(self.filters),
             "filtered": {k: dict(v) for k, v in self.filtered.items()},
+            "files": [
+                {"path": f.path, "bytes": f.bytes, "sha256": f.sha256, "trainer": f.trainer}
+                for f in self.files
+            ],
         }
 
     @classmethod
@@ -290,4 +310,13 @@ class ExportManifest:
             loader=str(d.get("loader", LOADER)),
             filters=tuple(str(f) for f in d.get("filters") or ()),
             filtered={str(k): _counts(v) for k, v in _dict(d.get("filtered")).items()},
+            files=tuple(
+                FileEntry(
+                    str(f["path"]),
+                    int(f["bytes"]),
+                    str(f["sha256"]),
+                    None if f.get("trainer") is None else str(f["trainer"]),
+                )
+                for f in d.get("files") or ()
+            ),
         )

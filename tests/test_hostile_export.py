@@ -1,0 +1,124 @@
+"""SIGTERM during `export --as ...` (issue 37): the export and its trainers' files are swapped in
+as one, and its manifest lists every file with size and sha256, so a kill at any point leaves
+the previous export or the new one, whole, and ``verify_export`` says which. Each case failed
+before the change it guards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import GROUNDTRUTH
+from servers import manifest, replay_server
+from test_audit_cli import run
+from test_bad_input_lines import UNIQUE, write_prompts
+
+AS = ["--as", "speculators", "--as", "specforge"]
+#: runs ``draftdata export`` and sends itself SIGTERM at its K-th file event (a file opened
+#: for writing; a folder made, a rename, a link: before it and after it): a real signal, at a
+#: point that is the same from run to run, with no sleep
+KILL_AT = """
+import builtins, io, os, runpy, signal, sys
+k, n = int(sys.argv[1]), [0]
+def tick():
+    n[0] += 1
+    if n[0] == k:
+        os.kill(os.getpid(), signal.SIGTERM)
+real_open = io.open
+def opened(file, mode="r", *a, **kw):
+    if any(c in mode for c in "wax+"):
+        tick()
+    return real_open(file, mode, *a, **kw)
+builtins.open = io.open = opened
+for name in ("replace", "rename", "symlink", "link", "mkdir"):
+    def wrapped(*a, _real=getattr(os, name), **kw):
+        tick()
+        done = _real(*a, **kw)
+        tick()
+        return done
+    setattr(os, name, wrapped)
+sys.argv = ["draftdata", "export", *sys.argv[2:]]
+try:
+    runpy.run_module("draftdata", run_name="__main__", alter_sys=True)
+finally:
+    print("events", n[0], file=sys.stderr)
+"""
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A small run, exported with both trainers' files."""
+    tmp = tmp_path_factory.mktemp("run")
+    src = write_prompts(tmp / "p.jsonl", UNIQUE[:12])
+    with replay_server(GROUNDTRUTH) as url:
+        m = manifest(tmp, url, src, limit=12, turns="first")
+        r = run("generate", str(m), "--quiet")
+        assert r.returncode == 0, r.stderr
+    r = run("export", str(tmp / "run"), *AS)
+    assert r.returncode == 0, r.stderr
+    return tmp / "run"
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+    }
+
+
+def test_the_manifest_lists_every_file_and_verify_checks_them(exported, tmp_path):
+    from draftdata.export.sealed import verify_export
+
+    folder = exported / "export"
+    doc = json.loads((folder / "manifest.json").read_text())
+    listed = {f["path"]: f for f in doc.get("files", [])}
+    assert set(listed) == set(files_of(folder)) - {"manifest.json"}
+    by = {f["trainer"] for f in listed.values()}
+    assert {"speculators", "specforge"} <= by and None in by
+    check = verify_export(folder)
+    assert check.ok and check.trainers == ("specforge", "speculators"), check.problems
+    # a copy that is changed, or holds a file not listed, is not the export its manifest says
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(folder.resolve(), copy)
+    shard = next(p for p in listed if p.startswith("shard-"))
+    data = bytearray((copy / shard).read_bytes())
+    data[100] ^= 1
+    (copy / shard).write_bytes(bytes(data))
+    (copy / ".speculators.jsonl.123.tmp").write_text("half")
+    problems = verify_export(copy).problems
+    assert any(shard in p and "sha256" in p for p in problems), problems
+    assert any("not listed" in p and ".speculators.jsonl.123.tmp" in p for p in problems)
+
+
+def test_sigterm_at_ten_points_of_an_export_leaves_one_whole(exported):
+    from draftdata.export.sealed import verify_export
+
+    def export_killed_at(k: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", KILL_AT, str(k), str(exported), *AS],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    whole = export_killed_at(0)  # not killed: how many events an export has
+    assert whole.returncode == 0, whole.stderr
+    events = int(whole.stderr.split("events")[-1].split()[0])
+    assert events >= 10
+    points = sorted({1 + i * (events - 1) // 9 for i in range(10)})
+    seen = {"previous": 0, "new": 0}
+    for k in points:
+        before = files_of(exported / "export")
+        r = export_killed_at(k)
+        assert r.returncode == -15, (k, r.returncode, r.stderr[-500:])  # killed by SIGTERM
+        check = verify_export(exported / "export")
+        assert check.ok, (k, check.problems)
+        assert check.trainers == ("specforge", "speculators"), k
+        after = files_of(exported / "export")
+        seen["previous" if after == before else "new"] += 1
+    assert seen["previous"] and seen["new"], seen  # kills fell before and after the swap
