@@ -131,6 +131,24 @@ def test_a_deep_manifest_is_one_line(tmp_path):
         assert str(m) in line and "nested deeper" in line
 
 
+def test_a_manifest_with_a_key_of_20000_dotted_parts_is_one_line(tmp_path):
+    """tomllib takes memory quadratic in a dotted key's parts (1.6 GB for this one)."""
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:2])
+    m = manifest(tmp_path, "http://127.0.0.1:9/v1", src, limit=2)
+    m.write_text("a" + ".a" * 20_000 + " = 1\n" + m.read_text())
+    peak = (
+        "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True,"
+        " text=True); sys.stderr.write(r.stderr); print(r.returncode,"
+        " resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+    cmd = [sys.executable, "-c", peak, sys.executable, "-m", "draftdata", "plan", str(m)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    rc, kb = map(int, r.stdout.split())
+    line = one_line_exit_2(subprocess.CompletedProcess(cmd, rc, "", r.stderr))
+    assert str(m) in line and "nested deeper" in line
+    assert kb < 400_000  # before: 1.6 GB, for a key it then called unknown
+
+
 def test_a_deep_format_file_is_one_line(tmp_path):
     bad = tmp_path / "format.toml"
     bad.write_text('name = "x"\nversion = "1"\nend_of_turn = "<|im_end|>"\nx = ' + DEEP + "\n")
@@ -170,6 +188,11 @@ def test_nesting_helpers_bound_depth():
     with pytest.raises(TooDeep):
         loads_toml("a = " + DEEP)
     assert loads_toml("a = [[1]]") == {"a": [[1]]}
+    for dotted in ("a" + ".a" * MAX_DEPTH + " = 1", "[" + "t." * MAX_DEPTH + "t]"):
+        with pytest.raises(TooDeep):
+            loads_toml(dotted)
+    prose = 'system = "' + "One sentence. Another one here. " * 500 + '"'
+    assert loads_toml("a.b.c = 1\n" + prose)["a"] == {"b": {"c": 1}}
 
 
 # --- a NUL byte in a path of the manifest -------------------------------------------------------

@@ -10,6 +10,7 @@ so a reader that skips and counts a malformed line skips and counts it too."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any
 
@@ -23,6 +24,11 @@ __all__ = ["MAX_DEPTH", "TooDeep", "depth_over", "loads_json", "loads_toml"]
 #: the deepest nesting of arrays and objects read: real tool schemas and messages nest a
 #: few dozen levels at most
 MAX_DEPTH = 128
+
+
+#: a dotted key (``a.b.c... = 1``, ``[a.b.c...]``) of more than MAX_DEPTH parts: tomllib takes
+#: memory quadratic in its parts (8,000 parts: 260 MB), so it is refused before parsing
+_DOTTED = re.compile(r"(?<![\w-])(?:[\w-]++\s*+\.\s*+){" + str(MAX_DEPTH) + "}")
 
 
 class TooDeep(ValueError):
@@ -69,6 +75,8 @@ def loads_json(text: str | bytes) -> Any:
 def loads_toml(text: str) -> dict[str, Any]:
     """``tomllib.loads(text)``; nesting deeper than ``MAX_DEPTH`` raises ``TooDeep`` (which
     is not a ``TOMLDecodeError``: catch ``ValueError`` for both)."""
+    if _DOTTED.search(text):
+        raise TooDeep("TOML")
     try:
         doc: dict[str, Any] = tomllib.loads(text)
     except RecursionError:
