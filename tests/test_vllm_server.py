@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import PROMPTS, ROOT, require
-from servers import VLLM_CPU_PYTHON, vllm_server
+from servers import VLLM_CPU_PYTHON, stop_group, vllm_server
 
 require("torch")
 
@@ -416,8 +416,7 @@ def test_server_killed_mid_run_exits_nonzero_and_loses_nothing(tmp_path, folder,
         text=True,
     )
     _wait_answers(proc, run, 2)
-    server.kill()
-    server.wait()
+    stop_group(server, signal.SIGKILL)  # the server and its engine processes, as a crash would
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, err
     st = json.loads(cli("status", str(tmp_path / "m.toml"), "--json").stdout)["datasets"]["mt"]
