@@ -53,6 +53,17 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+#: the files that take longest (a real server or engine start, model runs), collected first: under
+#: `pytest -n 2 --dist loadfile` each worker takes the next file in collection order, so a long
+#: file collected last runs alone at the end while the other worker idles
+FIRST = ("test_vllm_server.py", "test_vllm_engine.py", "test_server_scorer.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda it: rank.get(it.path.name, len(FIRST)))  # stable: the rest as collected
+
+
 @pytest.fixture(scope="session")
 def load():
     from draftdata.tokenizers import load_tokenizer

