@@ -18,6 +18,9 @@ from test_bad_input_lines import SMOLLM2, UNIQUE, one_line_exit_2, write_prompts
 
 #: a JSON array nested 100,000 levels deep: ``json.loads`` raises RecursionError on it
 DEEP = "[" * 100_000 + "]" * 100_000
+#: the longest line a reader takes, in bytes (``draftdata.lines.MAX_LINE_BYTES``; a test checks
+#: they agree): written here so that each test fails on a draftdata without the cap
+CAP = 32 << 20
 GT_LINES = GROUNDTRUTH.read_text().splitlines(keepends=True)
 
 
@@ -213,11 +216,9 @@ def test_a_nul_byte_in_a_manifest_path_is_one_line(key, tmp_path):
 def with_long_line(path: Path, n: int = 3) -> Path:
     """``n`` ground-truth lines, then one line a little over the cap (no newline in it), then
     one more good line."""
-    from draftdata.lines import MAX_LINE_BYTES
-
     with path.open("wb") as f:
         f.write("".join(GT_LINES[:n]).encode())
-        f.write(b'{"messages": "' + b"x" * (MAX_LINE_BYTES + 1000) + b'"}\n')
+        f.write(b'{"messages": "' + b"x" * (CAP + 1000) + b'"}\n')
         f.write(GT_LINES[n].encode())
     return path
 
@@ -225,7 +226,9 @@ def with_long_line(path: Path, n: int = 3) -> Path:
 def test_capped_lines_skip_a_long_line_and_keep_the_numbers(tmp_path):
     import io
 
-    from draftdata.lines import capped_lines
+    from draftdata.lines import MAX_LINE_BYTES, capped_lines
+
+    assert MAX_LINE_BYTES == CAP
 
     data = b"a\n" + b"b" * 50 + b"\n" + b"c" * 10 + b"\nd" + b"e" * 100
     counter: dict[str, int] = {}
@@ -267,9 +270,27 @@ def test_the_replay_server_skips_a_line_past_the_cap(tmp_path):
 
 
 def test_a_json_array_file_past_the_cap_is_one_line(tmp_path):
-    from draftdata.lines import MAX_LINE_BYTES
-
     big = tmp_path / "gt.json"
-    big.write_bytes(b'[{"messages": "' + b"x" * (MAX_LINE_BYTES + 10) + b'"}]')
+    big.write_bytes(b'[{"messages": "' + b"x" * (CAP + 10) + b'"}]')
     line = one_line_exit_2(run("validate", str(big), "-t", SMOLLM2, "-f", "chatml"))
     assert str(big) in line and "JSONL" in line
+
+
+@pytest.mark.parametrize("bad", ["deep", "long", "not_an_object"])
+def test_a_sample_file_with_a_bad_line_is_one_line(bad, tmp_path):
+    """Sample files (``reconstruct -o`` output, read by contamination, score and
+    hidden-states) hold only samples: a line nested too deep or past the cap is refused with
+    its line number."""
+    samples = tmp_path / "samples.jsonl"
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(GT_LINES[:4]))
+    r = run("reconstruct", str(src), "-t", SMOLLM2, "-f", "chatml", "-o", str(samples))
+    assert r.returncode == 0, r.stderr
+    line = {"deep": DEEP, "long": '"' + "x" * (CAP + 10) + '"', "not_an_object": '"x"'}[bad]
+    with samples.open("a") as f:
+        f.write(line + "\n")
+    args = ["contamination", str(samples), "--against", "mt-bench", "-t", SMOLLM2]
+    got = one_line_exit_2(run(*args))
+    where = f"{samples}: row 4" if bad == "not_an_object" else f"{samples}:5"
+    said = {"deep": "nested deeper", "long": "MiB", "not_an_object": "not a sample"}[bad]
+    assert where in got and said in got

@@ -22,7 +22,8 @@ IMPURE = ("sqlite3", "aiohttp", "httpx", "torch", "transformers", "starlette", "
 LEVELS: tuple[tuple[str, ...], ...] = (
     ("draftdata",),
     ("errors",),
-    ("files", "progress", "nesting", "lines"),
+    ("files", "progress", "nesting"),
+    ("lines",),
     ("records",),
     ("config",),
     ("tokenizers", "sources", "store"),

@@ -10,9 +10,13 @@ a reader that skips blank lines skips it. Every JSONL reader (prompt sources, ``
 from __future__ import annotations
 
 from collections.abc import Iterator, MutableMapping
-from typing import IO
+from pathlib import Path
+from typing import IO, Any
 
-__all__ = ["MAX_LINE_BYTES", "capped_lines", "count_too_long"]
+from .errors import InputError
+from .nesting import loads_json
+
+__all__ = ["MAX_LINE_BYTES", "capped_lines", "count_too_long", "strict_jsonl"]
 
 #: the longest line read, in bytes: a prompt of ``max_prompt_chars`` (1,000,000 characters by
 #: default) written as JSON with every character escaped (``\\uXXXX``) fits 5 times over
@@ -65,3 +69,22 @@ def capped_lines(
                 break
         count_too_long(counter, lineno)
         yield b""
+
+
+def strict_jsonl(path: Path, what: str) -> Iterator[Any]:
+    """The JSON values of the JSONL file ``path``, a line at a time (capped), for files that
+    hold nothing but records (samples draftdata wrote): a line past the cap, not JSON or
+    nested too deep is an InputError naming the line and ``what`` the file should hold."""
+    too_long: dict[str, int] = {}
+    with path.open("rb") as f:
+        for n, raw in enumerate(capped_lines(f, too_long), 1):
+            if too_long:
+                raise InputError(
+                    f"{path}:{n}: a line over {MAX_LINE_BYTES >> 20} MiB; {what} holds no such line"
+                )
+            if not raw.strip():
+                continue
+            try:
+                yield loads_json(raw)
+            except ValueError as e:
+                raise InputError(f"{path}:{n}: not JSON ({e}); {what}") from None

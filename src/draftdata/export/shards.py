@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from ..files import atomic_path
+from ..lines import strict_jsonl
 from ..records import Sample, ShardEntry
 from ..tokenizers.base import file_sha256
 
@@ -316,8 +317,7 @@ def read_samples(path: Path) -> tuple[list[Path], list[Sample]]:
             except (pa.ArrowInvalid, OSError) as e:
                 raise InputError(f"{f}: not a readable Parquet file ({e})") from e
         elif f.suffix in (".jsonl", ".json"):
-            with f.open(encoding="utf-8") as fh:
-                rows = [json.loads(line) for line in fh if line.strip()]
+            rows = list(strict_jsonl(f, "a sample file (`draftdata reconstruct -o` writes one)"))
         else:
             raise InputError(f"{f}: read .parquet or .jsonl sample files")
         for i, r in enumerate(rows):
@@ -345,7 +345,7 @@ def read_samples(path: Path) -> tuple[list[Path], list[Sample]]:
                         key=key,
                     )
                 )
-            except (KeyError, TypeError, ValueError) as e:
+            except (AttributeError, KeyError, TypeError, ValueError) as e:
                 raise InputError(
                     f"{f}: row {i} is not a sample ({e}); score reads what `draftdata "
                     "reconstruct -o` and `draftdata export` write"

@@ -13,7 +13,6 @@ verification."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
@@ -25,6 +24,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from ..errors import InputError
+from ..lines import strict_jsonl
 from ..model.flags import SampleScore, ScoreReport, score_of
 from ..model.folders import ModelError
 from ..model.load import LoadedModel
@@ -72,10 +72,7 @@ def _rows(f: Path) -> Iterator[dict[str, Any]]:
         for batch in pf.iter_batches(batch_size=256, columns=cols):
             yield from batch.to_pylist()
     else:
-        with f.open(encoding="utf-8") as fh:
-            for line in fh:
-                if line.strip():
-                    yield json.loads(line)
+        yield from strict_jsonl(f, "a sample file (`draftdata reconstruct -o` writes one)")
 
 
 def iter_items(files: list[Path]) -> Iterator[Item]:
