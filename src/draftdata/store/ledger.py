@@ -47,11 +47,11 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
         return db
     except sqlite3.OperationalError:
         db.close()
+        if os.access(path.parent, os.W_OK):  # a writer may be at work: never read past it
+            raise
         wal = path.with_name(path.name + "-wal")
         if not wal.exists() or not wal.stat().st_size:
             return sqlite3.connect(uri + "?mode=ro&immutable=1", uri=True, timeout=30)
-        if os.access(path.parent, os.W_OK):
-            raise
         raise LedgerError(
             f"{path}: its write-ahead log cannot be read in a read-only folder; copy the run "
             "folder to a writable place and read it there"
