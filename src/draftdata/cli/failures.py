@@ -19,21 +19,27 @@ _TRANSIENT = {"http_408", "http_409", "http_429"}
 
 def kind_of(why: str) -> str:
     """'refused' (the server said no to this request: it will again), 'skipped' (never sent),
-    or 'unavailable' (no answer came: a rerun asks again)."""
+    'unavailable' (no answer came at all: connection refused or cut, timeouts: the backend is
+    down or unreachable) or 'failed' (the server answered with an error after every retry: 429,
+    5xx, an unusable body; a rerun asks again)."""
     reason = why.split(":", 1)[0]
     if reason == "over_context" or reason.startswith("unrenderable_prompt"):
         return "skipped"
     if reason.startswith("http_4") and reason not in _TRANSIENT:
         return "refused"
-    return "unavailable"
+    if reason in ("timeout", "connection_error"):
+        return "unavailable"
+    return "failed"
 
 
 def report_failures(
     st: RunStatus, names: Any, manifest: Path, failed: list[tuple[Key, str, str]]
 ) -> bool:
     """Print what failed for good, with the server's words; True when the run must end with an
-    error: a dataset got no answer at all, or its backend stopped answering (connection refused,
-    timeouts, 5xx) so that some of its prompts are left to a rerun."""
+    error: a dataset got no answer at all, or its backend stopped answering (connection refused
+    or cut, timeouts: a server that died) so that some of its prompts are left to a rerun. A
+    server that answered with errors (429, 5xx after every retry) is counted and said, and the
+    run ends as before: it was there, and the rest of its answers are good."""
     bad = False
     by_dataset: dict[str, list[str]] = {}
     for key, state, why in failed:
@@ -61,15 +67,15 @@ def report_failures(
                 f"{first['refused']}; {see}",
                 "bold yellow",
             )
-        if kinds["unavailable"]:
-            bad = True
-            say(
-                err,
-                f"{name}: {kinds['unavailable']} of {d.total} failed after retries "
-                f"({first['unavailable']}); {d.done} answered; rerunning asks the rest again; "
-                f"{see}",
-                "bold red",
-            )
+        for kind in ("unavailable", "failed"):
+            if kinds[kind]:
+                bad = bad or kind == "unavailable"
+                say(
+                    err,
+                    f"{name}: {kinds[kind]} of {d.total} failed after retries "
+                    f"({first[kind]}); {d.done} answered; rerunning asks the rest again; {see}",
+                    "bold red" if kind == "unavailable" else "bold yellow",
+                )
         if d.done == 0 and d.failed:
             bad = True
             if any(w.startswith(("connection_error", "timeout")) for w in whys):
