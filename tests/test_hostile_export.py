@@ -122,3 +122,25 @@ def test_sigterm_at_ten_points_of_an_export_leaves_one_whole(exported):
         after = files_of(exported / "export")
         seen["previous" if after == before else "new"] += 1
     assert seen["previous"] and seen["new"], seen  # kills fell before and after the swap
+
+
+def test_export_verify_says_whole_or_not(exported, tmp_path):
+    """`draftdata export RUN --verify` writes nothing: exit 0 and "whole" on the export as
+    written, exit 1 and the mismatch on a copy with one shard byte flipped."""
+    import shutil
+
+    before = files_of(exported / "export")
+    ok = run("export", str(exported), "--verify")
+    assert ok.returncode == 0, ok.stderr
+    assert "whole, the export of" in ok.stdout and "trainers: specforge, speculators" in ok.stdout
+    assert files_of(exported / "export") == before  # nothing written
+    copy = tmp_path / "run"
+    shutil.copytree(exported, copy)  # the export symlink's folder copied as a folder
+    shard = next((copy / "export").glob("shard-*.parquet"))
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 1
+    shard.write_bytes(bytes(data))
+    bad = run("export", str(copy), "--verify", "--json")
+    assert bad.returncode == 1
+    doc = json.loads(bad.stdout)
+    assert not doc["ok"] and any(shard.name in p and "sha256" in p for p in doc["problems"])

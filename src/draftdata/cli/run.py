@@ -15,7 +15,7 @@ from ..errors import InputError
 from ..export.trainers import EXPORTERS
 from .app import app, command_line, err, example, out, say
 from .failures import report_failures
-from .show import print_validation
+from .show import print_validation, verify_export_cmd
 
 ManifestArg = Annotated[Path, typer.Argument(help="the run manifest (TOML)", metavar="MANIFEST")]
 RunArg = Annotated[
@@ -437,8 +437,19 @@ def export(
         ),
     ] = None,
     json_out: JsonOpt = False,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="write nothing: check RUN/export against its manifest (every file's size and "
+            "sha256) and say which export it is; exit 1 where it is not whole",
+        ),
+    ] = False,
 ) -> None:
     """Write Parquet shards + manifest.json from a run's ledger, and trainer-specific files."""
+    if verify:
+        verify_export_cmd(run, json_out)
+        return
     from ..export.filters import parse_drop
     from ..export.run import StoredValidation, export_as, export_run
     from ..export.write import read_export_manifest

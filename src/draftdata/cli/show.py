@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.markup import escape as esc
@@ -102,3 +103,32 @@ def print_validation(doc: dict[str, Any]) -> None:
                 f"{rp['tokens_forwarded'] / max(rp['tokens'], 1):.3f}x the tokens of one "
                 "forward pass",
             )
+
+
+def verify_export_cmd(run: Path, json_out: bool) -> None:
+    """`export --verify`: RUN/export against its manifest; exit 1 where it is not whole."""
+    import json
+    import sys
+
+    import typer
+
+    from ..errors import InputError
+    from ..export.sealed import verify_export
+
+    folder = run / "export"
+    if not (folder / "manifest.json").is_file():
+        raise InputError(f"{folder}: no export to verify; run `draftdata export {run}` first")
+    c = verify_export(folder)
+    what = f"export of {c.created_at}: {c.checked} files" + (
+        f" (trainers: {', '.join(c.trainers)})" if c.trainers else ""
+    )
+    if json_out:
+        doc = {"export": str(folder.resolve()), "created_at": c.created_at, "files": c.checked,
+               "trainers": list(c.trainers), "ok": c.ok, "problems": c.problems}  # fmt: skip
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    elif c.ok:
+        say(out, f"{folder}: whole, the {what}, each of the size and sha256 listed")
+    else:
+        say(out, f"{folder}: NOT whole, the {what}: " + "; ".join(c.problems), "bold red")
+    if not c.ok:
+        raise typer.Exit(1)
