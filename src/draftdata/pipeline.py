@@ -189,12 +189,10 @@ def _reconstructed(res: PipelineResult, name: str) -> bool:
 
 
 def _scorer(m: Manifest) -> Any:
-    if m.model is None:
-        return None
-    from .model.score import load_scorer
+    """The run's [model]: a model in this process, or the server of a URL or a backend's name."""
+    from .generate.scoring import manifest_scorer
 
-    spec = m.model.path if m.model.path.startswith("pkg:") else str(m.resolve(m.model.path))
-    return load_scorer(spec, device=m.model.device)
+    return manifest_scorer(m)
 
 
 def model_stage(

@@ -70,7 +70,7 @@ def score(
 ) -> None:
     """Score samples with the target model (teacher-forced log-probabilities), flag tokens it
     would not have produced, and with --repair fix reconstructed splits the model did not make."""
-    from ..model.score import load_scorer
+    from ..generate.scoring import open_scorer, scorer_key
 
     is_run = (target / "ledger.sqlite").is_file()
     if not is_run and not target.exists():
@@ -86,14 +86,12 @@ def score(
         raise InputError("sample files need -t TOKENIZER (the one their ids were made with)")
 
     def load() -> Any:  # after the inputs are read: a bad input costs no model load
-        return load_scorer(model, device=device)
+        return open_scorer(model, device=device)
 
     if is_run:
-        from ..model.load import model_folder
-
-        # the model's key (its folder) without loading it: a run with nothing left to score
-        # never loads the model
-        doc = _score_run(target, (str(model_folder(model)[0]), load), threshold, repair)
+        # the model's key (its folder, or the server's URL and model) without loading it: a run
+        # with nothing left to score never loads the model
+        doc = _score_run(target, (scorer_key(model), load), threshold, repair)
     else:
         doc = _score_files(
             target, load, tokenizer or "", threshold, repair, output, temperature, top_p

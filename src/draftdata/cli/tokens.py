@@ -234,8 +234,9 @@ def validate(
         str | None,
         typer.Option(
             "--repair-with",
-            help="repair each reconstructed record with this target model (folder, GGUF or "
-            "pkg:MODULE) before comparing; the report says what it fixed and broke",
+            help="repair each reconstructed record with this target model (folder, GGUF, "
+            "pkg:MODULE, or the base URL of the vLLM or SGLang server that serves it) before "
+            "comparing; the report says what it fixed and broke",
             metavar="MODEL",
         ),
     ] = None,
@@ -262,10 +263,10 @@ def validate(
         ]
     repairer, ticker = None, None
     if repair_with is not None:
+        from ..generate.scoring import open_scorer
         from ..model.repairer import sample_repairer
-        from ..model.score import load_scorer
 
-        scorer = load_scorer(repair_with, device=device)
+        scorer = open_scorer(repair_with, device=device)
         repairer = sample_repairer(scorer, bound.tokenizer, text_ids)
         ticker = Ticker("validate --repair-with", len(records))
     rep = run(

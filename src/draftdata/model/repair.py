@@ -1,16 +1,19 @@
 """Repair a reconstructed answer with the target model: at each position, the token the model
 could have produced there among those that spell the same text.
 
-The walk (one :class:`~draftdata.model.score.Session` per sample, so most samples cost one
-forward pass):
+The walk (one session per sample, so most samples cost one forward pass): the session is
+``Scorer.session`` (a KV cache in this process) or ``ServerScorer.session`` (the server that
+serves the target, ``generate.scoring``); the walk reads each position's distribution as a
+:class:`~draftdata.model.rows.Row` and decides what could have been drawn with
+``rows.in_nucleus``, the same rule for both.
 
 1. The answer's ids are cut into text runs between control ids. Control ids are never changed and
    never candidates; a run's text is its bytes decoded (invalid UTF-8 reads as U+FFFD, as a
    server's decode writes it).
 2. At each text position the model's distribution says whether our token could have been
    produced by the decoding that made the answer (:class:`Decoding`): for greedy decoding it must
-   be the arg-max (within ``tolerance``), for sampling it must lie inside the top-p nucleus at
-   that temperature. A token that could have been produced is kept, so a repair never moves an
+   be the arg-max (within ``TOLERANCE``), for sampling it must lie inside the top-p nucleus at
+   that temperature, within ``NUCLEUS_MARGIN`` (another engine's numbers are not the sampler's). A token that could have been produced is kept, so a repair never moves an
    answer away from a split the model could have written.
 3. Where ours could not have been produced, the candidates are the ordinary tokens whose bytes
    continue the run's text (a U+FFFD in the text also accepts the invalid bytes it stands for);
@@ -31,15 +34,13 @@ from typing import Any
 
 from ..records import Decoding, Repair
 from ..tokenizers import Tokenizer
-from .score import Scorer
+from .rows import Nucleus, Row, TargetScorer
 
 __all__ = ["Repair", "RepairResult", "repair_response"]
 
 #: how many of the model's most probable tokens are checked as candidates where the text holds a
 #: U+FFFD (the bytes it stands for cannot be read off the text)
 TOP_K = 256
-#: slack for float rounding between batch shapes: log-prob for greedy, mass for the nucleus
-TOLERANCE = 1e-4
 #: alternatives compared as paths at one step of a sampled answer, and the longest path compared
 MAX_ALTERNATIVES = 3
 MAX_PATH = 16
@@ -85,27 +86,6 @@ class Proposal:
     repair: Repair
 
 
-class Nucleus:
-    """The sampling distribution at one step: softmax(logits / T) cut to the top-p nucleus.
-    ``q(token)`` is the token's log-probability there, -inf outside the nucleus. It is not
-    renormalised: the nucleus holds at least ``top_p`` of the mass, so renormalising would add at
-    most -log(top_p) per step (0.05 at 0.95), and skipping it saves a sort of the vocabulary."""
-
-    def __init__(self, torch: Any, row: Any, decoding: Decoding) -> None:
-        self.probs = torch.softmax(row / float(decoding.temperature or 1.0), dim=-1)
-        self.top_p = decoding.top_p
-        self._q: dict[int, float] = {}
-
-    def q(self, token: int) -> float:
-        if token not in self._q:
-            p = self.probs[token]
-            inside = float(p) > 0 and float((self.probs * (self.probs > p)).sum()) < (
-                self.top_p + TOLERANCE
-            )
-            self._q[token] = math.log(float(p)) if inside else -math.inf
-        return self._q[token]
-
-
 def split_decode(data: bytes) -> tuple[str, bytes]:
     """Decode ``data`` as a stream: the text so far, and the bytes of an unfinished character."""
     dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -129,7 +109,7 @@ class Walk:
 
     def __init__(
         self,
-        scorer: Scorer,
+        scorer: TargetScorer,
         tok: Tokenizer,
         prompt_ids: Sequence[int],
         response: Sequence[int],
@@ -137,7 +117,6 @@ class Walk:
         decoding: Decoding,
         encode_rest: Callable[[str, bool], list[int]],
     ) -> None:
-        self.torch = scorer.lm.torch
         self.tok = tok
         self.P = len(prompt_ids)
         self.finish = finish_reason
@@ -155,18 +134,7 @@ class Walk:
     # --- what could have been produced --------------------------------------------------
     def possible(self, start: int) -> list[bool]:
         """For each answer position from ``start``: could the decoding have produced our id?"""
-        torch, d = self.torch, self.decoding
-        tol = TOLERANCE
-        rows = self.session.rows[start : len(self.response)]
-        ids = torch.tensor(self.response[start:], dtype=torch.long, device=rows.device)
-        if self.greedy:
-            lp = torch.log_softmax(rows, dim=-1)
-            ours = lp.gather(-1, ids[:, None])[:, 0]
-            return [bool(x) for x in (ours >= lp.max(dim=-1).values - tol).tolist()]
-        probs = torch.softmax(rows / float(d.temperature or 1.0), dim=-1)
-        ours = probs.gather(-1, ids[:, None])
-        mass_before = (probs * (probs > ours)).sum(dim=-1)
-        return [bool(x) for x in (mass_before < d.top_p + tol).tolist()]
+        return self.session.possible(self.P + start, self.decoding, self.greedy)
 
     # --- runs of text -------------------------------------------------------------------
     def run_of(self, i: int) -> tuple[int, int]:
@@ -189,7 +157,7 @@ class Walk:
     def data(self, ids: Sequence[int]) -> bytes:
         return b"".join(self.tok.token_bytes(t) for t in ids)
 
-    def candidates(self, done: bytes, text: str, row: Any) -> list[int]:
+    def candidates(self, done: bytes, text: str, row: Row) -> list[int]:
         found: set[int] = set()
         stable, pending = split_decode(done)
         if not pending and text.startswith(stable):
@@ -200,7 +168,7 @@ class Walk:
                     found.add(t)
         if "\ufffd" in text:
             ctrl = self.tok.control_ids
-            for t in self.torch.topk(row, min(TOP_K, row.shape[-1])).indices.tolist():
+            for t in row.topk(TOP_K):
                 if t not in ctrl and t < self.tok.vocab_size:
                     try:
                         piece = self.tok.token_bytes(t)
@@ -208,6 +176,7 @@ class Walk:
                         continue
                     if piece and consistent(done, piece, text):
                         found.add(t)
+        row.need(sorted(found))
         return sorted(found)
 
     # --- the walk -----------------------------------------------------------------------
@@ -251,18 +220,17 @@ class Walk:
             return self.result(original, "text_changed")
         return self.result(self.response, "")
 
-    def most_probable(self, i: int, b: int, done: bytes, text: str, row: Any) -> bool | None:
+    def most_probable(self, i: int, b: int, done: bytes, text: str, row: Row) -> bool | None:
         """Ours could not have been produced: take the most probable consistent token."""
         t = self.response[i]
-        lp = self.torch.log_softmax(row, dim=-1)
         cands = self.candidates(done, text, row) or [t]
-        best = max(cands, key=lambda c: float(lp[c]))
-        if best == t or float(lp[best]) <= float(lp[t]):
+        best = max(cands, key=row.lp)
+        if best == t or row.lp(best) <= row.lp(t):
             return False
         tail = self.tail(done + self.tok.token_bytes(best), text, b)
         if tail is None:
             return None
-        self.change(i, b, [best, *tail], Repair(i, t, best, float(lp[t]), float(lp[best])))
+        self.change(i, b, [best, *tail], Repair(i, t, best, row.lp(t), row.lp(best)))
         return True
 
     def scan(self, i0: int, ok: Sequence[bool]) -> Proposal | None:
@@ -288,7 +256,7 @@ class Walk:
                 # runs into it is rightly scored -inf
                 row = self.session.row(self.P + k)
                 done = self.data(self.response[a:k])
-                if any(row[c] > row[t] for c in self.candidates(done, text, row) if c != t):
+                if any(row.lp(c) > row.lp(t) for c in self.candidates(done, text, row) if c != t):
                     break
             else:
                 proposals.append((k, a, b, text))
@@ -299,7 +267,7 @@ class Walk:
         for n in range(0, len(proposals), PEEK_BATCH):
             chunk = proposals[n : n + PEEK_BATCH]
             need = [p for p in chunk if len(p.path) > 1]
-            rows = self.session.peek_many([(self.P + p.i, p.path[:-1]) for p in need])
+            rows = self.session.peek_many([(self.P + p.i, p.path) for p in need])
             for p, r in zip(need, rows, strict=True):
                 p.theirs_q += sum(
                     self.nucleus(r[j - 1]).q(p.path[j]) for j in range(1, len(p.path))
@@ -315,12 +283,12 @@ class Walk:
         t = self.response[i]
         row = self.session.row(self.P + i)
         done = self.data(self.response[a:i])
-        top = float(row.max())
+        top = row.top()
         temp = float(self.decoding.temperature or 1.0)
         alts = [
             c
             for c in self.candidates(done, text, row)
-            if c != t and (top - float(row[c])) / temp < LOGIT_WINDOW
+            if c != t and (top - row.lp(c)) / temp < LOGIT_WINDOW
         ]
         if not alts:
             return []
@@ -349,7 +317,6 @@ class Walk:
             )
             if first <= ours_q:
                 continue
-            lp = self.torch.log_softmax(row, dim=-1)
             out.append(
                 Proposal(
                     i=i,
@@ -358,7 +325,7 @@ class Walk:
                     new_tail=[*theirs[:kb], *ours[ka:]],
                     ours_q=ours_q,
                     theirs_q=first,
-                    repair=Repair(i, t, c, float(lp[t]), float(lp[c])),
+                    repair=Repair(i, t, c, row.lp(t), row.lp(c)),
                 )
             )
         return out
@@ -377,8 +344,8 @@ class Walk:
                 return seen[n], k + 1
         return None
 
-    def nucleus(self, row: Any) -> Nucleus:
-        return Nucleus(self.torch, row, self.decoding)
+    def nucleus(self, row: Row) -> Nucleus:
+        return row.nucleus(self.decoding)
 
     def nucleus_at(self, i: int) -> Nucleus:
         """The nucleus at answer position ``i`` of the current ids (kept until they change)."""
@@ -449,7 +416,7 @@ class Walk:
 
 
 def repair_response(
-    scorer: Scorer,
+    scorer: TargetScorer,
     tok: Tokenizer,
     prompt_ids: Sequence[int],
     response: Sequence[int],

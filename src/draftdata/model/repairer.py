@@ -8,13 +8,13 @@ from ..records import Decoding, Sample
 from ..tokenizers import Tokenizer
 from ..tokens.reconstruct import TextIds, open_ended_ids
 from .repair import RepairResult, repair_response
-from .score import Scorer
+from .rows import TargetScorer
 
 __all__ = ["repair_sample", "sample_repairer"]
 
 
 def repair_sample(
-    scorer: Scorer,
+    scorer: TargetScorer,
     tok: Tokenizer,
     sample: Sample,
     decoding: Decoding,
@@ -33,7 +33,9 @@ def repair_sample(
     )
 
 
-def sample_repairer(scorer: Scorer, tok: Tokenizer, text_ids: TextIds | None = None) -> Repairer:
+def sample_repairer(
+    scorer: TargetScorer, tok: Tokenizer, text_ids: TextIds | None = None
+) -> Repairer:
     def run(sample: Sample, decoding: Decoding) -> tuple[list[int], int, int]:
         r = repair_sample(scorer, tok, sample, decoding, text_ids)
         return r.response, len(r.repairs), r.tokens_forwarded

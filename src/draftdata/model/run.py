@@ -18,7 +18,7 @@ from ..store.ledger import Ledger
 from ..tokenizers import Tokenizer
 from ..tokens.reconstruct import TextIds
 from .flags import ScoreReport
-from .score import Scorer
+from .rows import TargetScorer
 from .stage import CHUNK, Scored, score_samples
 
 __all__ = [
@@ -39,11 +39,11 @@ class DatasetDecoding:
 
 #: a loaded scorer, or what loads one: (the model's key, a function that loads it), so a run with
 #: nothing left to score never loads the model
-ScorerSource = Scorer | tuple[str, Callable[[], Scorer]]
+ScorerSource = TargetScorer | tuple[str, Callable[[], TargetScorer]]
 
 
 def _key(scorer: ScorerSource) -> str:
-    return scorer[0] if isinstance(scorer, tuple) else str(scorer.lm.folder)
+    return scorer[0] if isinstance(scorer, tuple) else scorer.key
 
 
 def score_run(

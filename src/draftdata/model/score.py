@@ -17,8 +17,10 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..records import Decoding
 from .folders import ModelError
 from .load import LoadedModel, load_causal_lm
+from .rows import TorchRow, possible_rows
 
 __all__ = ["Scorer", "Session", "length_batches", "load_scorer", "right_padded"]
 
@@ -54,16 +56,20 @@ def right_padded(lm: LoadedModel, seqs: Sequence[Sequence[int]]) -> tuple[Any, A
 
 
 def load_scorer(spec: str, *, device: str = "cpu", dtype: str | None = None) -> Scorer:
-    """Load ``spec`` (folder, GGUF converted once, or ``pkg:``) and score with it."""
+    """Load ``spec`` (folder, GGUF converted once, or ``pkg:``) and score with it (a server's
+    URL: ``generate.scoring.open_scorer``)."""
     return Scorer(load_causal_lm(spec, device=device, dtype=dtype))
 
 
 class Scorer:
     """Score token ids with a loaded causal LM."""
 
+    concurrency = 1
+
     def __init__(self, lm: LoadedModel, *, max_logits: int = MAX_LOGITS) -> None:
         self.lm = lm
         self.max_logits = max_logits
+        self.key = str(lm.folder)
 
     def check(self, ids: Sequence[int], what: str = "sequence") -> None:
         if not ids:
@@ -147,9 +153,14 @@ class Session:
         new_cache = getattr(out, "cache", None)
         return out.logits[0].float(), (new_cache if new_cache is not None else out.past_key_values)
 
-    def row(self, j: int) -> Any:
-        """The logits predicting position ``j`` (``j >= first``)."""
-        return self.rows[j - self.first]
+    def row(self, j: int) -> TorchRow:
+        """The distribution predicting position ``j`` (``j >= first``)."""
+        return TorchRow(self.lm.torch, self.rows[j - self.first])
+
+    def possible(self, j: int, decoding: Decoding, greedy: bool) -> list[bool]:
+        """For each position from ``j`` to the end: could ``decoding`` have produced its id?"""
+        rows = self.rows[j - self.first : len(self.ids) - self.first]
+        return possible_rows(self.lm.torch, rows, self.ids[j:], decoding, greedy)
 
     def replace_from(self, j: int, tail: Sequence[int]) -> None:
         """Set ``ids[j:] = tail`` and recompute the logits after ``j``, reusing the prefix cache.
@@ -180,10 +191,12 @@ class Session:
                 layer.keys, layer.values = k, v
         return logits
 
-    def peek_many(self, paths: Sequence[tuple[int, Sequence[int]]]) -> list[Any]:
-        """``peek`` for many paths in one forward pass: path ``(j, tokens)`` sees the cached ids
-        before ``j`` and its own tokens (a tree attention mask over the cache), and nothing of
-        the other paths. Returns, per path, the logits after each of its tokens."""
+    def peek_many(self, paths: Sequence[tuple[int, Sequence[int]]]) -> list[list[TorchRow]]:
+        """The distributions along each path ``(j, path)`` put at position ``j``: per path, the
+        rows predicting ``path[1:]`` (row k follows ``path[k]``). One forward pass for all:
+        ``path[:-1]`` of each sees the cached ids before ``j`` and its own tokens (a tree
+        attention mask over the cache), and nothing of the other paths."""
+        paths = [(j, list(p)[:-1]) for j, p in paths]
         if not paths:
             return []
         torch = self.lm.torch
@@ -221,7 +234,11 @@ class Session:
         self.forwards += 1
         self.tokens_forwarded += q
         logits = out.logits[0].float()
-        return [logits[o : o + len(t)] for (_j, t), o in zip(paths, starts, strict=True)]
+        torch = self.lm.torch
+        return [
+            [TorchRow(torch, r) for r in logits[o : o + len(t)]]
+            for (_j, t), o in zip(paths, starts, strict=True)
+        ]
 
     def logprobs(self) -> list[float]:
         """``log p(ids[j] | ids[:j])`` for ``j`` from ``first`` to the end."""

@@ -2,13 +2,15 @@
 reconstructed ones. Engine and logprob samples are scored, never changed.
 
 Samples are taken in chunks: the ones only scored go through one batched forward pass per chunk
-(``Scorer.logprobs``); a repaired one gets its own pass with a KV cache (``model.repair``), and
-its score comes from that same pass.
+(``Scorer.logprobs``; through a server, concurrent requests); a repaired one gets its own pass
+with a KV cache (``model.repair``; through a server, its own requests, the chunk's repairs
+concurrently), and its score comes from that same pass.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from itertools import islice
 
@@ -16,9 +18,9 @@ from ..records import Decoding, Sample
 from ..tokenizers import Tokenizer
 from ..tokens.reconstruct import TextIds
 from .flags import SampleScore, score_of
-from .repair import Repair
+from .repair import Repair, RepairResult
 from .repairer import repair_sample
-from .score import Scorer
+from .rows import TargetScorer
 
 __all__ = ["Scored", "score_samples"]
 
@@ -50,7 +52,7 @@ def _repairable(s: Sample) -> bool:
 
 
 def score_samples(
-    scorer: Scorer,
+    scorer: TargetScorer,
     tok: Tokenizer,
     samples: Iterable[Sample],
     *,
@@ -66,11 +68,23 @@ def score_samples(
         fix = [repair and _repairable(s) for s in chunk]
         plain = [s for s, f in zip(chunk, fix, strict=True) if not f]
         lps = iter(scorer.logprobs([s.input_ids for s in plain]) if plain else [])
+        todo = [s for s, f in zip(chunk, fix, strict=True) if f]
+
+        def one(s: Sample) -> RepairResult:
+            return repair_sample(scorer, tok, s, decoding_of(s), text_ids)
+
+        # a server repairs the chunk's samples concurrently (its requests stay within its
+        # concurrency); this process repairs them one by one
+        if scorer.concurrency > 1 and len(todo) > 1:
+            with ThreadPoolExecutor(min(scorer.concurrency, len(todo))) as pool:
+                done = iter(list(pool.map(one, todo)))
+        else:
+            done = (one(s) for s in todo)
         for s, f in zip(chunk, fix, strict=True):
             if not f:
                 yield Scored(s, _score(s, next(lps), control, threshold), original=s)
                 continue
-            r = repair_sample(scorer, tok, s, decoding_of(s), text_ids)
+            r = next(done)
             new = s
             if r.repairs:
                 ids = s.input_ids[: s.prompt_len] + r.response

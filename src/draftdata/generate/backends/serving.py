@@ -36,10 +36,15 @@ class Served:
 
 
 def _request(
-    url: str, method: str, headers: dict[str, str], body: bytes | None, timeout: float
+    url: str,
+    method: str,
+    headers: dict[str, str],
+    body: bytes | None,
+    timeout: float,
+    max_body: int = MAX_BODY,
 ) -> tuple[int, bytes] | str:
     """(status, body) or why not: one request on a fresh connection, no redirect followed, the
-    body read up to ``MAX_BODY``."""
+    body read up to ``max_body``."""
     u = urlsplit(url)
     conn_cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
     try:
@@ -55,9 +60,9 @@ def _request(
             headers={**headers, **({"Content-Type": "application/json"} if body else {})},
         )
         r = conn.getresponse()
-        data = r.read(MAX_BODY + 1)
-        if len(data) > MAX_BODY:
-            return f"the answer is larger than {MAX_BODY} bytes"
+        data = r.read(max_body + 1)
+        if len(data) > max_body:
+            return f"the answer is larger than {max_body} bytes"
         return r.status, data
     except (TimeoutError, OSError, http.client.HTTPException) as e:
         return f"no answer ({type(e).__name__}: {e})"
