@@ -165,10 +165,12 @@ def test_repair_through_an_sglang_shaped_server(sglang_shaped, bound):
     assert isinstance(scorer, ServerScorer) and scorer.engine == "sglang"
     rep = validate(bound, records, repairer=sample_repairer(scorer, bound.tokenizer))
     assert rep.exact == 2 and rep.to_json()["repair"]["broken"] == 0
-    assert seen and all(b["top_logprobs_num"] == 20 for b in seen if "top_logprobs_num" in b)
+    # the walk asks the top 20; a token outside them is asked for alone (top 0)
+    asked = [b["top_logprobs_num"] for b in seen]
+    assert 20 in asked and set(asked) <= {0, 20}
 
 
-def test_validate_and_score_clis_take_the_server_url(vllm, tmp_path):
+def test_validate_repair_with_takes_the_server_url(vllm, tmp_path):
     gt = tmp_path / "gt.jsonl"
     gt.write_text(
         "".join(json.dumps(RAW[k]) + "\n" for k in ["mtbench-73-greedy", "mtbench-27-greedy"])
