@@ -54,8 +54,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 #: the files that take longest (a real server or engine start, model runs), collected first: under
-#: `pytest -n 2 --dist loadfile` each worker takes the next file in collection order, so a long
-#: file collected last runs alone at the end while the other worker idles
+#: `pytest -n 2 --dist loadfile --no-loadscope-reorder` (the Makefile's) each worker takes the next
+#: file in collection order, so a long file collected last would run alone at the end while the
+#: other worker idles (without the flag xdist starts the files with most tests first)
 FIRST = ("test_vllm_server.py", "test_vllm_engine.py", "test_server_scorer.py")
 
 
