@@ -24,7 +24,7 @@ reader = "mtbench"
 backend = "engine"
 limit = 20
 turns = "first"
-sampling = {{ temperature = 0.0, max_tokens = 64, seed = 7 }}
+sampling = {{ temperature = 0.0, max_tokens = 24, seed = 7 }}
 """
 
 
