@@ -53,7 +53,13 @@ TokenizerOpt = Annotated[
     ),
 ]
 ModelOpt = Annotated[
-    str, typer.Option("--model", "-m", help="the target model: folder, GGUF or pkg:MODULE")
+    str,
+    typer.Option(
+        "--model",
+        "-m",
+        help="the target model: folder, GGUF or pkg:MODULE, or the base URL of the vLLM or "
+        "SGLang server that serves it (its own log-probabilities)",
+    ),
 ]
 DeviceOpt = Annotated[
     str,
