@@ -9,7 +9,6 @@ written into the published folder."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -18,18 +17,11 @@ from pathlib import Path
 
 from ..files import write_json
 from ..records.export import FileEntry
+from ..tokenizers.base import file_sha256
 from .shards import staging_folder
 from .write import MANIFEST_FILE, read_export_manifest
 
 __all__ = ["ExportCheck", "restage", "seal", "verify_export"]
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _files(folder: Path) -> list[str]:
@@ -52,7 +44,7 @@ def seal(folder: Path, trainers: Mapping[str, Sequence[Path]] = {}) -> None:
             for q in found:
                 owner[q.relative_to(folder).as_posix()] = name
     files = tuple(
-        FileEntry(rel, (folder / rel).stat().st_size, _sha256(folder / rel), owner.get(rel))
+        FileEntry(rel, (folder / rel).stat().st_size, file_sha256(folder / rel), owner.get(rel))
         for rel in _files(folder)
     )
     write_json(folder / MANIFEST_FILE, replace(em, files=files).to_json())
@@ -113,7 +105,7 @@ def verify_export(folder: Path) -> ExportCheck:
             check.problems.append(f"{f.path}: missing")
         elif path.stat().st_size != f.bytes:
             check.problems.append(f"{f.path}: {path.stat().st_size} bytes, listed {f.bytes}")
-        elif _sha256(path) != f.sha256:
+        elif file_sha256(path) != f.sha256:
             check.problems.append(f"{f.path}: its sha256 is not the one listed")
     extra = [rel for rel in _files(folder) if rel not in listed]
     if extra:
