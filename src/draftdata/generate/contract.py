@@ -13,7 +13,6 @@ the messages), against what draftdata will send and record.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,7 @@ from ..records import Message, Prompt
 from ..records.wire import messages_to_wire
 from ..tokens.conversation import n_turns, turn_messages
 from ..tokens.stage import TokensStage
-from .backends.serving import ENGINES, Served, served, tokenize_chat
+from .backends.serving import ENGINES, Served, auth_headers, served, tokenize_chat
 
 #: prompts compared with the server's rendering, per dataset
 CONTRACT_SAMPLE = 8
@@ -36,11 +35,6 @@ class ServingContractError(DraftdataError):
     """The server renders prompts differently from draftdata: every id would be wrong."""
 
     exit_code = 2
-
-
-def headers_of(cfg: OpenAIBackendCfg) -> dict[str, str]:
-    key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 class Serving:
@@ -59,7 +53,7 @@ class Serving:
             return None
         if backend not in self._got:
             model = self.m.target.model if cfg.model is None else cfg.model
-            self._got[backend] = served(cfg.base_url, headers_of(cfg), model)
+            self._got[backend] = served(cfg.base_url, auth_headers(cfg), model)
         return self._got[backend]
 
     def engine(self, d: DatasetCfg) -> str | None:
@@ -75,6 +69,12 @@ class Serving:
             return None
         got = self.served(d.backend)
         return got.server if got is not None else None
+
+    def renders(self, d: DatasetCfg) -> bool:
+        """Whether the dataset's server renders a conversation into ids for us to compare:
+        vLLM's ``/tokenize`` (SGLang has no chat equivalent)."""
+        got = self.served(d.backend)
+        return got is not None and got.server == "vllm"
 
     def context(self, d: DatasetCfg) -> int | None:
         """The server's ``max_model_len`` (prompt and answer together), where it says one."""
@@ -188,7 +188,7 @@ def _check_rendering(
             request["tools"] = list(p.tools)
         if isinstance(kwargs, dict):
             request["chat_template_kwargs"] = kwargs
-        theirs = tokenize_chat(cfg.base_url, headers_of(cfg), request)
+        theirs = tokenize_chat(cfg.base_url, auth_headers(cfg), request)
         if isinstance(theirs, str):
             if compared == 0:
                 return RenderCheck(
@@ -226,8 +226,7 @@ def check_dataset(
     ``prompts``: a difference refuses the dataset (``ServingContractError``), with both
     renderings at the first differing position; returns what was compared, said in one line
     (None: the server is no vLLM, so nothing could be compared)."""
-    got = serving.served(d.backend)
-    if got is None or got.server != "vllm":
+    if not serving.renders(d):
         return None
     samples = contract_sample(prompts, d.turns)
     check = serving.check_rendering(d, bound, samples)

@@ -40,7 +40,15 @@ from ..model.folders import ModelError
 from ..model.rows import TOLERANCE, TargetScorer, in_nucleus
 from ..records import Decoding
 from .backends.retry import retry_delay, will_retry
-from .backends.serving import ENGINES, MAX_LEN, _request, error_text, root_of, served
+from .backends.serving import (
+    ENGINES,
+    MAX_LEN,
+    auth_headers,
+    error_text,
+    http_request,
+    root_of,
+    served,
+)
 
 __all__ = [
     "ServerRow",
@@ -214,7 +222,7 @@ class ServerScorer:
         attempt = 0
         while True:
             with self._slots:
-                got = _request(url, "POST", self.headers, body, self.timeout, MAX_BODY)
+                got = http_request(url, "POST", self.headers, body, self.timeout, MAX_BODY)
             with self._count:
                 self.requests += 1
                 self.tokens_forwarded += n
@@ -433,11 +441,9 @@ def manifest_scorer(m: Manifest) -> TargetScorer | None:
                 f"[model] path = {path!r} names a {cfg.kind} backend; only a vLLM or SGLang "
                 "server's backend can score (or give a model folder, GGUF or pkg:)"
             )
-        from .contract import headers_of
-
         return ServerScorer(
             cfg.base_url,
-            headers=headers_of(cfg),
+            headers=auth_headers(cfg),
             model=cfg.model or m.target.model,
             engine=cfg.server if cfg.server in ENGINES else None,
             concurrency=cfg.concurrency,

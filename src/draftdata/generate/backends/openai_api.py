@@ -32,7 +32,7 @@ from .base import Backend, Completion, FailedAttempt, GenRequest, OnFailure
 from .http11 import READ_STEP, LeanHttp, Reply, TransportError
 from .reach import reachable
 from .retry import AUTH_STATUSES, PROBE_REFUSED, retry_after, retry_delay, will_retry
-from .serving import error_text
+from .serving import auth_headers, error_text
 
 _JSON = {"Content-Type": "application/json"}
 
@@ -144,7 +144,7 @@ class OpenAIBackend(Backend):
                 f"backend {name}: base_url {shown} carries credentials and api_key_env is set; "
                 "use one of them (the key in the variable is the usual way)"
             )
-        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.headers = auth_headers(cfg)
         why = reachable(cfg.base_url)
         if why is not None:  # name it now: not after 90 refused attempts and 40 s
             raise BackendConfigError(

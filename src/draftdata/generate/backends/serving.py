@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+
+from ...config import OpenAIBackendCfg
 
 #: a server's self-description is small: a larger body is not read
 MAX_BODY = 4 * 1024 * 1024
@@ -35,7 +38,7 @@ class Served:
     max_model_len: int | None
 
 
-def _request(
+def http_request(
     url: str,
     method: str,
     headers: dict[str, str],
@@ -70,6 +73,13 @@ def _request(
         conn.close()
 
 
+def auth_headers(cfg: OpenAIBackendCfg) -> dict[str, str]:
+    """The bearer header of a backend whose key variable is set; none otherwise (a local server
+    needs none). The backend itself refuses an unset variable before it sends anything."""
+    key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def _json(got: tuple[int, bytes] | str) -> Any:
     if isinstance(got, str) or got[0] != 200:
         return None
@@ -96,7 +106,7 @@ def served(
 ) -> Served | None:
     """What ``GET {base_url}/models`` says of ``model`` (or of the only model served, where
     ``model`` is empty or None); None where the server says nothing usable."""
-    doc = _json(_request(base_url.rstrip("/") + "/models", "GET", headers, None, timeout))
+    doc = _json(http_request(base_url.rstrip("/") + "/models", "GET", headers, None, timeout))
     data = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(data, list):
         return None
@@ -118,7 +128,7 @@ def tokenize_chat(
     """The ids vLLM's own renderer makes of a chat request (``POST /tokenize`` with its
     messages, tools and ``chat_template_kwargs``, with the generation prompt), or why not."""
     body = json.dumps({**request, "add_generation_prompt": True}, ensure_ascii=False).encode()
-    got = _request(root_of(base_url) + "/tokenize", "POST", headers, body, timeout)
+    got = http_request(root_of(base_url) + "/tokenize", "POST", headers, body, timeout)
     if isinstance(got, str):
         return got
     if got[0] != 200:
@@ -158,4 +168,13 @@ def error_text(body: bytes | str | None, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-__all__ = ["ENGINES", "Served", "error_text", "root_of", "served", "tokenize_chat"]
+__all__ = [
+    "ENGINES",
+    "Served",
+    "auth_headers",
+    "error_text",
+    "http_request",
+    "root_of",
+    "served",
+    "tokenize_chat",
+]
