@@ -124,7 +124,10 @@ def run_pipeline(
             if not m.is_ground_truth(d) and (e := runner.serving.engine(d)) is not None
         }
         exact = [d for d in m.datasets if m.is_ground_truth(d) or d.name in engine]
-        text = [d for d in m.datasets if d not in exact]
+        text = [d for d in m.datasets if not (m.is_ground_truth(d) or d.name in engine)]
+        # what waits on the gate: the text datasets, and an engine dataset whose server gave
+        # some answers no ids (those were reconstructed)
+        waits = [d.name for d in text]
         # 1. read every dataset (duplicates across datasets are dropped in manifest order)
         for d in m.datasets:
             runner.prompts(d)
@@ -139,16 +142,15 @@ def run_pipeline(
                 evidence += got
                 who = f"the {engine[d.name]} server's own ids" if d.name in engine else "answers"
                 said.append(f"{who} of {d.name} ({len(got)})")
-            # an engine dataset whose server gave no ids was reconstructed: it waits too
-            text += [d for d in exact if d.name in engine and _reconstructed(res, d.name)]
+            waits += [n for n in engine if _reconstructed(res, n)]
         scorer = _scorer(m)
         # 3. validate reconstruction on it (repaired by the model first, where [model] says so)
         if evidence:
             res.validation = measure(runner, evidence, scorer)
             write_json(m.output_dir / "validation.json", res.validation.to_json())
         # 4. the gate, before the first paid request of a text dataset
-        res.gate = gate_on(m.run.min_exact, res.validation, gated=bool(text)).on(", ".join(said))
-        if text and not res.gate.passed:
+        res.gate = gate_on(m.run.min_exact, res.validation, gated=bool(waits)).on(", ".join(said))
+        if waits and not res.gate.passed:
             if not force:
                 runner.ledger.set_meta("gate", res.gate.to_json())
                 raise GateError(
@@ -156,7 +158,6 @@ def run_pipeline(
                     "learn split preferences (`draftdata learn`), or pass --force to override"
                 )
             res.gate = res.gate.force()
-        text = [d for d in text if d not in exact]
         runner.ledger.set_meta("gate", res.gate.to_json())
         # 5. the text backends
         if text:

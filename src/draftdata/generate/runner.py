@@ -369,7 +369,7 @@ class Runner(DecontaminateMixin):
     def check_contract(self, d: DatasetCfg) -> None:
         """Before the dataset's first request (once): our prompt ids against the server's own
         rendering, on a sample of the prompts still to ask (``contract.check_dataset``)."""
-        if d.name not in self.contract_checked:
+        if d.name not in self.contract_checked and self.serving.renders(d):
             self.contract_checked.add(d.name)
             page = self.ledger.pending_chains(d.name, -1, PROMPT_WINDOW)
             line = check_dataset(self.serving, d, self.bound, (c.prompt for c in page.chains))
