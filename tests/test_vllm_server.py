@@ -336,3 +336,28 @@ def test_server_killed_mid_run_exits_nonzero_and_loses_nothing(tmp_path, folder,
     assert "rerunning asks the rest again" in err
     db = sqlite3.connect(run / "ledger.sqlite")
     assert db.execute("SELECT count(*) FROM samples").fetchone() == (st["done"],)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://[zz]/v1", "ftp://127.0.0.1:8000/v1", "http://127.0.0.1:0/v1"]
+)
+def test_init_with_a_bad_base_url_is_one_line(tmp_path, url):
+    """`init` reads the URL to tell a loopback server and ask it what it serves: a URL it
+    cannot use is one line naming the fix, exit 2, and no manifest written (it was exit 70)."""
+    out = tmp_path / "i.toml"
+    r = cli("init", "--backend", "openai", "--base-url", url, "-o", str(out))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith("error: --base-url") and "http://127.0.0.1:8000/v1" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_scoring_through_a_server_that_does_not_answer_says_so(tmp_path):
+    from servers import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    gt = tmp_path / "gt.jsonl"
+    gt.write_text((PROMPTS.parent / "groundtruth" / "smollm2-135m-instruct.dev.jsonl").read_text().splitlines()[0] + "\n")  # fmt: skip
+    r = cli("validate", str(gt), "-t", str(smollm2_folder()), "-f", "chatml", "--repair-with", url)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "does not answer" in r.stderr and "is the server running?" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -152,6 +152,12 @@ def init(
 
     if backend not in INIT_BACKENDS:
         raise InputError(f"--backend {backend!r}: choose one of {', '.join(INIT_BACKENDS)}")
+    if backend == "openai":
+        from ..config.backends import base_url_problem, redact_url
+
+        problem = base_url_problem(base_url)
+        if problem is not None:
+            raise InputError(f"--base-url {redact_url(base_url)}: {problem}")
     if format not in BUILTIN and not Path(format).is_file():
         raise InputError(
             f"--format {format!r}: not a built-in format ({', '.join(BUILTIN)}) nor a .toml file"

@@ -63,11 +63,9 @@ class OpenAIBackendCfg(_Strict):
     @field_validator("base_url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if not re.match(r"^https?://", v):
-            raise ValueError(f"must start with http:// or https://; {_LIKE}")
-        problem = url_problem(v)
+        problem = base_url_problem(v)
         if problem is not None:
-            raise ValueError(f"{problem}; {_LIKE}")
+            raise ValueError(problem)
         return v.rstrip("/")
 
 
@@ -81,6 +79,14 @@ class EngineBackendCfg(_Strict):
 
 
 _LIKE = "write it like http://127.0.0.1:8000/v1"
+
+
+def base_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be a backend's base URL, said with the fix, or None."""
+    if not re.match(r"^https?://", url):
+        return f"must start with http:// or https://; {_LIKE}"
+    problem = url_problem(url)
+    return None if problem is None else f"{problem}; {_LIKE}"
 
 
 def url_problem(url: str) -> str | None:

@@ -35,10 +35,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import Manifest, OpenAIBackendCfg
+from ..config import Manifest, OpenAIBackendCfg, redact_url
 from ..model.folders import ModelError
 from ..model.rows import TOLERANCE, TargetScorer, in_nucleus
 from ..records import Decoding
+from .backends.reach import reachable
 from .backends.retry import retry_delay, will_retry
 from .backends.serving import (
     ENGINES,
@@ -168,6 +169,9 @@ class ServerScorer:
         self.base_url = base_url.rstrip("/")
         self.headers = dict(headers or {})
         if model is None or engine is None:
+            why = reachable(self.base_url)
+            if why is not None:  # said as such, not as a server that names no model
+                raise ModelError(f"{redact_url(base_url)}: {why}; is the server running?")
             got = served(self.base_url, self.headers, model)
             if got is None:
                 raise ModelError(
