@@ -20,9 +20,9 @@ from typing import Any
 from ..config import DatasetCfg, Manifest, OpenAIBackendCfg, redact_url
 from ..errors import DraftdataError
 from ..formats import BoundFormat
-from ..records import Message, Prompt
+from ..records import Prompt
 from ..records.wire import messages_to_wire
-from ..tokens.conversation import n_turns, turn_messages
+from ..tokens.conversation import n_turns, stand_in_answers, turn_messages
 from ..tokens.stage import TokensStage
 from .backends.serving import ENGINES, Served, auth_headers, served, tokenize_chat
 
@@ -100,7 +100,9 @@ def over_context(context: int | None, prompt_len: int, max_tokens: int) -> str |
     )
 
 
-def contract_sample(prompts: Iterable[Prompt], turns: str, k: int = CONTRACT_SAMPLE) -> list[Any]:
+def contract_sample(
+    prompts: Iterable[Prompt], turns: str, k: int = CONTRACT_SAMPLE
+) -> list[tuple[Prompt, int]]:
     """Up to ``k`` (prompt, turn) pairs to compare: the first prompt with a system message, the
     first with tools, the last turn of the first with several turns, then the first prompts."""
     chosen: list[tuple[Prompt, int]] = []
@@ -172,10 +174,8 @@ def _check_rendering(
     kwargs = cfg.extra_body.get("chat_template_kwargs")
     compared = skipped = 0
     for p, t in samples:
-        answers = [x for x in p.messages if x.role == "assistant"]
-        answers += [Message("assistant", "")] * max(0, t + 1 - len(answers))
         try:
-            msgs = turn_messages(p, d.turns, t, answers)
+            msgs = turn_messages(p, d.turns, t, stand_in_answers(p, t + 1))
             ours = stage.render_prompt(msgs, p)
         except DraftdataError:
             skipped += 1  # the run quarantines it with the reason

@@ -17,9 +17,9 @@ from ..config import DatasetCfg, Manifest
 from ..errors import DraftdataError
 from ..formats import BoundFormat
 from ..measure.contamination import Detector, detector_for
-from ..records import Message, Prompt
+from ..records import Prompt
 from ..store.ledger import Ledger
-from ..tokens.conversation import n_turns, turn_messages
+from ..tokens.conversation import n_turns, stand_in_answers, turn_messages
 from ..tokens.stage import TokensStage
 from .backends import backend_class
 from .contract import Serving, ServingContractError, check_dataset, over_context
@@ -173,8 +173,7 @@ def _dataset_plan(
         turns = n_turns(p, d.turns)
         # later turns answer the model's own earlier answers; the dataset's (or empty ones)
         # stand in, and the upper bound adds max_tokens for each
-        answers = [x for x in p.messages if x.role == "assistant"]
-        answers += [Message("assistant", "")] * max(0, turns - len(answers))
+        answers = stand_in_answers(p, turns)
         for t in range(turns):
             try:
                 n = len(stage.render_prompt(turn_messages(p, d.turns, t, answers), p))

@@ -46,6 +46,14 @@ def turn_messages(
     return tuple(head)
 
 
+def stand_in_answers(p: Prompt, turns: int) -> list[Message]:
+    """The model's answers before each of ``turns`` turns, where none is given yet: the
+    dataset's own assistant messages, then empty ones (``plan`` and the serving contract render
+    later on-policy turns with them; the run uses the model's real answers)."""
+    answers = [x for x in p.messages if x.role == "assistant"]
+    return answers + [Message("assistant", "")] * max(0, turns - len(answers))
+
+
 def answer_message(view: ApiView) -> Message:
     return Message(
         "assistant", view.content or "", reasoning=view.reasoning, tool_calls=view.tool_calls
