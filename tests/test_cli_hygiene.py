@@ -158,13 +158,13 @@ def _port_free(port: int) -> bool:
 
 
 def test_plan_of_the_demo_prints_the_table_and_sends_nothing(tmp_path):
-    """`draftdata plan examples/demo/manifest.toml` with a request-counting server where the
+    """`draftdata plan examples/demo/manifest-serve.toml` with a request-counting server where the
     demo's `transformers serve` would be."""
     if not _port_free(18931):
         pytest.skip("port 18931 (the demo's) is in use")
     served = tmp_path / "gt.jsonl"
     served.write_text("".join(json.dumps(r) + "\n" for r in GT[:5]))
-    demo = ROOT / "examples" / "demo" / "manifest.toml"
+    demo = ROOT / "examples" / "demo" / "manifest-serve.toml"
     proc = subprocess.Popen(
         [sys.executable, "-m", "draftdata", "replay-server", str(served), "--port", "18931"],
         stdout=subprocess.DEVNULL,
@@ -194,6 +194,21 @@ def test_plan_of_the_demo_prints_the_table_and_sends_nothing(tmp_path):
     table = run("plan", str(demo))
     for name in ("mtbench", "bfcl", "sharegpt", "gate:", "cost:"):
         assert name in table.stdout
+
+
+def test_plan_of_the_demo_with_its_vllm_server_down_names_the_gate_it_will_have():
+    """The default demo (examples/demo/manifest.toml) names its server (``server = "vllm"``):
+    before run_demo.py starts it, `plan` says the server does not answer and still says which
+    datasets' engine ids will feed the gate, instead of "nothing to gate on"."""
+    if not _port_free(18932):
+        pytest.skip("port 18932 (the vLLM demo's) is in use")
+    r = run("plan", str(ROOT / "examples" / "demo" / "manifest.toml"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = " ".join(r.stdout.split())
+    assert "measured on the server's own ids of mtbench (24, vllm), bfcl (8, vllm)" in out, out
+    assert "before sharegpt sends a request" in out
+    assert "does not answer" in out and "is the server running?" in out
+    assert "nothing to gate on" not in out
 
 
 def test_plan_names_every_problem_before_a_request(tmp_path, monkeypatch):

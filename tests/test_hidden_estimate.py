@@ -57,8 +57,8 @@ def test_hidden_size_is_the_ggufs_own():
 
 def _demo_manifest(tmp_path):
     """The demo manifest with its run folder in ``tmp_path`` (no ledger: nothing measured)."""
-    text = (ROOT / "examples/demo/manifest.toml").read_text()
-    text = text.replace('output = "../../runs/demo"', f'output = "{tmp_path / "run"}"')
+    text = (ROOT / "examples/demo/manifest-serve.toml").read_text()
+    text = text.replace('output = "../../runs/demo-serve"', f'output = "{tmp_path / "run"}"')
     text = text.replace('source = "', f'source = "{ROOT / "examples/demo"}/')
     m = tmp_path / "manifest.toml"
     m.write_text(text)
@@ -76,7 +76,7 @@ def test_plan_prints_the_bound_for_the_demo_manifest_before_it_runs(tmp_path):
     assert hs["bytes"]["fp8"] < 0.55 * hs["bytes"]["bf16"]
     r = run("plan", str(_demo_manifest(tmp_path)), "--hidden-for", "speculators")
     assert "no answers yet to measure" in r.stdout and "no rate measured yet" in r.stdout
-    r = run("plan", str(ROOT / "examples/demo/manifest.toml"), "--hidden-for", "nowhere")
+    r = run("plan", str(ROOT / "examples/demo/manifest-serve.toml"), "--hidden-for", "nowhere")
     assert r.returncode == 2 and "--hidden-for 'nowhere': choose one of" in r.stderr
 
 

