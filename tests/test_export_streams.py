@@ -167,7 +167,9 @@ def test_the_registry_spells_each_trainer_once():
         "speculators", "specforge", "specforge-conversations",
         "modelopt", "nemo-automodel", "nemo-automodel-conversations",
     }  # fmt: skip
-    assert list(LAYOUTS) == ["speculators", "specforge", "modelopt", "safetensors"]
+    assert list(LAYOUTS) == [
+        "speculators", "specforge", "modelopt", "nemo-automodel", "safetensors",
+    ]  # fmt: skip
     assert "fp8" not in TRAINERS["modelopt"].dtypes  # ModelOpt reads no fp8 scale
     for name, e in EXPORTERS.items():
         owners = [t.name for t in TRAINERS.values() if e in t.exports]

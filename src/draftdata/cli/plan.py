@@ -209,6 +209,7 @@ def plan(
     """What a run will ask for and cost, and every problem found, before one request is sent.
     Reads the datasets and renders the prompts; exits 1 when it finds a problem."""
     from ..config import load_manifest
+    from ..export.trainers.settings import plan_warning
     from ..generate.plan import make_plan
 
     m = load_manifest(manifest)
@@ -218,6 +219,8 @@ def plan(
         doc = p.to_json()
         if storage is not None:
             doc["hidden_states"] = storage.to_json()
+        if warning := plan_warning(hidden_for):
+            doc["trainer_warning"] = warning
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         t = Table(
@@ -263,6 +266,8 @@ def plan(
         if storage is not None:
             for line in storage.lines():
                 say(out, line)
+        if warning := plan_warning(hidden_for):
+            say(out, f"warning: {warning}", "yellow")
         for d in p.datasets:
             if d.rendering:
                 say(out, f"{d.name}: prompt rendering: {d.rendering}")

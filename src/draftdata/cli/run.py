@@ -452,6 +452,7 @@ def export(
         return
     from ..export.filters import parse_drop
     from ..export.run import StoredValidation, export_as, export_run
+    from ..export.trainers.settings import export_notes
     from ..export.write import read_export_manifest
     from ..generate.runner import Runner
     from ..store.runs import manifest_of_run
@@ -481,5 +482,7 @@ def export(
         say(out, f"{name}: left out by --drop: {_counts_line(per)}")
     for k, paths in files.items():
         say(out, f"{k}: {', '.join(paths)}")
+        for line in export_notes(k, paths):
+            say(out, line)
         if EXPORTERS[k].lossy:
             say(err, f"warning: {k} is lossy, {EXPORTERS[k].lossy}")

@@ -30,12 +30,15 @@ BATCH_TOKENS = 16384
 class Captured:
     """One sequence: ``aux`` [S, k, H], ``last`` [S, H] before the final norm, ``last_normed``
     [S, H] after it (torch tensors on the model's device, in its dtype), and
-    ``logprobs[j - 1] = log p(ids[j] | ids[:j])``."""
+    ``logprobs[j - 1] = log p(ids[j] | ids[:j])``; ``logits`` [S, V], the model's logits over
+    the sequence, only where the capturer was asked to keep them (NeMo Automodel's cache
+    stores the target's distribution)."""
 
     aux: Any
     last: Any
     last_normed: Any
     logprobs: list[float]
+    logits: Any = None
 
 
 def _decoder(model: Any) -> Any:
@@ -55,7 +58,14 @@ def n_layers_of(lm: LoadedModel) -> int:
 class Capturer:
     """Capture ``layers`` from ``lm`` over token ids."""
 
-    def __init__(self, lm: LoadedModel, layers: Layers, *, batch_tokens: int | None = None):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        layers: Layers,
+        *,
+        batch_tokens: int | None = None,
+        keep_logits: bool = False,
+    ):
         dec = _decoder(lm.model)
         if layers.n_layers != len(dec.layers):
             raise ModelError(
@@ -63,6 +73,7 @@ class Capturer:
             )
         self.lm = lm
         self.layers = layers
+        self.keep_logits = keep_logits
         # 1: every sequence alone (the CPU default)
         self.batch_tokens = batch_tokens or (1 if lm.device == "cpu" else BATCH_TOKENS)
         self._out: dict[str, Any] = {}
@@ -110,6 +121,7 @@ class Capturer:
                                 out["last"][row, :n],
                                 out["normed"][row, :n],
                                 lp.cpu().tolist(),
+                                logits[row, :n] if self.keep_logits else None,
                             ),
                         )
                     )

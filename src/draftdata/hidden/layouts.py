@@ -45,6 +45,7 @@ from ..errors import InputError
 from ..export.trainers import DTYPES, layout_trainer
 from ..export.trainers.modelopt import file_name as modelopt_file
 from ..export.trainers.modelopt import offline_record
+from ..export.trainers.settings import write_modelopt_recipe
 from ..files import atomic_path, write_bytes, write_json
 from ..records import Provenance, Sample
 from .codec import (
@@ -59,7 +60,9 @@ from .codec import (
 )
 
 if TYPE_CHECKING:
+    from ..model.load import LoadedModel
     from .capture import Captured
+    from .layers import Layers
 
 __all__ = ["DTYPES", "Encoder", "Item", "make_layout"]
 
@@ -178,6 +181,15 @@ class _Files:
 
     out: Path
     torch: Any
+    #: whether ``write`` needs the model's logits (``Captured.logits``)
+    keep_logits = False
+
+    def bind(
+        self, model: str, layers: Layers, files: list[Path], lm: LoadedModel | None = None
+    ) -> None:
+        """The model (its folder), layers and input files of the capture, and the loaded model
+        where this process runs it, before ``prepare`` (a layout that writes what depends on
+        them keeps them)."""
 
     def _start_sums(self) -> None:
         self.sums: dict[str, str] = {}
@@ -312,6 +324,22 @@ class SpecForge(_TorchFiles):
 class ModelOpt(_TorchFiles):
     name = "modelopt"
 
+    def bind(
+        self, model: str, layers: Layers, files: list[Path], lm: LoadedModel | None = None
+    ) -> None:
+        self.model, self.layers, self.files = model, layers, files
+
+    def prepare(self, items: Iterator[Item]) -> None:
+        self.longest = max((len(it.input_ids) for it in items), default=0)
+
+    def _longest(self) -> int:
+        """The longest sample (read again where this layout did not prepare: Ray's merge)."""
+        if not hasattr(self, "longest"):
+            from .run import iter_items
+
+            self.prepare(iter_items(self.files))
+        return self.longest
+
     def path(self, index: int) -> Path:
         return self.out / modelopt_file(index)
 
@@ -322,7 +350,14 @@ class ModelOpt(_TorchFiles):
         return self._save(it, d)
 
     def close(self) -> dict[str, Any]:
-        return {"files": "{i:08d}.pt", "sha256": dict(sorted(self.sums.items()))}
+        doc: dict[str, Any] = {"files": "{i:08d}.pt", "sha256": dict(sorted(self.sums.items()))}
+        layers = getattr(self, "layers", None)
+        if layers is not None:  # a pass that bound a model: the recipe ModelOpt's main.py runs
+            aux0 = [i - 1 for i in layers.aux]
+            path, settings = write_modelopt_recipe(self.out, self.model, aux0, self._longest())
+            doc["recipe"] = path.name
+            doc["settings"] = [s.line() for s in settings]
+        return doc
 
 
 class Shards(_Files):
@@ -423,9 +458,18 @@ class Shards(_Files):
         }
 
 
-def make_layout(name: str, out: Path, torch: Any, dtype: str, codec: str = "none") -> Any:
-    """The layout the trainer ``name`` reads (``export.trainers.LAYOUTS``), its rules checked."""
-    named = layout_trainer(name, dtype).layout
+def make_layout(
+    name: str,
+    out: Path,
+    torch: Any,
+    dtype: str,
+    codec: str = "none",
+    options: dict[str, Any] | None = None,
+) -> Any:
+    """The layout the trainer ``name`` reads (``export.trainers.LAYOUTS``), its rules checked;
+    ``options`` are the layout's own (``--top-k``, ... for NeMo Automodel's cache)."""
+    trainer = layout_trainer(name, dtype)
+    named = trainer.layout
     assert named is not None  # LAYOUTS holds only the trainers that name one
     module, _, attr = named.partition(":")
     layout = getattr(import_module(module), attr)
@@ -434,4 +478,5 @@ def make_layout(name: str, out: Path, torch: Any, dtype: str, codec: str = "none
             f"--codec {codec}: only draftdata's own shards (--for safetensors) take a byte "
             f"codec; {name}'s trainer reads its files uncompressed"
         )
-    return layout(out, torch, Encoder(torch, dtype, codec))
+    given = trainer.check_options(options)
+    return layout(out, torch, Encoder(torch, dtype, codec), **given)

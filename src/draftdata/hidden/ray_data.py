@@ -222,6 +222,7 @@ def capture_ray(
             ray.shutdown()
     # the merged manifest (and, for draftdata's shards, the index of every actor's shards)
     merged = make_layout(layout, out, torch, dtype, codec)
+    merged.bind(str(folder), chosen, files)  # what the trainer's settings name
     merged.sums.update(sums)  # draftdata's shards: the driver reads each shard's digest itself
     files_doc = merged.close()
     enc = merged.enc

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import InputError
 from .codec import MANIFEST, CorruptFileError, load_tensors
+from .nemo_cache import EMBEDDINGS, shard_samples
 from .run import iter_items
 
 __all__ = ["Stored", "VerifyReport", "read_manifest", "read_stored", "verify"]
@@ -29,7 +30,8 @@ class Stored:
     (speculators and draftdata's shards), ``hidden_state`` [1, S, H] and ``aux_hidden_state``
     [1, S, k*H] (SpecForge), or ``hidden_states`` [S, H] and ``aux_hidden_states`` [S, k*H]
     (ModelOpt), with ``loss_mask`` where the file holds one; fp8 dequantized to float32 with its
-    per-token scale."""
+    per-token scale. A NeMo Automodel cache sample holds its ``aux_hidden_states`` [S, 3H] and
+    its shifted fields cut to its first S-1 slots (``nemo_cache.shard_samples``)."""
 
     index: int
     id: str
@@ -67,6 +69,12 @@ def _dequantized(t: dict[str, Any], key: str = "hidden_states") -> dict[str, Any
 
 def _samples(out: Path, rel: str, t: dict[str, Any], meta: dict[str, str]) -> Iterator[Stored]:
     path = out / rel
+    if rel == EMBEDDINGS:  # NeMo Automodel's cache: the target's embeddings, no sample
+        return
+    if "position_mask" in t:  # NeMo Automodel's cache shard: samples stacked, padded, shifted
+        for index, sid, ids, tensors in shard_samples(t, meta, path):
+            yield Stored(index, sid, ids, tensors, path)
+        return
     if "offsets" in t:  # draftdata's shard: many samples back to back
         m = json.loads(meta.get("draftdata", "{}"))
         offs = t["offsets"].tolist()

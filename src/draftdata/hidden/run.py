@@ -128,11 +128,14 @@ class Pass:
         control_ids: Collection[int],
         threshold: float,
         codec: str = "none",
+        options: dict[str, Any] | None = None,
+        files: list[Path] | None = None,
     ) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.lm, self.layers, self.out = lm, layers, out
-        self.layout = make_layout(layout, out, lm.torch, dtype, codec)
-        self.cap = Capturer(lm, layers)
+        self.layout = make_layout(layout, out, lm.torch, dtype, codec, options)
+        self.layout.bind(str(lm.folder), layers, files or [], lm)
+        self.cap = Capturer(lm, layers, keep_logits=self.layout.keep_logits)
         self.control_ids, self.threshold = control_ids, threshold
         self._pool = ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="hs-writer")
         self._pending: deque[Future[int]] = deque()
@@ -251,10 +254,12 @@ def capture_to(
     control_ids: Collection[int] = (),
     threshold: float = -12.0,
     progress: Callable[[int, int], None] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Capture every sample of ``files`` into ``out`` in one process; the manifest."""
+    """Capture every sample of ``files`` into ``out`` in one process; the manifest. ``options``:
+    the layout's own (``--top-k`` ... for NeMo Automodel's cache)."""
     t0 = time.monotonic()
-    p = Pass(lm, layers, out, layout, dtype, control_ids, threshold, codec)
+    p = Pass(lm, layers, out, layout, dtype, control_ids, threshold, codec, options, files)
     report = ScoreReport(threshold)
     try:
         p.layout.prepare(iter_items(files))

@@ -49,6 +49,31 @@ class Trainer:
     #: the stored dtypes its offline reader takes, and what to say to a dtype it does not
     dtypes: tuple[str, ...] = DTYPES
     dtype_hint: str = ""
+    #: the layout's own options (``hidden-states --top-k`` ...), as its class takes them
+    options: tuple[str, ...] = ()
+    options_hint: str = "it takes none"
+    #: whether ``hidden-states --ray`` can write the layout (each actor its own samples' files)
+    ray: bool = True
+    #: the number of aux layers its trainer takes (None: any)
+    aux_layers: int | None = None
+
+    def check_layers(self, spec: str) -> None:
+        """``--layers spec`` against the aux layers the trainer takes (before a model loads)."""
+        n = None if spec.strip() == "auto" else len(spec.split(","))
+        if self.aux_layers is not None and n is not None and n != self.aux_layers:
+            raise InputError(
+                f"--layers {spec}: {self.name}'s EAGLE-3 takes exactly {self.aux_layers} aux "
+                "layers; use --layers auto or i,j,k"
+            )
+
+    def check_options(self, options: dict[str, Any] | None) -> dict[str, Any]:
+        """The options given (not None), each one this trainer's layout takes."""
+        given = {k: v for k, v in (options or {}).items() if v is not None}
+        wrong = sorted(set(given) - set(self.options))
+        if wrong:
+            flags = ", ".join("--" + k.replace("_", "-") for k in wrong)
+            raise InputError(f"{flags}: not an option of --for {self.name} ({self.options_hint})")
+        return given
 
     def check_dtype(self, dtype: str) -> None:
         if dtype not in DTYPES:
@@ -125,6 +150,16 @@ TRAINERS: dict[str, Trainer] = {
                 write_conversations=nemo_automodel.write_conversations,
                 lossy=nemo_automodel.LOSSY,
             ),
+            # the offline cache its recipe reads (recipe_args.cached_target_path)
+            layout="draftdata.hidden.nemo_cache:NemoCache",
+            dtypes=("bf16", "fp32"),
+            dtype_hint="NeMo Automodel's cache is bf16 or fp32 here (its reader takes no fp8 "
+            "scale); use fp8 with --for speculators or --for safetensors",
+            options=("draft_vocab", "top_k", "shard_size"),
+            options_hint="--draft-vocab, --top-k and --shard-size are NeMo Automodel's",
+            # its shards each hold a fixed run of samples, written by one process
+            ray=False,
+            aux_layers=3,
         ),
         # draftdata's own hidden-state shards (read with safetensors); the shards are the export
         _trainer("safetensors", layout="draftdata.hidden.layouts:Shards"),

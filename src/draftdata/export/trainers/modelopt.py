@@ -8,11 +8,15 @@ per conversation, a dict with ``input_ids`` and ``loss_mask`` ``(seq_len,)`` int
 (``LanguageDataCollator``, the vLLM streaming dataset) re-renders ``messages`` with the chat
 template and builds the mask from HF ``assistant_masks``, which needs ``{% generation %}`` tags.
 
-``export --as modelopt`` writes the ids half of those files, ``modelopt/{n:08d}.pt`` in export
-order with ``input_ids``, ``loss_mask`` (0/1) and ``id``; ``offline_record`` is the whole dict,
-which ``hidden-states --for modelopt`` (``hidden.layouts.ModelOpt``) writes whole, with the two
-hidden-state tensors, as ``OUT/{n:08d}.pt``. The dataset trains on the stored ``loss_mask`` only with
-``answer_only_loss=True``; its default ignores it and trains every position.
+``export --as modelopt`` writes the ids half of those files, ``modelopt/{n:08d}.ids.pth`` in
+export order with ``input_ids``, ``loss_mask`` (0/1) and ``id``, and the settings ModelOpt needs
+(``modelopt/draftdata-modelopt-settings.yaml``); ``offline_record`` is the whole dict, which
+``hidden-states --for modelopt`` (``hidden.layouts.ModelOpt``) writes whole, with the two
+hidden-state tensors, as ``OUT/{n:08d}.pt``. The ids half is named ``.ids.pth``, not ``.pt``:
+ModelOpt's main.py trains on every ``*.pt`` under ``data.offline_data_path`` (``rglob``), and a
+file without hidden states stops it (``KeyError: 'hidden_states'``) when that path is the run
+folder. The dataset trains on the stored ``loss_mask`` only with ``answer_only_loss=True``; its
+default ignores it and trains every position (``export.trainers.settings``).
 
 Mask convention: the same mask as every export. ModelOpt distills (no labels): at TTT step 0
 the draft's logits at position t are matched to the base model's distribution at t+1 under
@@ -33,8 +37,10 @@ from typing import Any
 from ...errors import InputError
 from ...records import ExportManifest, Sample
 
-#: the folder of ``.pt`` files under the export
+#: the folder of the ids-only files under the export
 FOLDER = "modelopt"
+#: their suffix: not ``.pt``, which ModelOpt's trainer globs for training files
+IDS_SUFFIX = ".ids.pth"
 
 
 def _torch() -> Any:
@@ -48,8 +54,13 @@ def _torch() -> Any:
 
 
 def file_name(index: int) -> str:
-    """The file of the ``index``-th sample of the export (its order)."""
+    """The training file of the ``index``-th sample (``hidden-states --for modelopt``)."""
     return f"{index:08d}.pt"
+
+
+def ids_file_name(index: int) -> str:
+    """The ids-only file of the ``index``-th sample of the export (``export --as modelopt``)."""
+    return f"{index:08d}{IDS_SUFFIX}"
 
 
 def offline_record(
@@ -80,16 +91,22 @@ def offline_record(
 def write_offline(
     samples: Iterable[Sample], manifest: ExportManifest, folder: Path
 ) -> tuple[Path, ...]:
-    """``folder/modelopt/``: one ``.pt`` per sample in export order (ids and masks), written to a
-    folder beside it and swapped in whole."""
+    """``folder/modelopt/``: one ``.ids.pth`` per sample in export order (ids and masks) and the
+    settings ModelOpt needs, written to a folder beside it and swapped in whole."""
+    from .settings import write_modelopt_export_settings
+
     torch = _torch()
     out = folder / FOLDER
     work = out.with_name(f".{out.name}.work")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     try:
+        longest = 0
         for i, s in enumerate(samples):
-            torch.save(offline_record(torch, s.id, s.input_ids, s.loss_mask), work / file_name(i))
+            rec = offline_record(torch, s.id, s.input_ids, s.loss_mask)
+            torch.save(rec, work / ids_file_name(i))
+            longest = max(longest, len(s.input_ids))
+        write_modelopt_export_settings(work, longest)
         if out.exists():
             shutil.rmtree(out)
         os.replace(work, out)
