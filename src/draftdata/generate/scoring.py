@@ -290,6 +290,13 @@ class BoundedNucleus:
             rest_t = n * (rest / n) ** self.inv_t if rest > 0 else 0.0
         self.z = sum(math.exp(v * self.inv_t) for v in known) + rest_t
         self._q: dict[int, float] = {}
+        # the mass before any token the row does not know (its log p is at most the K-th's):
+        # at least the top K strictly above that floor, as ``q`` would count it
+        self._floor_mass = sum(math.exp(v * self.inv_t) for _t, v in row.top_k if v > floor)
+
+    def unknown_outside(self) -> bool:
+        full = len(self.row.top_k) >= self.row.scorer.top_k > 0
+        return full and not in_nucleus(self._floor_mass / self.z, self.top_p)
 
     def q(self, token: int) -> float:
         if token not in self._q:
@@ -327,6 +334,16 @@ class ServerRow:
 
     def topk(self, k: int) -> list[int]:
         return [t for t, _v in self.top_k[:k]]
+
+    def has(self, token: int) -> bool:
+        return token in self.known
+
+    def ceiling(self) -> float:
+        """Below the server's top K (all it was asked for) every token has at most the K-th's
+        log p; with fewer than K given there is no such bound."""
+        if len(self.top_k) >= self.scorer.top_k > 0:
+            return min(v for _t, v in self.top_k)
+        return 0.0
 
     def need(self, tokens: Sequence[int]) -> None:
         """Ask the server for the log p of each token not known yet: one request each over the

@@ -176,8 +176,27 @@ class Walk:
                         continue
                     if piece and consistent(done, piece, text):
                         found.add(t)
-        row.need(sorted(found))
         return sorted(found)
+
+    def asked(
+        self, row: Row, cands: Sequence[int], beat: float | None, nucleus: Nucleus | None = None
+    ) -> list[int]:
+        """The candidates whose log p could change the decision, each asked for at once (a server
+        row asks one request per token it does not know): one the row does not know is left out
+        where its log p cannot pass ``beat`` (it is at most the row's ceiling), or where every
+        such token lies outside ``nucleus``."""
+        ceiling = row.ceiling()
+        keep = [
+            c
+            for c in cands
+            if row.has(c)
+            or not (
+                (beat is not None and ceiling <= beat)
+                or (nucleus is not None and nucleus.unknown_outside())
+            )
+        ]
+        row.need(keep)
+        return keep
 
     # --- the walk -----------------------------------------------------------------------
     def run(self) -> RepairResult:
@@ -223,7 +242,7 @@ class Walk:
     def most_probable(self, i: int, b: int, done: bytes, text: str, row: Row) -> bool | None:
         """Ours could not have been produced: take the most probable consistent token."""
         t = self.response[i]
-        cands = self.candidates(done, text, row) or [t]
+        cands = self.asked(row, self.candidates(done, text, row), row.lp(t)) or [t]
         best = max(cands, key=row.lp)
         if best == t or row.lp(best) <= row.lp(t):
             return False
@@ -256,7 +275,8 @@ class Walk:
                 # runs into it is rightly scored -inf
                 row = self.session.row(self.P + k)
                 done = self.data(self.response[a:k])
-                if any(row.lp(c) > row.lp(t) for c in self.candidates(done, text, row) if c != t):
+                cands = self.asked(row, self.candidates(done, text, row), row.lp(t))
+                if any(row.lp(c) > row.lp(t) for c in cands if c != t):
                     break
             else:
                 proposals.append((k, a, b, text))
@@ -285,14 +305,16 @@ class Walk:
         done = self.data(self.response[a:i])
         top = row.top()
         temp = float(self.decoding.temperature or 1.0)
+        here = self.nucleus_at(i)
+        # a token more than LOGIT_WINDOW below the top, or outside the nucleus, is no proposal
+        cands = [c for c in self.candidates(done, text, row) if c != t]
         alts = [
             c
-            for c in self.candidates(done, text, row)
-            if c != t and (top - row.lp(c)) / temp < LOGIT_WINDOW
+            for c in self.asked(row, cands, top - LOGIT_WINDOW * temp, here)
+            if (top - row.lp(c)) / temp < LOGIT_WINDOW
         ]
         if not alts:
             return []
-        here = self.nucleus_at(i)
         out: list[Proposal] = []
         ours = self.response[i:b]
         for c in sorted(alts, key=lambda c: -here.q(c))[:MAX_ALTERNATIVES]:

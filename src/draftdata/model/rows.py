@@ -52,6 +52,11 @@ class Nucleus(Protocol):
         nucleus."""
         ...
 
+    def unknown_outside(self) -> bool:
+        """Whether every token its row does not know lies outside the nucleus (the known ones
+        more probable than any of them already fill it), so none is worth asking for."""
+        ...
+
 
 class Row(Protocol):
     """The model's distribution over the token at one position."""
@@ -70,6 +75,15 @@ class Row(Protocol):
 
     def need(self, tokens: Sequence[int]) -> None:
         """Say that ``lp`` will be asked for these tokens (a server row fetches them together)."""
+        ...
+
+    def has(self, token: int) -> bool:
+        """Whether ``lp(token)`` is had without asking (always, in this process)."""
+        ...
+
+    def ceiling(self) -> float:
+        """The largest log p a token it does not ``has`` can have (a server row: the least of
+        the top K it gave)."""
         ...
 
     def nucleus(self, decoding: Decoding) -> Nucleus: ...
@@ -137,6 +151,9 @@ class TorchNucleus:
             self._q[token] = math.log(float(p)) if inside else -math.inf
         return self._q[token]
 
+    def unknown_outside(self) -> bool:
+        return True  # a full row knows every token
+
 
 class TorchRow:
     """A full logits row of a model run in this process."""
@@ -165,6 +182,12 @@ class TorchRow:
 
     def need(self, tokens: Sequence[int]) -> None:
         return None
+
+    def has(self, token: int) -> bool:
+        return True
+
+    def ceiling(self) -> float:
+        return -math.inf  # every token is known
 
     def nucleus(self, decoding: Decoding) -> TorchNucleus:
         return TorchNucleus(self.torch, self.logits, decoding)
