@@ -245,7 +245,11 @@ def test_default_answer_only_loss_drops_our_mask_and_draftdata_says_so(made, tmp
 
 
 def test_the_check_names_a_layer_mismatch_and_knows_modelopts_default(made, tmp_path):
+    """The check the CLI runs (``--verify OUT --recipe FILE``; its exit codes are tested above),
+    called in this process."""
     from modelopt.torch.speculative.plugins.hf_eagle import default_eagle_aux_layer_ids
+
+    from draftdata.hidden.recipe_check import check_recipe
 
     run_dir, *_ = made
     out = run_dir / "hidden-states-modelopt"
@@ -255,28 +259,18 @@ def test_the_check_names_a_layer_mismatch_and_knows_modelopts_default(made, tmp_
     key = "eagle.eagle_architecture_config.eagle_aux_hidden_state_layer_ids"
     captured = doc["layers"]["modelopt_aux_layer_ids"]
     shifted = [captured[0] + 1, *captured[1:]]
-    r = run(
-        "hidden-states",
-        "--verify",
-        str(out),
-        "--recipe",
-        str(_recipe(tmp_path, out, **{key: shifted})),
-    )
-    assert r.returncode == 1 and f"{key} is {shifted}" in r.stderr, r.stdout + r.stderr
+    c = check_recipe(out, _recipe(tmp_path, out, **{key: shifted}))
+    assert [p for p in c.problems if p.startswith(f"{key} is {shifted}")], c.lines
     # unset: ModelOpt's default for the model's layers, which --layers auto captured
-    r = run(
-        "hidden-states",
-        "--verify",
-        str(out),
-        "--recipe",
-        str(_recipe(tmp_path, out, **{key: None})),
-    )
-    assert r.returncode == 0 and "ModelOpt's default for 30 layers" in r.stdout, r.stdout + r.stderr
-    # a path that reads other files too
+    c = check_recipe(out, _recipe(tmp_path, out, **{key: None}))
+    assert not c.problems and f"ModelOpt's default for {n} layers" in c.lines[0], c.lines
+    # a path that reads other files too, and a length that cuts samples
     wide = _recipe(tmp_path, out, **{"data.offline_data_path": str(run_dir.parent)})
     (run_dir.parent / "stray.pt").write_bytes(b"")
     try:
-        r = run("hidden-states", "--verify", str(out), "--recipe", str(wide))
-        assert r.returncode == 1 and "1 others" in r.stderr, r.stdout + r.stderr
+        c = check_recipe(out, wide)
     finally:
         (run_dir.parent / "stray.pt").unlink()
+    assert len(c.problems) == 1 and "1 others" in c.problems[0], c.lines
+    c = check_recipe(out, _recipe(tmp_path, out, **{"training.training_seq_len": 16}))
+    assert len(c.problems) == 1 and "training_seq_len 16 cuts" in c.problems[0], c.lines
