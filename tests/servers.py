@@ -242,3 +242,61 @@ def stop_group(proc: subprocess.Popen[bytes], sig: int | None = None) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)  # the group's stragglers
     proc.wait(10)
+
+
+from conftest import PROMPTS as _PROMPTS  # noqa: E402
+
+
+def vllm_manifest(tmp: Path, folder: Path, url: str, datasets: str, backend: str = "") -> Path:
+    """A run on the served folder's own tokenizer (the GGUF's: it splits digits differently from
+    the hub tokenizer in ../shared, and the server renders with it): backend ``vllm`` asked for
+    the server's ids, backend ``text`` for text only, both at ``url``."""
+    m = tmp / "m.toml"
+    m.write_text(f"""
+[run]
+name = "vllm"
+output = "{tmp / "run"}"
+min_exact = 0.5
+
+[target]
+tokenizer = "{folder}"
+format = "chatml"
+model = "smollm2"
+
+[backends.vllm]
+kind = "openai"
+base_url = "{url}"
+concurrency = 4
+timeout_s = 600
+backoff_s = 0.05
+{backend}
+
+[backends.text]
+kind = "openai"
+base_url = "{url}"
+concurrency = 4
+timeout_s = 600
+token_ids = "never"
+{datasets}
+""")
+    return m
+
+
+#: three MT-Bench conversations, both turns, on backend ``vllm``
+MTBENCH = f"""
+[[datasets]]
+name = "mtbench"
+source = "{_PROMPTS / "mt_bench_question.jsonl"}"
+reader = "mtbench"
+backend = "vllm"
+limit = 3
+turns = "all"
+sampling = {{ temperature = 0.8, top_p = 0.95, max_tokens = 48, seed = 3 }}
+"""
+
+
+#: ChatML with no default system message: not SmolLM2's own template
+OTHER_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)

