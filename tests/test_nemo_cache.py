@@ -69,18 +69,24 @@ def caches(lm, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("nemo")
     rows = sample_file(tmp / "s.parquet", IDS)
     layers = parse_layers("auto", n_layers_of(lm))
-    docs = {
-        name: capture_to(
-            [tmp / "s.parquet"],
-            tmp / name,
-            lm,
-            layers,
-            layout="nemo-automodel",
-            dtype=dt,
-            options=opts,
-        )
-        for name, (dt, opts) in CACHES.items()
-    }
+    from draftdata.hidden import nemo_cache
+
+    docs, rows_at_once = {}, nemo_cache.ROWS
+    for name, (dt, opts) in CACHES.items():
+        # the top-k cache's distributions computed 100 positions at a time (several per sample)
+        nemo_cache.ROWS = 100 if name == "topk" else rows_at_once
+        try:
+            docs[name] = capture_to(
+                [tmp / "s.parquet"],
+                tmp / name,
+                lm,
+                layers,
+                layout="nemo-automodel",
+                dtype=dt,
+                options=opts,
+            )
+        finally:
+            nemo_cache.ROWS = rows_at_once
     return tmp, rows, layers, docs
 
 

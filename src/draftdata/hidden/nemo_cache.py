@@ -61,6 +61,9 @@ TOP_K = 256
 #: NeMo's precompute default shard size; shards are also kept to about SHARD_BYTES
 SHARD_SIZE = 256
 SHARD_BYTES = 1 << 30
+#: positions whose distribution is computed at once (a float32 [ROWS, draft vocabulary] on the
+#: model's device: 512 MiB at 128k ids)
+ROWS = 1024
 #: what our masks are, in NeMo's terms (its ChatDataset options, recorded in the manifest)
 MASK_GENERATION_PROMPT = True
 MASK_REASONING_CONTENT = False
@@ -269,32 +272,35 @@ class NemoCache(_Files):
         aux = torch.zeros(s, 3 * self.hidden, dtype=self.dt)
         aux[:n] = cap.aux.reshape(n, -1).to(self.dt).cpu()
         sample["aux_hidden_states"] = aux
-        nxt = cap.logits[1:].float()  # slot t: the distribution of token t+2
+        if self.k:
+            sample["target_probs_values"] = torch.zeros(s, self.k, dtype=self.dt)
+            sample["target_probs_indices"] = torch.zeros(s, self.k, dtype=torch.int32)
+        else:
+            sample["target_probs"] = torch.zeros(s, len(self.selected), dtype=self.dt)
+        pos = torch.zeros(s, 1, dtype=torch.bool)
         sel = torch.tensor(self.selected, dtype=torch.long, device=dev)
         in_draft = torch.zeros(self.vocab, dtype=torch.bool, device=dev)
         in_draft[sel] = True
-        pos = torch.zeros(s, 1, dtype=torch.bool)
-        pos[: n - 1, 0] = (in_draft[nxt.argmax(-1)] & mask[1:n].to(dev).bool()).cpu()
-        sample["position_mask"] = pos
-        probs = torch.softmax(nxt.index_select(-1, sel), dim=-1)
-        if self.k:
+        trained = mask[1:n].to(dev).bool()
+        for a in range(0, n - 1, ROWS):  # slot t: the distribution of token t+2
+            b = min(a + ROWS, n - 1)
+            nxt = cap.logits[a + 1 : b + 1].float()
+            pos[a:b, 0] = (in_draft[nxt.argmax(-1)] & trained[a:b]).cpu()
+            probs = torch.softmax(nxt.index_select(-1, sel), dim=-1)
+            if not self.k:
+                sample["target_probs"][a:b] = probs.to(self.dt).cpu()
+                continue
             values, idx = torch.topk(probs, self.k, dim=-1)
             kept = values.sum(-1)
-            trained = kept[mask[1:n].to(dev).bool()]
-            if trained.numel():
-                self.mass[0] += float(trained.sum())
-                self.mass[1] += trained.numel()
-                self.mass[2] = min(self.mass[2], float(trained.min()))
+            mass = kept[trained[a:b]]
+            if mass.numel():
+                self.mass[0] += float(mass.sum())
+                self.mass[1] += mass.numel()
+                self.mass[2] = min(self.mass[2], float(mass.min()))
             values = values / kept[:, None].clamp_min(torch.finfo(values.dtype).tiny)
-            v = torch.zeros(s, self.k, dtype=self.dt)
-            v[: n - 1] = values.to(self.dt).cpu()
-            i = torch.zeros(s, self.k, dtype=torch.int32)
-            i[: n - 1] = idx.to(torch.int32).cpu()
-            sample["target_probs_values"], sample["target_probs_indices"] = v, i
-        else:
-            full = torch.zeros(s, len(self.selected), dtype=self.dt)
-            full[: n - 1] = probs.to(self.dt).cpu()
-            sample["target_probs"] = full
+            sample["target_probs_values"][a:b] = values.to(self.dt).cpu()
+            sample["target_probs_indices"][a:b] = idx.to(torch.int32).cpu()
+        sample["position_mask"] = pos
         sample["first"] = it.input_ids[0]
         sample["id"] = it.id
         sample["length"] = n
