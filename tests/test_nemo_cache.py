@@ -149,7 +149,7 @@ def test_nemos_dataset_reads_our_ids_masks_and_states_shifted_as_nemo_shifts(cac
             assert not item["position_mask"][n - 1 :].any()
 
 
-def test_nemos_own_producer_caches_the_same_from_our_ids(caches, lm):
+def test_nemos_own_producer_caches_the_same_from_our_ids(caches, lm, reference):
     from nemo_automodel.components.datasets.llm.eagle3 import (
         _stack_batch,
         build_eagle3_token_mapping,
@@ -162,7 +162,7 @@ def test_nemos_own_producer_caches_the_same_from_our_ids(caches, lm):
     from nemo_automodel.components.datasets.llm.formatting_utils import _add_pad_token
     from nemo_automodel.components.speculative.eagle.core import _compute_target_distribution
     from nemo_automodel.components.speculative.eagle.target import HFEagle3TargetModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     compute = nemo_function(
         "nemo_automodel.components.speculative.precompute_eagle3",
@@ -179,7 +179,7 @@ def test_nemos_own_producer_caches_the_same_from_our_ids(caches, lm):
         getattr(tok, a, None)
         for a in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
     ]
-    target = AutoModelForCausalLM.from_pretrained(lm.folder, dtype=torch.float32)
+    target, _ = reference  # the plain transformers model, float32
     wrapper = HFEagle3TargetModel(target, aux_layer_ids=[i - 1 for i in layers.aux])
     for name, (dt, opts) in CACHES.items():
         man = json.loads((tmp / name / NEMO_MANIFEST).read_text())
@@ -370,8 +370,13 @@ def _flip(path):
     path.write_bytes(bytes(data))
 
 
-def test_cli_writes_the_cache_with_its_settings_verifies_and_resumes(tmp_path):
+def test_cli_writes_the_cache_with_its_settings_verifies_and_resumes(tmp_path, lm):
+    """Through the CLI once (what it prints and writes, --verify --recipe, a refusal); the
+    rest of what the CLI runs called in this process, on the module's model."""
     import yaml
+
+    from draftdata.hidden.read import verify
+    from draftdata.hidden.recipe_check import check_recipe
 
     sample_file(tmp_path / "s.parquet", IDS[:2])
     out = tmp_path / "out"
@@ -401,20 +406,23 @@ def test_cli_writes_the_cache_with_its_settings_verifies_and_resumes(tmp_path):
     wrong = tmp_path / "wrong.yaml"
     recipe["recipe_args"]["mask_generation_prompt"] = False
     wrong.write_text(yaml.safe_dump(recipe))
-    r = run("hidden-states", "--verify", str(out), "--recipe", str(wrong))
-    assert r.returncode == 1 and "mask_generation_prompt" in r.stderr, r.stdout + r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1
-    # a rerun keeps every shard; a damaged one is found and only it captured again
+    c = check_recipe(out, wrong)
+    assert len(c.problems) == 1 and "mask_generation_prompt: the recipe sets False" in c.problems[0]
+    # a rerun keeps every shard; a damaged one is found and only it captured again, the same
+    # bytes as before
     bad = tmp_path / "bad"
     shutil.copytree(out, bad)
     _flip(bad / shard_name(1))
-    r = run("hidden-states", "--verify", str(bad))
-    assert r.returncode == 1 and shard_name(1) in r.stderr
-    r = run(*args, "-o", str(bad), "--top-k", "16", "--shard-size", "1", "--json", "-")
-    assert r.returncode == 0, r.stderr
-    again = json.loads(r.stdout)
+    rep = verify(bad)
+    assert not rep.ok and shard_name(1) in rep.problems[0]
+    layers = parse_layers("auto", n_layers_of(lm))
+    opts = {"top_k": 16, "shard_size": 1}
+    again = capture_to(
+        [tmp_path / "s.parquet"], bad, lm, layers, layout="nemo-automodel", options=opts
+    )
     assert (again["captured"], again["resumed"]) == (1, 1)
-    assert again["sha256"] == doc["sha256"]  # the same bytes as the first capture
+    assert again["sha256"] == doc["sha256"]
+    assert verify(bad).ok
     # what the cache cannot hold, refused before the model loads (in this process: the checks
     # the CLI runs first; one through the CLI)
     from draftdata.errors import InputError
