@@ -91,6 +91,21 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
+class JSONHandler(BaseHTTPRequestHandler):
+    """A quiet handler that answers JSON: the base of this module's servers of its own."""
+
+    def log_message(self, *_a):
+        pass
+
+    def _send(self, doc) -> None:
+        data = json.dumps(doc).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
 @pytest.fixture(scope="module")
 def sglang_shaped(vllm):
     """A base URL whose server answers as SGLang documents it (/v1/models owned_by "sglang";
@@ -98,18 +113,7 @@ def sglang_shaped(vllm):
     the numbers off the real vLLM server."""
     seen: list[dict] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *_a):  # quiet
-            pass
-
-        def _send(self, doc) -> None:
-            data = json.dumps(doc).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(JSONHandler):
         def do_GET(self):
             self._send({"object": "list", "data": [{"id": "smol", "owned_by": "sglang"}]})
 
@@ -340,18 +344,7 @@ def test_hidden_states_through_a_server_that_cannot_give_them_is_one_line(
     pq.write_table(pa.Table.from_pylist([{"input_ids": x, "loss_mask": [True] * len(x)}]),
                    tmp_path / "s.parquet")  # fmt: skip
 
-    class Drop(BaseHTTPRequestHandler):
-        def log_message(self, *_a):
-            pass
-
-        def _send(self, doc) -> None:
-            data = json.dumps(doc).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Drop(JSONHandler):
         def do_GET(self):
             with urllib.request.urlopen(vllm + "/models", timeout=60) as r:
                 self._send(json.loads(r.read()))
