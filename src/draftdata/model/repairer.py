@@ -3,7 +3,7 @@ run's model stage call for each reconstructed sample."""
 
 from __future__ import annotations
 
-from ..measure.validate import Repairer
+from ..measure.repairing import Repairer
 from ..records import Decoding, Sample
 from ..tokenizers import Tokenizer
 from ..tokens.reconstruct import TextIds, open_ended_ids

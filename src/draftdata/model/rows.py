@@ -11,7 +11,7 @@ temperature, must lie below top-p, within ``NUCLEUS_MARGIN``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from ..records import Decoding
@@ -19,6 +19,7 @@ from ..records import Decoding
 __all__ = [
     "NUCLEUS_MARGIN",
     "TOLERANCE",
+    "GoOn",
     "Nucleus",
     "Row",
     "RowSession",
@@ -57,6 +58,12 @@ class Nucleus(Protocol):
         more probable than any of them already fill it), so none is worth asking for."""
         ...
 
+    def lp_reaching(self, q: float) -> float:
+        """The least log p (temperature 1) at which a token's ``q`` could exceed ``q``: a token
+        the row does not know, whose log p is at most the row's ceiling, is not worth asking
+        for where the ceiling is at most this (-inf where that cannot be said)."""
+        ...
+
 
 class Row(Protocol):
     """The model's distribution over the token at one position."""
@@ -89,6 +96,10 @@ class Row(Protocol):
     def nucleus(self, decoding: Decoding) -> Nucleus: ...
 
 
+#: ``go_on(n, rows)``: whether path ``n`` of a ``peek_many`` is worth its next row
+GoOn = Callable[[int, Sequence["Row"]], bool]
+
+
 class RowSession(Protocol):
     """One sequence under the model for the repair walk (``Scorer.session``,
     ``ServerScorer.session``): a row per position from ``first`` on."""
@@ -110,8 +121,12 @@ class RowSession(Protocol):
         """Set ``ids[j:] = tail`` and recompute what follows."""
         ...
 
-    def peek_many(self, paths: Sequence[tuple[int, Sequence[int]]]) -> Sequence[Sequence[Row]]:
-        """Per path ``(j, path)`` put at position ``j``: the rows predicting ``path[1:]``."""
+    def peek_many(
+        self, paths: Sequence[tuple[int, Sequence[int]]], go_on: GoOn | None = None
+    ) -> Sequence[Sequence[Row]]:
+        """Per path ``(j, path)`` put at position ``j``: the rows predicting ``path[1:]``. With
+        ``go_on``, a session that asks step by step (a server) may stop a path early, after the
+        rows for which ``go_on(n, rows)`` is False (the n-th path can no longer matter)."""
         ...
 
     def logprobs(self) -> list[float]:
@@ -153,6 +168,9 @@ class TorchNucleus:
 
     def unknown_outside(self) -> bool:
         return True  # a full row knows every token
+
+    def lp_reaching(self, q: float) -> float:
+        return -math.inf  # a full row knows every token: nothing is asked
 
 
 class TorchRow:

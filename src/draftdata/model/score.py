@@ -20,7 +20,7 @@ from typing import Any
 from ..records import Decoding
 from .folders import ModelError
 from .load import LoadedModel, load_causal_lm
-from .rows import TorchRow, possible_rows
+from .rows import GoOn, TorchRow, possible_rows
 
 __all__ = ["Scorer", "Session", "length_batches", "load_scorer", "right_padded"]
 
@@ -191,9 +191,12 @@ class Session:
                 layer.keys, layer.values = k, v
         return logits
 
-    def peek_many(self, paths: Sequence[tuple[int, Sequence[int]]]) -> list[list[TorchRow]]:
+    def peek_many(
+        self, paths: Sequence[tuple[int, Sequence[int]]], go_on: GoOn | None = None
+    ) -> list[list[TorchRow]]:
         """The distributions along each path ``(j, path)`` put at position ``j``: per path, the
-        rows predicting ``path[1:]`` (row k follows ``path[k]``). One forward pass for all:
+        rows predicting ``path[1:]`` (row k follows ``path[k]``; ``go_on`` is not needed: every
+        path's rows come from one pass). One forward pass for all:
         ``path[:-1]`` of each sees the cached ids before ``j`` and its own tokens (a tree
         attention mask over the cache), and nothing of the other paths."""
         paths = [(j, list(p)[:-1]) for j, p in paths]

@@ -1,0 +1,46 @@
+"""Repairs beside validation: a server's scorer repairs several samples at once, and validation
+hands each record on in order as its repair is done."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from ..records import Decoding, GroundTruth, Sample, ValidationResult
+
+__all__ = ["Measured", "Repairer", "repaired"]
+
+#: ``repairer(sample, decoding) -> (response ids, repairs made, tokens forwarded)``: the target
+#: model's repair of one reconstructed sample (``model.repairer.sample_repairer``), injected so
+#: measuring stays free of torch
+Repairer = Callable[[Sample, Decoding], tuple[list[int], int, int]]
+#: a record, its reconstructed sample, and the sample measured against the record's ids
+Measured = tuple[GroundTruth, Sample, ValidationResult]
+
+
+def repaired(
+    repairer: Repairer | None, items: Iterator[Measured], concurrency: int
+) -> Iterator[tuple[Measured, tuple[list[int], int, int] | None]]:
+    """Each item with the repair of its reconstructed sample (None for the rest), in order, up to
+    ``concurrency`` repairs at once (a server's scorer; this process's model repairs one by one)
+    and at most 4x that many items ahead of the one handed on."""
+    if repairer is None:
+        yield from ((m, None) for m in items)
+        return
+    fix = repairer
+    with ThreadPoolExecutor(max(1, concurrency)) as pool:
+        ahead: deque[tuple[Measured, Future[tuple[list[int], int, int]] | None]] = deque()
+        for m in items:
+            todo = m[1].token_source == "reconstructed"
+            ahead.append((m, pool.submit(fix, m[1], m[0].decoding) if todo else None))
+            while ahead and (len(ahead) > 4 * max(1, concurrency) or _done(ahead[0][1])):
+                head, fut = ahead.popleft()
+                yield head, fut.result() if fut is not None else None
+        for head, fut in ahead:
+            yield head, fut.result() if fut is not None else None
+
+
+def _done(fut: Future[Any] | None) -> bool:
+    return fut is None or fut.done()
