@@ -263,6 +263,8 @@ def plan(
             f"cost: ${p.cost_min_usd:.4f} to ${p.cost_max_usd:.4f} at the manifest's prices{budget}",
         )
         say(out, f"gate: {p.gate}")
+        for line in p.model.lines() if p.model is not None else []:
+            say(out, line)
         if storage is not None:
             for line in storage.lines():
                 say(out, line)

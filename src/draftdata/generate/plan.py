@@ -24,6 +24,7 @@ from ..tokens.stage import TokensStage
 from .backends import backend_class
 from .contract import Serving, ServingContractError, check_dataset, over_context
 from .inputs import bind_target, drop_reason, read_dataset
+from .model_plan import ModelPlan, model_plan
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ class Plan:
     gate: str
     problems: tuple[str, ...]
     budget_usd: float | None
+    #: what the run's model stage ([model]) will forward, or None without one
+    model: ModelPlan | None = None
 
     @property
     def cost_min_usd(self) -> float:
@@ -87,6 +90,7 @@ class Plan:
             "budget_usd": self.budget_usd,
             "gate": self.gate,
             "problems": list(self.problems),
+            "model": self.model.to_json() if self.model is not None else None,
         }
 
 
@@ -140,7 +144,13 @@ def make_plan(m: Manifest) -> Plan:
             "lower limit"
         )
     return Plan(
-        m.run.name, str(m.output_dir), tuple(plans), gate, tuple(problems), m.run.budget_usd
+        m.run.name,
+        str(m.output_dir),
+        tuple(plans),
+        gate,
+        tuple(problems),
+        m.run.budget_usd,
+        model_plan(m, plans),
     )
 
 

@@ -152,6 +152,15 @@ def score_run_to_file(
     """``score_run`` over every dataset of ``m``, then the stored scores added up, written to
     ``out`` (RUN/scores.json) with ``extra`` and returned."""
     t0 = time.monotonic()
+    tokens = 0
+
+    def counted(r: object) -> None:
+        nonlocal tokens
+        if isinstance(r, Scored):
+            tokens += len(r.sample.input_ids)
+        if on_sample is not None:
+            on_sample(r)
+
     scored, repaired = score_run(
         ledger,
         scorer,
@@ -160,8 +169,9 @@ def score_run_to_file(
         threshold=threshold,
         repair=repair,
         text_ids=text_ids,
-        on_sample=on_sample,
+        on_sample=counted,
     )
+    seconds = time.monotonic() - t0
     rep = run_report(ledger, _key(scorer))
     doc: dict[str, Any] = rep.to_json() if rep is not None else {"samples": 0, "groups": []}
     doc.update(extra)
@@ -169,7 +179,10 @@ def score_run_to_file(
         {
             "scored_now": scored,
             "repaired_now": repaired,
-            "seconds": round(time.monotonic() - t0, 2),
+            "seconds": round(seconds, 2),
+            # the rate `plan` prices a local model's next model stage at
+            "tokens_now": tokens,
+            **({"tokens_per_s": round(tokens / seconds, 1)} if tokens and seconds > 0 else {}),
         }
     )
     out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
