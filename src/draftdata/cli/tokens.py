@@ -289,6 +289,9 @@ def validate(
         **({"repair_with": repair_with, "device": device} if repair_with else {}),
     }
     if ticker is not None and rep.repair is not None:
+        for what in ("requests", "tokens_forwarded", "tokens_cached"):  # through a server
+            if hasattr(scorer, what):
+                rep.meta[f"server_{what}"] = getattr(scorer, what)
         rep.meta["seconds"] = round(ticker.elapsed(), 2)
         rep.meta["tokens_per_s"] = round(rep.repair.tokens / max(ticker.elapsed(), 1e-9), 1)
     if rep.n == 0:
