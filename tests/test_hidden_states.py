@@ -264,8 +264,7 @@ def test_ray_on_a_local_cluster_writes_the_same_files(captured, tmp_path):
         "--actors",
         "2",
         # each replica's forward on as many threads as the single process's: an fp32 matmul
-        # on the CPU may split its sums by thread count (bitwise equal on one machine with 1
-        # thread against 2, not on another)
+        # on the CPU may split its sums by thread count
         "--cpus-per-actor",
         str(torch.get_num_threads()),
         "--json",
@@ -283,6 +282,14 @@ def test_ray_on_a_local_cluster_writes_the_same_files(captured, tmp_path):
         a = load_file(str(one / "hidden_states" / name))
         b = load_file(str(tmp_path / "ray" / "hidden_states" / name))
         assert torch.equal(a["token_ids"], b["token_ids"])
-        # on CPU every sample is its own forward in both paths: bitwise the same
-        assert torch.equal(a["hidden_states"], b["hidden_states"])
+        # Each sample is its own forward in both paths, but not bitwise the same across
+        # processes: MKL's fp32 GEMM splits its sums by thread count and operand alignment,
+        # and SmolLM2's residual stream holds values in the thousands, so one element may move
+        # by 4e-3 (1 thread against 2 here; a CI machine gave 5e-3). Measured on these
+        # samples, each token's vector per layer moves by at most 4e-6 of its norm; a wrong
+        # token, layer or sample moves by about its own size.
+        x, y = a["hidden_states"].double(), b["hidden_states"].double()
+        assert x.shape == y.shape
+        rel = (x - y).norm(dim=-1) / x.norm(dim=-1)  # per token and layer
+        assert float(rel.max()) < 1e-4, (name, float(rel.max()))
     assert load_from_disk(str(tmp_path / "ray")).to_list() == load_from_disk(str(one)).to_list()
