@@ -631,3 +631,80 @@ def test_status_says_which_lossless_options_the_server_granted(tmp_path):
     assert opts["refused"] == {}
     r = run("status", str(m))
     assert f"return_token_ids=true: granted on {distinct}/{distinct} answers" in r.stdout
+
+
+def test_status_counts_sglangs_answer_ids_as_granted(tmp_path):
+    """SGLang gives the answer ids asked for with ``return_token_ids`` as the choice's
+    ``response_token_ids`` (0.5.23's ``ChatCompletionResponseChoice``: ``matched_stop``,
+    ``prompt_token_ids`` and ``response_token_ids`` in the choice), not vLLM's ``token_ids``.
+    A proxy of the test's own puts the replay server's answers in that shape. The tokens stage
+    reads those ids (``records.wire``); ``status`` read only vLLM's field and said SGLang
+    granted none (issue 39)."""
+    import threading
+    import urllib.request
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from conftest import GROUNDTRUTH
+    from servers import manifest, replay_server
+    from test_audit_cli import run
+
+    recs = [json.loads(x) for x in GROUNDTRUTH.read_text().splitlines()][:3]
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"messages": r["messages"]}) + "\n" for r in recs))
+    distinct = len({json.dumps(r["messages"]) for r in recs})
+    with replay_server(GROUNDTRUTH, "--token-ids") as url:
+
+        class SGLangShaped(BaseHTTPRequestHandler):
+            def log_message(self, *_a):
+                pass
+
+            def _send(self, doc) -> None:
+                data = json.dumps(doc).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                with urllib.request.urlopen(url + "/models", timeout=60) as r:
+                    doc = json.loads(r.read())
+                for m in doc["data"]:
+                    m["owned_by"] = "sglang"
+                self._send(doc)
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                req = urllib.request.Request(
+                    url + "/chat/completions", body, {"Content-Type": "application/json"}
+                )
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    doc = json.loads(r.read())
+                prompt = doc.pop("prompt_token_ids", None)
+                for ch in doc["choices"]:
+                    ch["matched_stop"] = ch.pop("stop_reason", None)
+                    if "token_ids" in ch:
+                        ch["response_token_ids"] = ch.pop("token_ids")
+                        ch["prompt_token_ids"] = prompt
+                self._send(doc)
+
+        proxy = ThreadingHTTPServer(("127.0.0.1", 0), SGLangShaped)
+        threading.Thread(target=proxy.serve_forever, daemon=True).start()
+        try:
+            base = f"http://127.0.0.1:{proxy.server_address[1]}/v1"
+            m = manifest(
+                tmp_path, base, src, limit=3, turns="first", extra_backend='server = "sglang"'
+            )
+            r = run("generate", str(m), "--quiet")
+            assert r.returncode == 0, r.stderr
+        finally:
+            proxy.shutdown()
+            proxy.server_close()
+    r = run("status", str(m), "--json")
+    assert r.returncode == 0, r.stderr
+    opts = json.loads(r.stdout)["datasets"]["gt"]["server_options"]
+    assert opts["answered_by"] == {"sglang": distinct}
+    assert opts["asked"]["return_token_ids"] == distinct
+    assert opts["granted"]["return_token_ids"] == distinct
+    r = run("status", str(m))
+    assert f"return_token_ids=true: granted on {distinct}/{distinct} answers" in r.stdout

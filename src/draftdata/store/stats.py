@@ -252,7 +252,7 @@ def _body(blob: bytes | str | None) -> Any:
 
 def server_options(db: sqlite3.Connection, dataset: str) -> ServerOptions:
     """The lossless request fields of ``dataset``'s latest answers and what came of them."""
-    from ..records.wire import detect_server
+    from ..records.wire import detect_server, ids_field
     from .codec import unpack_text
 
     asked: Counter[str] = Counter()
@@ -277,8 +277,9 @@ def server_options(db: sqlite3.Connection, dataset: str) -> ServerOptions:
             if name not in req or req[name] != value:
                 continue
             asked[name] += 1
-            if name == "return_token_ids":
-                got = isinstance(choice, dict) and isinstance(choice.get("token_ids"), list)
+            if name == "return_token_ids":  # where the wire parser reads them: vLLM's or SGLang's
+                field = ids_field(choice) if isinstance(choice, dict) else None
+                got = field is not None and isinstance(choice.get(field), list)
                 granted[name] += int(got)
             elif server in servers:
                 granted[name] += 1
