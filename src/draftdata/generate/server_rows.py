@@ -124,6 +124,9 @@ class Asker(Protocol):
 
     top_k: int
     engine: str
+    #: the most top-K entries one position may be asked for (the server's own cap, learned on
+    #: the first wide ask; ``top_k`` where it gives no more)
+    wide_k: int
     #: whether it answers next-token asks over a cached prefix (None: not known yet)
     cached_asks: bool | None
 
@@ -136,6 +139,8 @@ class Asker(Protocol):
     ) -> Position: ...
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]: ...
+
+    def wide_position(self, prefix: Sequence[int], token: int) -> tuple[Position, int] | None: ...
 
 
 def _token_key(key: Any) -> int:
@@ -182,6 +187,10 @@ class BoundedNucleus:
         self.row = row
         self.inv_t = 1.0 / float(decoding.temperature or 1.0)
         self.top_p = decoding.top_p
+        self._bound()
+
+    def _bound(self) -> None:
+        row = self.row
         known = list(row.known.values())
         rest = max(0.0, 1.0 - sum(math.exp(v) for v in known))
         floor = min((v for _t, v in row.top_k), default=0.0)
@@ -192,13 +201,13 @@ class BoundedNucleus:
             rest_t = n * (rest / n) ** self.inv_t if rest > 0 else 0.0
         self.z = sum(math.exp(v * self.inv_t) for v in known) + rest_t
         self._q: dict[int, float] = {}
+        self._top = {t for t, _v in row.top_k}
         # the mass before any token the row does not know (its log p is at most the K-th's):
         # at least the top K strictly above that floor, as ``q`` would count it
         self._floor_mass = sum(math.exp(v * self.inv_t) for _t, v in row.top_k if v > floor)
 
     def unknown_outside(self) -> bool:
-        full = len(self.row.top_k) >= self.row.scorer.top_k > 0
-        return full and not in_nucleus(self._floor_mass / self.z, self.top_p)
+        return self.row.full() and not in_nucleus(self._floor_mass / self.z, self.top_p)
 
     def lp_reaching(self, q: float) -> float:
         """q = lp / T - log z inside the nucleus (and -inf outside): the lp that reaches ``q``."""
@@ -206,15 +215,24 @@ class BoundedNucleus:
 
     def q(self, token: int) -> float:
         if token not in self._q:
-            lp = self.row.lp(token)
-            above = [v for t, v in self.row.known.items() if v > lp and t != token]
-            mass = sum(math.exp(v * self.inv_t) for v in above)
-            rank = self.row.ranks.get(token)
-            if rank is not None and rank - 1 > len(above):
-                mass += (rank - 1 - len(above)) * math.exp(lp * self.inv_t)
-            inside = lp > -math.inf and in_nucleus(mass / self.z, self.top_p)
-            self._q[token] = lp * self.inv_t - math.log(self.z) if inside else -math.inf
+            q = self._q_now(token)
+            if q > -math.inf and token not in self._top and self.row.widen():
+                # drawable only by the bound on the tokens the row does not know: known wider,
+                # the bound is tighter (and still errs toward drawable)
+                self._bound()
+                q = self._q_now(token)
+            self._q[token] = q
         return self._q[token]
+
+    def _q_now(self, token: int) -> float:
+        lp = self.row.lp(token)
+        above = [v for t, v in self.row.known.items() if v > lp and t != token]
+        mass = sum(math.exp(v * self.inv_t) for v in above)
+        rank = self.row.ranks.get(token)
+        if rank is not None and rank - 1 > len(above):
+            mass += (rank - 1 - len(above)) * math.exp(lp * self.inv_t)
+        inside = lp > -math.inf and in_nucleus(mass / self.z, self.top_p)
+        return lp * self.inv_t - math.log(self.z) if inside else -math.inf
 
 
 class ServerRow:
@@ -229,6 +247,30 @@ class ServerRow:
         self.ranks: dict[int, int] = {ctx[pos]: p.rank} if p.rank is not None else {}
         if scorer.engine == "vllm":  # vLLM's top K are ranks 1..K
             self.ranks.update({t: r + 1 for r, (t, _v) in enumerate(p.top)})
+        self.asked_k = scorer.top_k
+        self.widened = False
+
+    def full(self) -> bool:
+        """Whether the server gave every entry of the top K it was asked for: below them, no
+        token is more probable than the last."""
+        return len(self.top_k) >= self.asked_k > 0
+
+    def widen(self) -> bool:
+        """Ask this position again for the server's widest top K (once): a bound over 20 known
+        tokens may keep a token the engine could not have drawn, and a byte the text lost to
+        U+FFFD may sit below them. True where the row now knows more."""
+        if self.widened or not self.full() or self.scorer.wide_k <= len(self.top_k):
+            return False
+        self.widened = True
+        got = self.scorer.wide_position(self.ctx[: self.pos], self.ctx[self.pos])
+        if got is None or len(got[0].top) <= len(self.top_k):
+            return False
+        p, self.asked_k = got
+        self.top_k = p.top
+        self.known.update(p.top)
+        if self.scorer.engine == "vllm":
+            self.ranks.update({t: r + 1 for r, (t, _v) in enumerate(p.top)})
+        return True
 
     def lp(self, token: int) -> float:
         if token not in self.known:
@@ -239,6 +281,8 @@ class ServerRow:
         return max(self.known.values())
 
     def topk(self, k: int) -> list[int]:
+        if k > len(self.top_k):
+            self.widen()
         return [t for t, _v in self.top_k[:k]]
 
     def has(self, token: int) -> bool:
@@ -247,7 +291,7 @@ class ServerRow:
     def ceiling(self) -> float:
         """Below the server's top K (all it was asked for) every token has at most the K-th's
         log p; with fewer than K given there is no such bound."""
-        if len(self.top_k) >= self.scorer.top_k > 0:
+        if self.full():
             return min(v for _t, v in self.top_k)
         return 0.0
 
@@ -269,7 +313,7 @@ class ServerRow:
         token = self.ctx[self.pos]
         if greedy:
             return self.lp(token) >= self.top() - TOLERANCE
-        return self.nucleus(decoding).q(token) > -math.inf
+        return self.nucleus(decoding).q(token) > -math.inf  # widened where it is left open
 
 
 class ServerSession:
