@@ -58,6 +58,11 @@ def sample(args: argparse.Namespace) -> None:
         prompts.setdefault(key, r)
     uniq = list(prompts.values())
     jobs = [(uniq[i % len(uniq)], i) for i in range(args.n)]
+    out = Path(args.out)
+    # a rerun keeps the answers a stopped run wrote and asks only for the rest
+    have = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
+    done = {r["id"] for r in have}
+    jobs = [(r, i) for r, i in jobs if f"vllm-{r['id']}-{i}" not in done]
 
     def one(job: tuple[dict[str, Any], int]) -> dict[str, Any]:
         r, i = job
@@ -88,8 +93,8 @@ def sample(args: argparse.Namespace) -> None:
         }
 
     t0 = time.monotonic()
-    rows = []
-    with ThreadPoolExecutor(args.concurrency) as pool, open(args.out, "w") as f:
+    rows = list(have)
+    with ThreadPoolExecutor(args.concurrency) as pool, out.open("a") as f:
         for row in pool.map(one, jobs):  # written as they come: a stopped run keeps its answers
             rows.append(row)
             f.write(json.dumps(row) + "\n")
