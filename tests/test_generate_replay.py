@@ -226,7 +226,7 @@ def test_budget_stops_scheduling_before_it_could_be_passed(tmp_path):
 def test_rate_limiter_spaces_requests(monkeypatch):
     import asyncio
 
-    from draftdata.generate.backends import openai_api
+    from draftdata.generate.backends import aio
 
     clock = {"t": 0.0}
     slept = []
@@ -235,9 +235,9 @@ def test_rate_limiter_spaces_requests(monkeypatch):
         slept.append(s)
         clock["t"] += s
 
-    monkeypatch.setattr(openai_api.time, "monotonic", lambda: clock["t"])
-    monkeypatch.setattr(openai_api.asyncio, "sleep", fake_sleep)
-    lim = openai_api.RateLimiter(per_minute=60)  # one per second, burst of 60
+    monkeypatch.setattr(aio.time, "monotonic", lambda: clock["t"])
+    monkeypatch.setattr(aio.asyncio, "sleep", fake_sleep)
+    lim = aio.RateLimiter(per_minute=60)  # one per second, burst of 60
 
     async def go():
         for _ in range(62):

@@ -11,8 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
+from draftdata.generate.backends.aio import AiohttpClient
 from draftdata.generate.backends.http11 import LeanHttp
-from draftdata.generate.backends.openai_api import _Aiohttp
 from test_http11 import ANSWER, BODY, _aiohttp_get, _with_app
 
 
@@ -39,7 +39,7 @@ def test_a_redirect_to_another_origin_is_not_followed():
 
         async def fn(a_url: str, seen: dict[str, Any]) -> None:
             for client in (
-                _Aiohttp(a_url, {"Authorization": "Bearer k"}, 10, 2, 1 << 20),
+                AiohttpClient(a_url, {"Authorization": "Bearer k"}, 10, 2, 1 << 20),
                 LeanHttp(a_url, headers={"Authorization": "Bearer k"}, timeout_s=10),
             ):
                 got = await client.post(BODY)

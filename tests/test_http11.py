@@ -166,3 +166,59 @@ def test_http_1_0_body_read_to_the_close_from_the_standard_library_server():
         asyncio.run(go())
     finally:
         srv.shutdown()
+
+
+EVENTS = b"".join(b"data: %d\n\n" % i for i in range(400))
+
+
+@pytest.mark.parametrize("framing", ["chunked", "length", "close"])
+def test_a_sink_takes_a_stream_as_it_comes_and_hangs_up_when_told(framing):
+    """A streamed body (aiohttp's server: chunked, with a Content-Length, or to the close)
+    goes to the sink's feed piece by piece, whole and in order, and a feed that says stop
+    ends the request at once, its connection closed, for the lean client and aiohttp's."""
+    from draftdata.generate.backends.aio import AiohttpClient
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        headers = {"Content-Type": "text/event-stream"}
+        if framing == "length":
+            headers["Content-Length"] = str(len(EVENTS))
+        if framing == "close":
+            headers["Connection"] = "close"
+        resp = web.StreamResponse(status=200, headers=headers)
+        if framing == "chunked":
+            resp.enable_chunked_encoding()
+        elif framing == "close":
+            resp.force_close()
+        await resp.prepare(request)
+        for i in range(0, len(EVENTS), 101):
+            await resp.write(EVENTS[i : i + 101])
+            await asyncio.sleep(0)
+        await resp.write_eof()
+        return resp
+
+    async def fn(url: str, seen: dict[str, Any]) -> None:
+        for client in (
+            LeanHttp(url, headers={}, timeout_s=10),
+            AiohttpClient(url, {}, 10, 2, 1 << 20),
+        ):
+            taken = bytearray()
+
+            def whole(headers: Any) -> Callable[[bytes], bool]:
+                assert headers["content-type"] == "text/event-stream"
+                return lambda b: taken.extend(b) is not None  # never stops
+
+            got = await client.post(BODY, whole)
+            assert got.fed and not got.stopped and got.body == b"" and bytes(taken) == EVENTS
+            upto = bytearray()
+
+            def stop(headers: Any) -> Callable[[bytes], bool]:
+                return lambda b: upto.extend(b) is None and len(upto) > 500
+
+            got = await client.post(BODY, stop)
+            assert got.stopped and 500 < len(upto) < len(EVENTS)
+            assert EVENTS.startswith(bytes(upto))
+            plain = await client.post(BODY, lambda h: None)  # a sink that declines: read whole
+            assert not plain.fed and plain.body == EVENTS
+            await client.aclose()
+
+    asyncio.run(_with_app(handler, fn))

@@ -21,7 +21,7 @@ import base64
 import ssl
 import sys
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
@@ -33,6 +33,13 @@ HEAD_LIMIT = 1 << 20
 DEFAULT_MAX_BODY = 64 << 20
 #: bytes read at a time from a body of unknown length
 READ_STEP = 1 << 16
+
+
+#: a body's reader, fed its bytes as they arrive: True hangs up (the rest is not read)
+Feed = Callable[[bytes], bool]
+#: given a 200 answer's headers, the Feed its body goes to (then the Reply's body is empty), or
+#: None to read the body whole (a streamed answer is read as it comes: ``stream: true``)
+Sink = Callable[[Mapping[str, str]], Feed | None]
 
 
 class TransportError(Exception):
@@ -54,6 +61,9 @@ class Reply:
     #: the body ran past the client's limit: ``body`` is its first ``limit`` bytes, the rest
     #: was not read (the connection is closed)
     cut: bool = False
+    #: the body went to a Sink's Feed, not into ``body``; ``stopped``: the Feed hung up
+    fed: bool = False
+    stopped: bool = False
 
 
 class _Conn:
@@ -104,21 +114,22 @@ class LeanHttp:
         self._head = ("\r\n".join(lines) + "\r\n").encode("latin-1")
         self._idle: list[_Conn] = []
 
-    async def post(self, body: bytes) -> Reply:
-        """One request and its whole answer, within ``timeout_s`` (TimeoutError past it)."""
+    async def post(self, body: bytes, sink: Sink | None = None) -> Reply:
+        """One request and its whole answer, within ``timeout_s`` (TimeoutError past it). A
+        ``sink`` may take a 200 answer's body as it arrives (an identity-encoded one)."""
         if sys.version_info >= (3, 11):
             async with asyncio.timeout(self.timeout_s):
-                return await self._post(body)
-        return await asyncio.wait_for(self._post(body), self.timeout_s)  # pragma: no cover
+                return await self._post(body, sink)
+        return await asyncio.wait_for(self._post(body, sink), self.timeout_s)  # pragma: no cover
 
-    async def _post(self, body: bytes) -> Reply:
+    async def _post(self, body: bytes, sink: Sink | None) -> Reply:
         while True:
             while self._idle and self._idle[-1].reader.at_eof():
                 self._idle.pop().close()  # closed by the server while it sat idle
             reused = bool(self._idle)
             conn = self._idle.pop() if reused else await self._open()
             try:
-                reply, keep = await self._exchange(conn, body, reused)
+                reply, keep = await self._exchange(conn, body, reused, sink)
             except _Stale:
                 conn.close()
                 continue  # only a reused connection is stale: the next try opens one
@@ -151,9 +162,12 @@ class LeanHttp:
             raise TransportError("os_error", str(e)) from e
         return _Conn(r, w)
 
-    async def _exchange(self, conn: _Conn, body: bytes, reused: bool) -> tuple[Reply, bool]:
+    async def _exchange(
+        self, conn: _Conn, body: bytes, reused: bool, sink: Sink | None
+    ) -> tuple[Reply, bool]:
         r, w = conn.reader, conn.writer
         answered = False
+        feed: Feed | None = None
         try:
             w.write(self._head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
             await w.drain()
@@ -168,7 +182,10 @@ class LeanHttp:
                 status, version, headers = _head(head)
                 if not 100 <= status < 200:
                     break
-            payload, to_close, cut = await _body(r, status, headers, self.max_body)
+            plain = headers.get("content-encoding", "identity").lower() == "identity"
+            if sink is not None and status == 200 and plain:
+                feed = sink(headers)
+            payload, to_close, cut = await _body(r, status, headers, self.max_body, feed)
         except (ConnectionResetError, BrokenPipeError) as e:
             if reused and not answered:
                 raise _Stale from e
@@ -181,6 +198,8 @@ class LeanHttp:
         keep = not to_close and (
             "keep-alive" in conn_hdr if version == "HTTP/1.0" else "close" not in conn_hdr
         )
+        if feed is not None:
+            return Reply(status, headers, b"", fed=True, stopped=cut), keep and not cut
         body, cut_decoded = _decoded(payload, headers, self.max_body)
         return Reply(status, headers, body, cut or cut_decoded), keep and not cut
 
@@ -201,24 +220,44 @@ def _head(head: bytes) -> tuple[int, str, dict[str, str]]:
 
 
 async def _body(
-    r: asyncio.StreamReader, status: int, headers: Mapping[str, str], limit: int
+    r: asyncio.StreamReader,
+    status: int,
+    headers: Mapping[str, str],
+    limit: int,
+    feed: Feed | None = None,
 ) -> tuple[bytes, bool, bool]:
     """The body (at most ``limit`` bytes: counted while reading, so a body that runs on never
     sits in memory whole), whether the connection ends with it, and whether it was cut at the
-    limit (then the rest is left unread and the connection is closed)."""
+    limit (then the rest is left unread and the connection is closed). With a ``feed``, the
+    body goes to it piece by piece instead (no limit: the feed keeps its own), and "cut" is
+    the feed hanging up."""
     try:
         if "chunked" in headers.get("transfer-encoding", "").lower():
-            return await _chunks(r, limit)
+            return await (_chunks(r, limit) if feed is None else _fed_chunks(r, feed))
         length = headers.get("content-length")
         if length is not None:
             if not length.isdigit():
                 raise TransportError("bad_response", f"Content-Length {length[:40]!r}")
             n = int(length)
+            if feed is not None:  # what has arrived, as it arrives
+                while n > 0:
+                    got = await r.read(min(n, READ_STEP))
+                    if not got:
+                        raise TransportError("body_cut", f"{n} bytes of the body did not arrive")
+                    n -= len(got)
+                    if feed(got):
+                        return b"", True, True
+                return b"", False, False
             if n > limit:  # announced too long: read what the limit allows, then hang up
                 return await r.readexactly(limit), True, True
             return await r.readexactly(n), False, False
         if status in (204, 304):
             return b"", False, False
+        if feed is not None:
+            while got := await r.read(READ_STEP):
+                if feed(got):
+                    return b"", True, True
+            return b"", True, False
         out = bytearray()  # neither: the body runs to the close
         while len(out) <= limit:
             got = await r.read(READ_STEP)
@@ -249,6 +288,31 @@ async def _chunks(r: asyncio.StreamReader, limit: int) -> tuple[bytes, bool, boo
             out += await r.readexactly(limit - len(out))
             return bytes(out), True, True
         out += await r.readexactly(size)
+        if await r.readexactly(2) != b"\r\n":
+            raise TransportError("bad_response", "a chunk not followed by CRLF")
+
+
+async def _fed_chunks(r: asyncio.StreamReader, feed: Feed) -> tuple[bytes, bool, bool]:
+    """A chunked body given to ``feed`` chunk by chunk (a streamed answer: one event or a few
+    per chunk); a chunk larger than READ_STEP in pieces."""
+    while True:
+        line = await r.readuntil(b"\r\n")
+        size_hex = line.split(b";", 1)[0].strip()
+        try:
+            size = int(size_hex, 16)
+        except ValueError:
+            raise TransportError("bad_response", f"chunk size {size_hex[:20]!r}") from None
+        if size == 0:
+            while await r.readuntil(b"\r\n") != b"\r\n":
+                pass
+            return b"", False, False
+        while size > 0:
+            got = await r.read(min(size, READ_STEP))
+            if not got:
+                raise asyncio.IncompleteReadError(b"", size)
+            size -= len(got)
+            if feed(got):
+                return b"", True, True
         if await r.readexactly(2) != b"\r\n":
             raise TransportError("bad_response", "a chunk not followed by CRLF")
 
