@@ -90,9 +90,18 @@ def honest(content: str = ANSWER, prompt_tokens: int = 30) -> dict[str, Any]:
 
 
 class Hostile:
-    def __init__(self, shape: Shape, hit: Callable[[int], bool] = lambda i: True) -> None:
+    """``token_s``: the time a token takes to decode. A whole answer is sent after all its
+    tokens' time; a request asking ``stream: true`` is answered as server-sent events, one per
+    token of the content (HF's tokens), ``token_s`` apart. A streamed token counts as served
+    once written, and the answer stops at the first write that finds the client gone (what a
+    server bills for a stream it was hung up on)."""
+
+    def __init__(
+        self, shape: Shape, hit: Callable[[int], bool] = lambda i: True, token_s: float = 0.0
+    ) -> None:
         self.shape = shape
         self.hit = hit
+        self.token_s = token_s
         self.served = Served()
         self.hold = threading.Event()  # set: requests are held until it is cleared
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -144,8 +153,12 @@ class Hostile:
         else:
             out = honest()
         self.served.answers += 1
+        if isinstance(out, dict) and req.get("stream") is True:
+            return await self._events(out, req, w)
         if isinstance(out, dict):
-            self._count(out)
+            n = self._count(out)  # billed: decoded whether or not the client waits for it
+            if self.token_s:  # decoded before a byte of a whole answer is sent
+                await asyncio.sleep(self.token_s * n)
             body = json.dumps(out).encode()  # NaN stays NaN: Python writes it, as some servers do
         elif isinstance(out, bytes):
             body = out
@@ -168,13 +181,75 @@ class Hostile:
         await w.drain()
         return True
 
-    def _count(self, out: dict[str, Any]) -> None:
+    async def _events(
+        self, out: dict[str, Any], req: dict[str, Any], w: asyncio.StreamWriter
+    ) -> bool:
+        """``out`` streamed: a role event, one event per token of its reasoning and content,
+        its tool calls (a call's id, type and name, then its arguments 7 characters at a
+        time), the finish, its usage where the request asked for it, [DONE]; each event one
+        HTTP chunk. Every event counts as a token served."""
+        choice = out["choices"][0]
+        msg = choice["message"]
+        deltas: list[dict[str, Any]] = []  # the reasoning, then the content, a token each
+        for key in ("reasoning", "content"):
+            text = msg.get(key) or ""
+            pos = 0  # a character split over tokens goes with the first of them
+            for _, b in TOKENIZER.encode(text, add_special_tokens=False).offsets:
+                deltas.append({key: text[pos : max(pos, b)]})
+                pos = max(pos, b)
+        for i, call in enumerate(msg.get("tool_calls") or []):  # as OpenAI streams a call
+            fn = call["function"]
+            head = {"index": i, "id": call["id"], "type": "function"}
+            deltas.append(
+                {"tool_calls": [{**head, "function": {"name": fn["name"], "arguments": ""}}]}
+            )
+            args = fn["arguments"]
+            deltas += [
+                {"tool_calls": [{"index": i, "function": {"arguments": args[k : k + 7]}}]}
+                for k in range(0, len(args), 7)
+            ]
+
+        def chunk(event: dict[str, Any] | str) -> bytes:
+            data = b"data: " + (json.dumps(event) if isinstance(event, dict) else event).encode()
+            return b"%x\r\n%s\n\n\r\n" % (len(data) + 2, data)
+
+        def delta(d: dict[str, Any], finish: Any = None) -> dict[str, Any]:
+            ch = {"index": 0, "delta": d, "finish_reason": finish}
+            return {"id": "x", "object": "chat.completion.chunk", "choices": [ch]}
+
+        w.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + chunk(delta({"role": "assistant"}))
+        )
+        try:
+            await w.drain()
+            for d in deltas:
+                if self.token_s:
+                    await asyncio.sleep(self.token_s)
+                w.write(chunk(delta(d)))
+                await w.drain()
+                if w.is_closing():
+                    return False
+                self.served.answer_tokens += 1
+            tail = chunk(delta({}, choice.get("finish_reason", "stop")))
+            if out.get("usage") is not None and (req.get("stream_options") or {}).get(
+                "include_usage"
+            ):
+                tail += chunk({"id": "x", "choices": [], "usage": out["usage"]})
+            w.write(tail + chunk("[DONE]") + b"0\r\n\r\n")
+            await w.drain()
+        except ConnectionError:
+            return False
+        return True
+
+    def _count(self, out: dict[str, Any]) -> int:
         try:
             content = out["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError):
-            return
-        if isinstance(content, str):
-            self.served.answer_tokens += tokens(content)
+            return 0
+        n = tokens(content) if isinstance(content, str) else 0
+        self.served.answer_tokens += n
+        return n
 
     # -- running --------------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -240,6 +240,18 @@ def real_spend(run_dir: Path) -> tuple[float, int]:
     return total, answer_tokens
 
 
+def billed(run_dir: Path, server: Hostile) -> float:
+    """What the server billed: the tokens it wrote (its own count, hung-up streams included)
+    and each answered prompt as the run rendered it."""
+    db = sqlite3.connect(run_dir / "ledger.sqlite")
+    prompt_tokens = sum(
+        len(codec.unpack_ids(ids) or ())
+        for (ids,) in db.execute("SELECT our_prompt_ids FROM responses")
+    )
+    db.close()
+    return (prompt_tokens * PRICE_IN + server.served.answer_tokens * PRICE_OUT) / 1e6
+
+
 @pytest.mark.parametrize("liar", sorted(LIARS))
 def test_the_budget_charges_its_own_count_whatever_usage_says(tmp_path, liar):
     server = Hostile(LIARS[liar])
@@ -254,8 +266,10 @@ def test_the_budget_charges_its_own_count_whatever_usage_says(tmp_path, liar):
         )
         r = run("generate", str(m), "--quiet")
         assert "Traceback" not in r.stderr, r.stderr
-    spent, counted = real_spend(tmp_path / "run")
-    assert counted == server.served.answer_tokens  # every answer served is stored
+    _, counted = real_spend(tmp_path / "run")
+    # every answer served is stored, but for what came after a hang-up (a runaway stream)
+    assert counted == server.served.answer_tokens or liar == "ignore_max_tokens"
+    spent = billed(tmp_path / "run", server)  # what the server wrote, stored or not
     print(f"{liar}: real spend ${spent:.3f} against a ${CAP} cap ({spent / CAP:.2f}x)")
     assert spent <= 1.1 * CAP, f"{liar}: real spend ${spent:.2f} for a ${CAP} cap"
     st = json.loads(run("status", str(m), "--json").stdout)
@@ -266,8 +280,114 @@ def test_the_budget_charges_its_own_count_whatever_usage_says(tmp_path, liar):
     else:
         assert "budget reached" in r.stderr, r.stderr
         assert st["cost_usd"] >= 0.8 * CAP  # the cap is used, not refused early
-    if liar != "escalating":
+    if liar not in ("escalating", "ignore_max_tokens"):  # (hung up on before its usage came)
         assert sum(st["datasets"]["d"]["usage_notes"].values()) >= 1
+
+
+# --- a server that turns to ignoring max_tokens, paid for what it wrote --------------------------
+
+RUNAWAY_MAX = 32
+
+
+def _runaway(honest_answers: int) -> Any:
+    """Honest for ``honest_answers``, then 30 times what max_tokens allows (990 tokens)."""
+    return lambda req, i, n: honest(ANSWER if n < honest_answers else ANSWER * 30)
+
+
+@pytest.mark.parametrize(("cap", "concurrency"), [(2.0, 8), (20.0, 32)])
+def test_a_server_that_turns_to_ignoring_max_tokens_is_hung_up_on(tmp_path, cap, concurrency):
+    """Issue 37's defect 9: honest while the run warms up (a capped run's first requests go
+    one at a time) and 10 answers more, then 30x past max_tokens, with every request in
+    flight. Paid for whole (on 5108872), the answers in flight when the first runaway arrives
+    cost 4.2x a $2 cap at concurrency 8, 1.6x a $20 cap at 32. Streamed (a run with a budget
+    streams), each is hung up on once past 1.5 x max_tokens + 32 tokens, and the server bills
+    what it wrote until it saw the client gone (1 ms a token, a fast engine)."""
+    server = Hostile(_runaway(2 * concurrency + 10), token_s=0.001)
+    src = prompts(tmp_path / "p.jsonl", 4 * concurrency + 10)
+    with server.running() as url:
+        m = manifest(
+            tmp_path,
+            url,
+            {"d": src},
+            backend=f"price_in_per_mtok = {PRICE_IN}\nprice_out_per_mtok = {PRICE_OUT}\n"
+            f"concurrency = {concurrency}",
+            run_extra=f"budget_usd = {cap}",
+            max_tokens=RUNAWAY_MAX,
+        ).read_text()
+        m_path = tmp_path / "manifest.toml"
+        m_path.write_text(m.replace("concurrency = 8\n", "", 1))
+        r = run("generate", str(m_path), "--quiet")
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 1 and "ignores max_tokens" in r.stderr, r.stderr
+    spent = billed(tmp_path / "run", server)
+    print(f"cap ${cap}, concurrency {concurrency}: billed ${spent:.3f} ({spent / cap:.2f}x)")
+    assert spent <= 1.1 * cap, f"billed ${spent:.2f} for a ${cap} cap"
+    db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
+    stored = [
+        json.loads(codec.unpack_text(b))
+        for (b,) in db.execute("SELECT response FROM attempts WHERE http_status = 200")
+    ]
+    db.close()
+    # every answer is stored; a hung-up one says so, and is never more than the limit + a token
+    stopped = [b for b in stored if b.get("stream_stopped") == "runaway"]
+    assert stopped, "no stream was hung up on"
+    for b in stopped:
+        assert tokens(b["choices"][0]["message"]["content"]) <= 1.5 * RUNAWAY_MAX + 32 + 1
+    st = json.loads(run("status", str(m_path), "--json").stdout)
+    assert st["cost_usd"] >= 0.9 * spent  # what the run charged, against what was billed
+
+
+# --- a streamed answer is the whole answer ------------------------------------------------------
+
+
+def _rich(req: dict[str, Any], i: int, n: int) -> dict[str, Any]:
+    """Reasoning, then content or two tool calls (text and arguments with CJK, emoji, escapes)."""
+    msg: dict[str, Any] = {"role": "assistant", "reasoning": f'Think {i}: 東京 → 🙂 "quoted"\n'}
+    if i % 2:
+        msg["content"] = None
+        msg["tool_calls"] = [
+            {
+                "id": f"call_{i}_{k}",
+                "type": "function",
+                "function": {
+                    "name": f"lookup_{k}",
+                    "arguments": json.dumps({"q": f"東京 {k}", "n": i}),
+                },
+            }
+            for k in range(2)
+        ]
+    else:
+        msg["content"] = f"{ANSWER} ({i}) — déjà vu, 漢字 🙂"
+    return {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls" if i % 2 else "stop"}], "usage": {"prompt_tokens": 30, "completion_tokens": 40}}  # fmt: skip
+
+
+def test_a_streamed_answer_reads_as_the_same_answer_sent_whole(tmp_path):
+    """The same answers sent whole and streamed (reasoning and content a token an event, tool
+    calls as OpenAI streams them): read back from the ledger, each streamed answer is the
+    whole one, field for field."""
+    from draftdata.records.wire import parse_answer
+
+    views = {}
+    for mode in ("never", "always"):
+        server = Hostile(_rich)
+        src = prompts(tmp_path / "p.jsonl", 6)
+        with server.running() as url:
+            out = tmp_path / mode
+            out.mkdir()
+            m = manifest(out, url, {"d": src}, backend=f'stream = "{mode}"')
+            r = run("generate", str(m), "--quiet")
+        assert r.returncode == 0, r.stderr
+        db = sqlite3.connect(out / "run" / "ledger.sqlite")
+        rows = db.execute("SELECT prompt_id, response FROM attempts WHERE ok = 1").fetchall()
+        db.close()
+        got = {}
+        for pid, blob in rows:
+            a = parse_answer(codec.unpack_text(blob), want_ids=False)
+            assert not isinstance(a, str) and a.problem is None, a
+            got[pid] = (a.view, a.finish_reason, a.usage)
+        views[mode] = got
+    assert len(views["always"]) == 6 and views["always"] == views["never"]
+    assert sum(bool(v.tool_calls) for v, _, _ in views["always"].values()) == 3
 
 
 # --- memory ---------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import os
 import random
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -304,7 +305,9 @@ def test_the_budget_holds_against_a_server_that_omits_usage(tmp_path):
 
 def test_a_server_that_writes_past_max_tokens_is_stopped_at_its_first_answer(tmp_path):
     """An answer far past max_tokens means no reservation bounds what the server costs: the
-    backend stops with one line, the answer is stored and quarantined as runaway."""
+    backend stops with one line, the answer is stored and quarantined as runaway. The replay
+    server answers whole: it refuses the stream a capped run asks for first, and the run goes
+    on with whole answers (the refusal is kept as an attempt of its own)."""
     src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:60])
     with replay_server(GROUNDTRUTH, "--faults", "overlong=1.0") as url:
         m = manifest(
@@ -319,7 +322,11 @@ def test_a_server_that_writes_past_max_tokens_is_stopped_at_its_first_answer(tmp
         r = run("generate", str(m), "--quiet")
         served = stats(url)["requests"]
     assert r.returncode == 1 and "ignores max_tokens" in r.stderr, r.stderr
-    assert served == 1  # the first answer of a capped run goes alone
+    assert served == 2  # the refused stream, then the first answer: each alone
+    db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
+    reasons = [r for (r,) in db.execute("SELECT reason FROM attempts ORDER BY id")]
+    db.close()
+    assert reasons[0] == "stream_refused" and len(reasons) == 2, reasons
     st = json.loads(run("status", str(m), "--json").stdout)["datasets"]["gt"]
     assert st["done"] == 1 and st["drops"] == {"quarantined:runaway": 1}, st
 

@@ -234,6 +234,109 @@ def test_kill_9_mid_run_then_resume(tmp_path, folder, vllm):
     assert sources == {"engine"} and len(after) == 8
 
 
+def _stored(run: Path) -> list[tuple[dict, dict]]:
+    """(request, response) of every answered attempt, as the ledger keeps them."""
+    from draftdata.store import codec
+
+    db = sqlite3.connect(run / "ledger.sqlite")
+    got = [
+        (json.loads(codec.unpack_text(q)), json.loads(codec.unpack_text(a)))
+        for q, a in db.execute("SELECT request, response FROM attempts WHERE http_status = 200")
+    ]
+    db.close()
+    return got
+
+
+def _stream(url: str, body: dict) -> dict:
+    """``body`` asked as a stream, its events put back together by draftdata's reader as they
+    arrive, a few bytes at a time."""
+    from draftdata.records.stream import StreamAssembly
+
+    asm = StreamAssembly(max_event_bytes=1 << 20)
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        while piece := r.read(37):
+            asm.feed(piece)
+    asm.finish()
+    assert asm.done and asm.problem is None and asm.error is None
+    return asm.body()
+
+
+def test_a_streamed_answer_is_the_servers_whole_answer(tmp_path, folder, vllm):
+    """A run that streams, turn after turn; then each request it sent, asked again of the same
+    server as a stream (put back together by draftdata) and whole: the same ids, prompt ids,
+    text, finish and usage. (Each is asked again after the run: the answer the run got, on a
+    cold prefix cache, can differ in bfloat16 from the same request asked on a warm one.)"""
+    url, _ = vllm
+    ds = MTBENCH.replace("limit = 3", "limit = 2").replace(
+        "temperature = 0.8, top_p = 0.95", "temperature = 0.0"
+    )
+    m = manifest(tmp_path, folder, url, ds, backend='stream = "always"')
+    r = cli("generate", str(m))
+    assert r.returncode == 0, r.stderr[-3000:]
+    stored = _stored(tmp_path / "run")
+    assert len(stored) == 4
+    for req, got in stored:
+        assert req["stream"] is True and got["stream_events"] > 1
+        assert len(got["choices"][0]["token_ids"]) == got["usage"]["completion_tokens"]
+        streamed = _stream(url + "/chat/completions", req)
+        del req["stream"], req["stream_options"]
+        whole = post(url + "/chat/completions", req)
+        assert got["prompt_token_ids"] == streamed["prompt_token_ids"] == whole["prompt_token_ids"]
+        a, b = streamed["choices"][0], whole["choices"][0]
+        assert a["token_ids"] == b["token_ids"] and len(a["token_ids"]) > 0
+        shown = {k: v for k, v in b["message"].items() if v not in (None, [])}
+        assert a["message"] == shown
+        assert (a["finish_reason"], a["stop_reason"]) == (b["finish_reason"], b["stop_reason"])
+        assert streamed["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
+    st = json.loads(cli("status", str(m), "--json").stdout)["datasets"]["mtbench"]
+    assert st["done"] == 4
+
+
+def _generated(url: str) -> float:
+    """vLLM's own count of the tokens its engine generated (``/metrics``)."""
+    base = url.removesuffix("/v1")
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:generation_tokens_total")
+    )
+
+
+@pytest.mark.parametrize("token_ids", ["always", "never"])
+def test_a_stream_past_max_tokens_is_hung_up_on_and_the_engine_stops(
+    tmp_path, folder, vllm, token_ids
+):
+    """The server made to ignore max_tokens (``extra_body`` asks it for 400 tokens and no end
+    of sequence, where the run allows 16): the client hangs up at 1.5 x 16 + 32 = 56 tokens,
+    counted by the engine's ids or by the text in the target's tokens, and vLLM stops
+    decoding, by its own count of generated tokens (paid whole: 4 x 400)."""
+    url, _ = vllm
+    ds = MTBENCH.replace("limit = 3", "limit = 4").replace('turns = "all"', 'turns = "first"')
+    ds = ds.replace("max_tokens = 48", "max_tokens = 16")
+    backend = 'stream = "always"\nextra_body = { max_tokens = 400, ignore_eos = true }'
+    m = manifest(tmp_path, folder, url, ds, backend=backend)
+    if token_ids == "never":
+        m.write_text(m.read_text().replace('backend = "vllm"', 'backend = "text"'))
+        m.write_text(
+            m.read_text().replace('token_ids = "never"', 'token_ids = "never"\n' + backend)
+        )
+    before = _generated(url)
+    r = cli("generate", str(m))
+    generated = _generated(url) - before
+    assert r.returncode == 1 and "ignores max_tokens" in r.stderr, r.stderr[-3000:]
+    stored = _stored(tmp_path / "run")
+    assert stored and all(got.get("stream_stopped") == "runaway" for _, got in stored)
+    print(f"{token_ids}: {len(stored)} answers hung up on, the engine generated {generated:.0f}")
+    # each stopped within a few tokens of the limit (vLLM sees the hang-up at its next step)
+    assert generated <= len(stored) * (56 + 24), generated
+
+
 def test_init_detects_vllm_and_asks_no_key(tmp_path, vllm):
     url, _ = vllm
     out = tmp_path / "i.toml"

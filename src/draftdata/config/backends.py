@@ -48,6 +48,10 @@ class OpenAIBackendCfg(_Strict):
     empty_retries: int = Field(2, ge=0, le=100)
     #: an answer body larger than this is stored, quarantined as oversized and not tokenized
     max_answer_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    #: answers streamed (``stream: true``) and read as they arrive, so one that runs far past
+    #: max_tokens is hung up on at once: "auto" streams in a run with a budget (falling back to
+    #: whole answers where the server refuses streams), "always" / "never" as they say
+    stream: Literal["auto", "always", "never"] = "auto"
     #: the HTTP client: "auto" is the lean HTTP/1.1 client for http:// and aiohttp for https://
     http: Literal["auto", "lean", "aiohttp"] = "auto"
     #: what parses the answers (``records.servers``, whose table names them): its

@@ -6,7 +6,9 @@ httpx was dropped before either: its connection pool costs O(connections) per re
 per request, retries (Retry-After honoured,
 otherwise exponential backoff with jitter), requests- and tokens-per-minute limits, ``extra_body``
 passed through, and a capability probe: where the server returns exact token ids (vLLM
-``return_token_ids``), they are asked for and stored."""
+``return_token_ids``), they are asked for and stored. In a run with a budget answers are
+streamed (``stream``, ``streaming.StreamWatch``): one that runs far past ``max_tokens`` is hung
+up on at the limit instead of paid whole."""
 
 from __future__ import annotations
 
@@ -20,82 +22,30 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import aiohttp
-
 from ...config import Manifest, OpenAIBackendCfg, redact_url
 from ...errors import DraftdataError
 from ...formats import BoundFormat
 from ...records import ApiView
 from ...records.servers import profile as server_profile
 from ...records.wire import WireAnswer, ids_field, messages_to_wire, parse_answer
+from .aio import AiohttpClient, RateLimiter
 from .base import Backend, Completion, FailedAttempt, GenRequest, OnFailure
-from .http11 import READ_STEP, LeanHttp, Reply, TransportError
+from .http11 import LeanHttp, Reply, TransportError
 from .reach import reachable
-from .retry import AUTH_STATUSES, PROBE_REFUSED, retry_after, retry_delay, will_retry
+from .retry import (
+    AUTH_STATUSES,
+    PROBE_REFUSED,
+    STREAM_REFUSED,
+    retry_after,
+    retry_delay,
+    will_retry,
+)
 from .serving import auth_headers, error_text
-
-_JSON = {"Content-Type": "application/json"}
-
-
-class _Aiohttp:
-    """aiohttp behind the lean client's interface (for `https://`, or ``http = "aiohttp"``)."""
-
-    def __init__(
-        self, url: str, headers: dict[str, str], timeout_s: float, concurrency: int, limit: int
-    ) -> None:
-        self.url = url
-        self.limit = limit
-        self.session = aiohttp.ClientSession(
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-            connector=aiohttp.TCPConnector(limit=concurrency, ttl_dns_cache=300),
-        )
-
-    async def post(self, body: bytes) -> Reply:
-        try:
-            async with self.session.post(
-                self.url, data=body, headers=_JSON, allow_redirects=False
-            ) as r:
-                got = {k.lower(): v for k, v in r.headers.items()}
-                data = bytearray()  # counted while reading: a body never sits whole past it
-                while len(data) <= self.limit:
-                    chunk = await r.content.read(READ_STEP)
-                    if not chunk:
-                        return Reply(r.status, got, bytes(data))
-                    data += chunk
-                return Reply(r.status, got, bytes(data[: self.limit]), cut=True)
-        except aiohttp.ClientError as e:
-            raise TransportError(type(e).__name__, str(e)) from e
-
-    async def aclose(self) -> None:
-        await self.session.close()
+from .streaming import StreamWatch
 
 
 class BackendConfigError(DraftdataError):
     """A backend cannot start as configured."""
-
-
-class RateLimiter:
-    """Token bucket: ``per_minute`` units, refilled continuously."""
-
-    def __init__(self, per_minute: float) -> None:
-        self.capacity = per_minute
-        self.tokens = per_minute
-        self.rate = per_minute / 60.0
-        self.stamp = time.monotonic()
-        self.lock = asyncio.Lock()
-
-    async def acquire(self, n: float = 1.0) -> None:
-        n = min(n, self.capacity)
-        async with self.lock:
-            while True:
-                now = time.monotonic()
-                self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
-                self.stamp = now
-                if self.tokens >= n:
-                    self.tokens -= n
-                    return
-                await asyncio.sleep((n - self.tokens) / self.rate)
 
 
 #: bytes a token is taken for where an answer is too large to read (English runs 4-5)
@@ -154,16 +104,19 @@ class OpenAIBackend(Backend):
         # the endpoint's path goes before a query string (some gateways take ?api-version=...)
         u = urlsplit(cfg.base_url)
         self.url = urlunsplit(u._replace(path=u.path + "/chat/completions"))
-        self._transport: LeanHttp | _Aiohttp | None = None
+        self._transport: LeanHttp | AiohttpClient | None = None
         self.sem = asyncio.Semaphore(cfg.concurrency)
         self.rpm = RateLimiter(cfg.rpm) if cfg.rpm else None
         self.tpm = RateLimiter(cfg.tpm) if cfg.tpm else None
         self.rng = random.Random(seed)
         self.token_ids: bool | None = {"auto": None, "always": True, "never": False}[cfg.token_ids]
+        self.streaming = cfg.stream == "always" or (
+            cfg.stream == "auto" and m.run.budget_usd is not None
+        )
         self._probe = asyncio.Lock()
 
     @property
-    def transport(self) -> LeanHttp | _Aiohttp:
+    def transport(self) -> LeanHttp | AiohttpClient:
         if self._transport is None:  # created inside the running event loop
             lean = self.cfg.http == "lean" or (
                 self.cfg.http == "auto" and self.url.startswith("http://")
@@ -176,7 +129,7 @@ class OpenAIBackend(Backend):
                     max_body=self.cfg.max_answer_bytes,
                 )
                 if lean
-                else _Aiohttp(
+                else AiohttpClient(
                     self.url,
                     self.headers,
                     self.cfg.timeout_s,
@@ -210,6 +163,9 @@ class OpenAIBackend(Backend):
         body.update(self.cfg.extra_body)
         if with_ids:
             body["return_token_ids"] = True
+        if self.streaming:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
         return body
 
     async def run_batch(
@@ -225,6 +181,8 @@ class OpenAIBackend(Backend):
                 async with self._probe:  # the first request doubles as the capability probe
                     if self.token_ids is None:
                         return await self._attempts(req, on_failure, probing=True)
+                if self.fatal:  # the probe's answer stopped the backend
+                    return None
             return await self._attempts(req, on_failure, probing=False)
 
     async def _attempts(
@@ -246,20 +204,30 @@ class OpenAIBackend(Backend):
             headers: dict[str, str] = {}
             text: str | None = None
             reply: Reply | None = None
+            detail = ""
+            watch = self._watch(req) if self.streaming else None
             try:
-                reply = await self.transport.post(body.encode("utf-8"))
+                reply = await self.transport.post(
+                    body.encode("utf-8"), watch.sink if watch is not None else None
+                )
                 status, headers = reply.status, reply.headers
-                # undecodable bytes are kept as they came (surrogate escapes; the ledger's codec
-                # writes them back as the same bytes)
-                text = reply.body.decode("utf-8", errors="surrogateescape")
-                reason = None if status == 200 else f"http_{status}"
+                if reply.fed and watch is not None:
+                    reason = watch.ended()  # the events put back together, as one answer
+                    text = watch.text()
+                    detail = watch.asm.error or ""
+                else:
+                    watch = None
+                    # undecodable bytes are kept as they came (surrogate escapes; the ledger's
+                    # codec writes them back as the same bytes)
+                    text = reply.body.decode("utf-8", errors="surrogateescape")
+                    reason = None if status == 200 else f"http_{status}"
             except TimeoutError:
                 reason = "timeout"
             except TransportError as e:
                 reason = f"connection_error:{e.reason}"
             latency = time.time() - t0
             if reason is None and reply is not None and text is not None:
-                done = self._parse(req, body, reply, text, t0, latency, probing, with_ids)
+                done = self._parse(req, body, reply, text, t0, latency, probing, with_ids, watch)
                 if not isinstance(done, Completion):
                     reason = done
                 elif not _is_empty(done) or attempt >= self.cfg.empty_retries:
@@ -277,6 +245,15 @@ class OpenAIBackend(Backend):
                 )
                 probing = False
                 continue
+            if self._stream_refused(status, text):
+                self.streaming = False  # whole answers from now: the old bound on runaways
+                on_failure(
+                    req,
+                    FailedAttempt(
+                        STREAM_REFUSED, status, body, text, t0, latency, False, intent=intent
+                    ),
+                )
+                continue
             reason = reason or "no_body"
             if status in AUTH_STATUSES:
                 self.fatal = (
@@ -289,7 +266,7 @@ class OpenAIBackend(Backend):
                     + "; nothing more is sent to it"
                 )
             retry = will_retry(reason, status, attempt, self.cfg.max_retries)
-            detail = error_text(text) if status not in (None, 200) else ""
+            detail = error_text(text) if status not in (None, 200) else detail
             wait = retry_delay(attempt, headers, self.rng, self.cfg.backoff_s) if retry else 0.0
             asked = retry_after(headers, cap=float("inf"))
             on_failure(
@@ -323,6 +300,7 @@ class OpenAIBackend(Backend):
         latency: float,
         probing: bool,
         with_ids: bool,
+        watch: StreamWatch | None = None,
     ) -> Completion | str:
         """A 200 body as a Completion, or the reason to retry it (not JSON, no choices). The
         body is read once, here, by ``records.wire.parse_answer``. An answer that arrived but
@@ -340,6 +318,16 @@ class OpenAIBackend(Backend):
                 req, body, text, t0, latency, got, problem=problem, counted=counted
             )
 
+        if watch is not None and watch.asm.problem is not None:
+            return unread({"bad_stream": watch.asm.problem}, f"bad_stream: {watch.asm.problem}")
+        if watch is not None and watch.stopped == "oversized":
+            size = watch.asm.chars
+            return unread(
+                {"oversized_chars": size},
+                f"oversized: more than {size:,} characters streamed, more than "
+                f"max_answer_bytes = {self.cfg.max_answer_bytes:,} (the rest was not read)",
+                counted=size // BYTES_PER_TOKEN,
+            )
         if reply.cut or size > self.cfg.max_answer_bytes:
             more = "more than " if reply.cut else ""
             return unread(
@@ -363,6 +351,19 @@ class OpenAIBackend(Backend):
         if probing:
             ch = got.data["choices"][0]
             self.token_ids = ids_field(ch) is not None
+        if watch is not None and watch.stopped == "runaway":
+            n, limit = watch.tokens, req.sampling.max_tokens
+            return self._completion(
+                req,
+                body,
+                text,
+                t0,
+                latency,
+                got,
+                problem=f"runaway: the stream passed {n:,} tokens for max_tokens = {limit:,} "
+                "and was stopped there",
+                counted=n,
+            )
         return self._completion(req, body, text, t0, latency, got, problem=got.problem)
 
     def _completion(
@@ -440,6 +441,22 @@ class OpenAIBackend(Backend):
         n = len(tok.encode(view.reasoning)) if view.reasoning else 0
         n += len(tok.encode(view.content)) if view.content else 0
         return n + sum(len(tok.encode(c.name + c.arguments)) for c in view.tool_calls)
+
+    def _watch(self, req: GenRequest) -> StreamWatch:
+        """The reader of one streamed attempt: it hangs up past the runaway limit."""
+        limit = RUNAWAY_FACTOR * req.sampling.max_tokens + RUNAWAY_SLACK
+        tok = self.bound.tokenizer
+        return StreamWatch(limit, self.cfg.max_answer_bytes, lambda t: len(tok.encode(t)))
+
+    def _stream_refused(self, status: int | None, text: str | None) -> bool:
+        """A server that refuses streamed answers, where the manifest left it to draftdata."""
+        return (
+            self.streaming
+            and self.cfg.stream == "auto"
+            and status in (400, 422)
+            and bool(text)
+            and "stream" in (text or "").lower()
+        )
 
     def max_cost(self, req: GenRequest) -> float:
         """The most one request can cost at the manifest's prices."""

@@ -9,9 +9,11 @@ from email.utils import parsedate_to_datetime
 
 RETRY_STATUSES = frozenset({408, 409, 429})
 #: answers with status 200 whose body was not a usable completion: retried like a timeout
-RETRY_REASONS = frozenset({"http_200_invalid_json", "no_choices", "empty_response"})
+RETRY_REASONS = frozenset({"http_200_invalid_json", "no_choices", "empty_response", "stream_error"})
 #: the capability probe's expected refusal of vLLM's return_token_ids (not a failure)
 PROBE_REFUSED = "capability_probe_refused"
+#: a server's refusal of ``stream: true`` where the manifest left streaming to draftdata
+STREAM_REFUSED = "stream_refused"
 INITIAL_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 60.0
 JITTER = 0.25
