@@ -171,6 +171,21 @@ def test_http_1_0_body_read_to_the_close_from_the_standard_library_server():
 EVENTS = b"".join(b"data: %d\n\n" % i for i in range(400))
 
 
+def _collect(into: bytearray, stop_after: int | None = None) -> Any:
+    """A sink that keeps what it is fed in ``into``, and hangs up past ``stop_after`` bytes."""
+
+    def sink(headers: Any) -> Callable[[bytes], bool]:
+        assert headers["content-type"] == "text/event-stream"
+
+        def feed(b: bytes) -> bool:
+            into.extend(b)
+            return stop_after is not None and len(into) > stop_after
+
+        return feed
+
+    return sink
+
+
 @pytest.mark.parametrize("framing", ["chunked", "length", "close"])
 def test_a_sink_takes_a_stream_as_it_comes_and_hangs_up_when_told(framing):
     """A streamed body (aiohttp's server: chunked, with a Content-Length, or to the close)
@@ -202,19 +217,10 @@ def test_a_sink_takes_a_stream_as_it_comes_and_hangs_up_when_told(framing):
             AiohttpClient(url, {}, 10, 2, 1 << 20),
         ):
             taken = bytearray()
-
-            def whole(headers: Any) -> Callable[[bytes], bool]:
-                assert headers["content-type"] == "text/event-stream"
-                return lambda b: taken.extend(b) is not None  # never stops
-
-            got = await client.post(BODY, whole)
+            got = await client.post(BODY, _collect(taken))
             assert got.fed and not got.stopped and got.body == b"" and bytes(taken) == EVENTS
             upto = bytearray()
-
-            def stop(headers: Any) -> Callable[[bytes], bool]:
-                return lambda b: upto.extend(b) is None and len(upto) > 500
-
-            got = await client.post(BODY, stop)
+            got = await client.post(BODY, _collect(upto, stop_after=500))
             assert got.stopped and 500 < len(upto) < len(EVENTS)
             assert EVENTS.startswith(bytes(upto))
             plain = await client.post(BODY, lambda h: None)  # a sink that declines: read whole
