@@ -271,18 +271,25 @@ async def _body(
         ) from e
 
 
+async def _chunk_size(r: asyncio.StreamReader) -> int:
+    """The next chunk's size; at the last chunk (0), its trailers and blank line are read too."""
+    line = await r.readuntil(b"\r\n")
+    size_hex = line.split(b";", 1)[0].strip()
+    try:
+        size = int(size_hex, 16)
+    except ValueError:
+        raise TransportError("bad_response", f"chunk size {size_hex[:20]!r}") from None
+    if size == 0:
+        while await r.readuntil(b"\r\n") != b"\r\n":  # trailers, then the blank line
+            pass
+    return size
+
+
 async def _chunks(r: asyncio.StreamReader, limit: int) -> tuple[bytes, bool, bool]:
     out = bytearray()
     while True:
-        line = await r.readuntil(b"\r\n")
-        size_hex = line.split(b";", 1)[0].strip()
-        try:
-            size = int(size_hex, 16)
-        except ValueError:
-            raise TransportError("bad_response", f"chunk size {size_hex[:20]!r}") from None
+        size = await _chunk_size(r)
         if size == 0:
-            while await r.readuntil(b"\r\n") != b"\r\n":  # trailers, then the blank line
-                pass
             return bytes(out), False, False
         if len(out) + size > limit:
             out += await r.readexactly(limit - len(out))
@@ -296,15 +303,8 @@ async def _fed_chunks(r: asyncio.StreamReader, feed: Feed) -> tuple[bytes, bool,
     """A chunked body given to ``feed`` chunk by chunk (a streamed answer: one event or a few
     per chunk); a chunk larger than READ_STEP in pieces."""
     while True:
-        line = await r.readuntil(b"\r\n")
-        size_hex = line.split(b";", 1)[0].strip()
-        try:
-            size = int(size_hex, 16)
-        except ValueError:
-            raise TransportError("bad_response", f"chunk size {size_hex[:20]!r}") from None
+        size = await _chunk_size(r)
         if size == 0:
-            while await r.readuntil(b"\r\n") != b"\r\n":
-                pass
             return b"", False, False
         while size > 0:
             got = await r.read(min(size, READ_STEP))

@@ -454,8 +454,8 @@ class OpenAIBackend(Backend):
             self.streaming
             and self.cfg.stream == "auto"
             and status in (400, 422)
-            and bool(text)
-            and "stream" in (text or "").lower()
+            and text is not None
+            and "stream" in text.lower()
         )
 
     def max_cost(self, req: GenRequest) -> float:
