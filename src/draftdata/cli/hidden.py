@@ -170,7 +170,7 @@ def hidden_states(
     """Capture the target's EAGLE-3 hidden states (aux layers and the last layer) over the exact
     ids, verify them in the same pass, and write a trainer's offline layout."""
     from ..export.trainers import layout_trainer
-    from ..hidden.run import input_files
+    from ..hidden.items import input_files
 
     if verify is not None:
         if target is not None:

@@ -10,11 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DraftdataError, InputError
 from ..records import Sample
 from ..tokens import pool
+
+if TYPE_CHECKING:
+    from ..formats import BoundFormat
 
 #: input lines per task: one batched-encode window (`tokens.reconstruct.WINDOW`), small enough
 #: that the last chunks keep every worker busy to the end
@@ -33,12 +36,22 @@ def input_bytes(path: Path) -> int:
         return 0  # the reader names a missing file
 
 
+def bound_format(
+    tokenizer: str, format: str, chat_template: Path | None = None, strict: bool = True
+) -> BoundFormat:
+    """The format ``format`` bound to the tokenizer ``tokenizer`` (both loaded here): what the
+    tokens commands and each worker of ``reconstruct_jobs`` encode with."""
+    from ..formats import get_format
+    from ..tokenizers import load_tokenizer
+
+    return get_format(format).bind(load_tokenizer(tokenizer, chat_template), strict=strict)
+
+
 def _init(setup: dict[str, Any]) -> None:
     from ..tokens.prefs import applier_for
-    from .tokens import _bound
 
     try:
-        bound = _bound(setup["tokenizer"], setup["format"], setup["chat_template"])
+        bound = bound_format(setup["tokenizer"], setup["format"], setup["chat_template"])
         _state["bound"] = bound
         _state["output"] = setup["output"]
         _state["server"] = setup.get("server", "auto")

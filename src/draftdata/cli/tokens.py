@@ -6,7 +6,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.markup import escape as esc
@@ -16,10 +16,8 @@ from ..errors import InputError
 from ..records import GroundTruth
 from ..records.servers import SERVERS
 from .app import DeviceOpt, FormatOpt, Ticker, TokenizerOpt, app, err, example, out, read_jsonl, say
+from .jobs import AUTO_BYTES, bound_format, input_bytes, reconstruct_jobs
 from .show import print_validation
-
-if TYPE_CHECKING:
-    from ..formats import BoundFormat
 
 # --- reconstruction ---------------------------------------------------------------------------
 PrefsOpt = Annotated[
@@ -61,15 +59,6 @@ def _server(name: str) -> str:
         return check_server(name)
     except ValueError as e:
         raise InputError(f"--server {e}") from None
-
-
-def _bound(
-    tokenizer: str, format: str, chat_template: Path | None = None, strict: bool = True
-) -> BoundFormat:
-    from ..formats import get_format
-    from ..tokenizers import load_tokenizer
-
-    return get_format(format).bind(load_tokenizer(tokenizer, chat_template), strict=strict)
 
 
 def _ground_truth(path: Path, skipped: dict[str, int]) -> list[GroundTruth]:
@@ -152,7 +141,6 @@ def reconstruct(
     from ..tokens.answers import count_sample, samples_of
     from ..tokens.pool import jobs_for
     from ..tokens.prefs import applier_for
-    from .jobs import AUTO_BYTES, input_bytes, reconstruct_jobs
 
     server = _server(server)
     skipped: dict[str, int] = {}
@@ -173,7 +161,7 @@ def reconstruct(
                     for k, v in part.items():
                         into[k] = into.get(k, 0) + v
         else:  # the whole input, streamed
-            bound = _bound(tokenizer, format, chat_template)
+            bound = bound_format(tokenizer, format, chat_template)
             records = read_jsonl(input, skipped)
             text_ids = applier_for(prefs, bound.tokenizer)
             made = samples_of(bound, records, drops, all_turns, thinking, text_ids, server)
@@ -246,7 +234,7 @@ def validate(
     from ..measure.validate import validate as run
     from ..tokens.prefs import applier_for
 
-    bound = _bound(tokenizer, format, chat_template, strict=False)
+    bound = bound_format(tokenizer, format, chat_template, strict=False)
     for c in bound.checks:
         if not c.ok:
             err.print(
@@ -343,7 +331,7 @@ def learn(
 
     if not 0 < holdout < 1:
         raise InputError("--holdout must be between 0 and 1 (exclusive)")
-    bound = _bound(tokenizer, format)
+    bound = bound_format(tokenizer, format)
     skipped: dict[str, int] = {}
     records = _bucketed(_ground_truth(input, skipped), bucket)
     pairs, drops = learning_pairs(bound, records, thinking)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args
 from urllib.parse import unquote_plus, urlsplit
@@ -201,7 +202,7 @@ BACKENDS: dict[str, BackendKind] = {
 BUILT_IN = frozenset(BACKENDS)
 
 
-def _union() -> Any:
+def backend_union() -> Any:
     """The manifest's tagged union over the table's config models, told apart by ``kind``."""
     return Annotated[
         Union[tuple(dict.fromkeys(b.config for b in BACKENDS.values()))],  # noqa: UP007
@@ -212,7 +213,22 @@ def _union() -> Any:
 if TYPE_CHECKING:
     BackendCfg = HFBackendCfg | OpenAIBackendCfg | EngineBackendCfg
 else:  # the manifest's tagged union, made from the table above
-    BackendCfg = _union()
+    BackendCfg = backend_union()
+
+#: called, in order, each time ``BACKENDS`` changes (``follow_backends``)
+_FOLLOWERS: list[Callable[[], None]] = []
+
+
+def follow_backends(fn: Callable[[], None]) -> None:
+    """Call ``fn`` each time a kind is registered or unregistered: what is built from
+    ``BACKENDS`` (the manifest's model) follows it without this module importing it."""
+    if fn not in _FOLLOWERS:
+        _FOLLOWERS.append(fn)
+
+
+def _changed() -> None:
+    for fn in _FOLLOWERS:
+        fn()
 
 
 def register_backend(entry: BackendKind) -> None:
@@ -233,7 +249,7 @@ def register_backend(entry: BackendKind) -> None:
     if ":" not in entry.implementation:
         raise ValueError(f'implementation {entry.implementation!r}: write it as "module:Class"')
     BACKENDS[entry.kind] = entry
-    _sync_manifest()
+    _changed()
 
 
 def unregister_backend(kind: str) -> None:
@@ -241,17 +257,4 @@ def unregister_backend(kind: str) -> None:
     if kind in BUILT_IN:
         raise ValueError(f"backend kind {kind!r} is built in")
     if BACKENDS.pop(kind, None) is not None:
-        _sync_manifest()
-
-
-def _sync_manifest() -> None:
-    """The manifest model, and its error messages' tables, follow ``BACKENDS``."""
-    from . import manifest  # here: manifest.py imports this module
-
-    union = _union()
-    backends: Any = dict[str, union]  # type: ignore[valid-type]
-    manifest.Manifest.model_fields["backends"].annotation = backends
-    manifest.Manifest.model_rebuild(force=True)
-    # the key hints and the union tags an error's location is cleaned of
-    manifest._FIELDS.update({k: list(b.config.model_fields) for k, b in BACKENDS.items()})
-    manifest._UNION_TAGS.update({*BACKENDS, *(b.config.__name__ for b in BACKENDS.values())})
+        _changed()

@@ -19,7 +19,7 @@ from ..errors import DraftdataError
 from ..files import not_a_file, resolve_path
 from ..nesting import TooDeep, loads_toml
 from ..records import Decoding
-from .backends import BACKENDS, BackendCfg, redact_url
+from .backends import BACKENDS, BackendCfg, backend_union, follow_backends, redact_url
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -198,6 +198,21 @@ _FIELDS: dict[str, list[str]] = {
 }
 #: the names pydantic puts into an error's location for a tagged union's members
 _UNION_TAGS = {*BACKENDS, *(b.config.__name__ for b in BACKENDS.values())}
+
+
+def _follow() -> None:
+    """The manifest model, and its error messages' tables, follow ``BACKENDS`` (a kind
+    registered or unregistered)."""
+    union = backend_union()
+    backends: Any = dict[str, union]  # type: ignore[valid-type]
+    Manifest.model_fields["backends"].annotation = backends
+    Manifest.model_rebuild(force=True)
+    # the key hints and the union tags an error's location is cleaned of
+    _FIELDS.update({k: list(b.config.model_fields) for k, b in BACKENDS.items()})
+    _UNION_TAGS.update({*BACKENDS, *(b.config.__name__ for b in BACKENDS.values())})
+
+
+follow_backends(_follow)
 
 
 def load_manifest(path: Path) -> Manifest:

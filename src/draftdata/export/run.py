@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from ..measure.gate import Gate
 from ..measure.validate import ValidationReport
-from ..records import Answered, DatasetExport, ExportManifest, FormatPin, Sample, TokenizerPin
+from ..records import Answered, Sample
+from ..records.export import DatasetExport, ExportManifest, FormatPin, TokenizerPin
 from ..store.stats import status
 from ..tokens.run_samples import RunTokens
 from .filters import CONTAMINATED, SampleFilter

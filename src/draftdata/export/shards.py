@@ -26,7 +26,8 @@ import pyarrow.parquet as pq
 from ..errors import InputError
 from ..files import atomic_path
 from ..lines import strict_jsonl
-from ..records import Sample, ShardEntry
+from ..records import Sample
+from ..records.export import ShardEntry
 from ..tokenizers.base import file_sha256
 
 SHARD_BYTES = 256 * 1024 * 1024  # about this much token data per shard

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from ..files import write_json
-from ..records import ExportManifest, Sample
+from ..records import Sample
+from ..records.export import ExportManifest
 from .preview import PER_DATASET, write_preview
 from .shards import SHARD_BYTES, ShardWriter, now_iso, shard_row
 

@@ -44,7 +44,7 @@ def get_format(name: str, relative_to: Path | None = None) -> ChatFormat:
             raise FormatError(f"{name}: format file not found")
         from .declared import load_format_file  # pydantic: 0.1 s of start-up, for TOML only
 
-        return load_format_file(path, BUILTIN)
+        return load_format_file(path, get_format)
     raise FormatError(
         f"unknown format {name!r}; choose one of {', '.join(sorted(BUILTIN))}, "
         "or pass a .toml file that declares one"

@@ -33,6 +33,7 @@ A new version overrides only what changed: everything not given is taken from ``
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,10 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
+
+#: how a ``base`` is found: (name, the folder of the file naming it) -> the format; the package
+#: passes its ``get_format``, so this module never imports the package that imports it
+Lookup = Callable[[str, Path], ChatFormat]
 
 
 class _Marker(BaseModel):
@@ -96,7 +101,9 @@ class _FormatDoc(BaseModel):
     think: _Think | None = None
 
 
-def load_format_file(path: Path, registry: dict[str, ChatFormat]) -> ChatFormat:
+def load_format_file(path: Path, lookup: Lookup) -> ChatFormat:
+    """The format ``path`` declares; its ``base`` (a built-in name or another TOML file) is
+    found through ``lookup``."""
     try:
         raw = loads_toml(path.read_text(encoding="utf-8"))
     except OSError as e:
@@ -118,14 +125,12 @@ def load_format_file(path: Path, registry: dict[str, ChatFormat]) -> ChatFormat:
         raise FormatError(
             f"{path}: {loc}: {err['msg']}; see README.md, Chat formats, for the keys"
         ) from e
-    return build_format(doc, path, registry)
+    return build_format(doc, path, lookup)
 
 
-def build_format(doc: _FormatDoc, path: Path, registry: dict[str, ChatFormat]) -> ChatFormat:
+def build_format(doc: _FormatDoc, path: Path, lookup: Lookup) -> ChatFormat:
     if doc.base is not None:
-        from . import get_format
-
-        base = get_format(doc.base, relative_to=path.parent)
+        base = lookup(doc.base, path.parent)
     else:
         base = TemplateFormat(
             name=doc.name, version=doc.version, description="", markers={}, end_of_turn=""

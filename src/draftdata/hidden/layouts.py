@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,7 +46,6 @@ from ..export.trainers.modelopt import file_name as modelopt_file
 from ..export.trainers.modelopt import offline_record
 from ..export.trainers.settings import write_modelopt_recipe
 from ..files import atomic_path, write_bytes, write_json
-from ..records import Provenance, Sample
 from .codec import (
     MANIFEST,
     SUFFIX,
@@ -58,6 +56,7 @@ from .codec import (
     sha256_bytes,
     sha256_file,
 )
+from .items import Item
 
 if TYPE_CHECKING:
     from ..model.load import LoadedModel
@@ -70,25 +69,6 @@ __all__ = ["DTYPES", "Encoder", "Item", "make_layout"]
 ROWS_PER_FOLDER = 1000
 #: about this many bytes of hidden states per draftdata safetensors shard
 SHARD_BYTES = 1 << 30
-
-
-@dataclass(frozen=True)
-class Item:
-    """One sample to capture: its place in the export's order, its id and its tokens."""
-
-    index: int
-    id: str
-    input_ids: list[int]
-    loss_mask: list[bool]
-    dataset: str = ""
-    token_source: str = ""
-
-    def sample(self) -> Sample:
-        """As a sample (its ids and mask; no provenance: the files it came from carry that)."""
-        nothing = Provenance("", "", "", "")
-        return Sample(
-            self.id, self.input_ids, self.loss_mask, 0, "reconstructed", "", nothing, self.dataset
-        )
 
 
 class Encoder:
@@ -335,7 +315,7 @@ class ModelOpt(_TorchFiles):
     def _longest(self) -> int:
         """The longest sample (read again where this layout did not prepare: Ray's merge)."""
         if not hasattr(self, "longest"):
-            from .run import iter_items
+            from .items import iter_items
 
             self.prepare(iter_items(self.files))
         return self.longest

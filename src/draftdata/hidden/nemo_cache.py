@@ -43,7 +43,8 @@ from ..errors import InputError
 from ..export.trainers.settings import write_nemo_recipe
 from ..files import write_json
 from .codec import CorruptFileError
-from .layouts import Encoder, Item, Job, _Files
+from .items import Item
+from .layouts import Encoder, Job, _Files
 
 if TYPE_CHECKING:
     from ..model.load import LoadedModel

@@ -14,8 +14,8 @@ from typing import Any
 
 from ..errors import InputError
 from .codec import MANIFEST, CorruptFileError, load_tensors
+from .items import iter_items
 from .nemo_cache import EMBEDDINGS, shard_samples
-from .run import iter_items
 
 __all__ = ["Stored", "VerifyReport", "read_manifest", "read_stored", "verify"]
 

@@ -20,9 +20,9 @@ from typing import Any
 
 from ..errors import DraftdataError, InputError
 from ..export.trainers.settings import modelopt_aux_default, nemo_aux_default
+from .items import iter_items
 from .nemo_cache import NEMO_MANIFEST
 from .read import read_manifest
-from .run import iter_items
 
 __all__ = ["RecipeCheck", "RecipeMismatch", "check_recipe"]
 

@@ -15,24 +15,21 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
-from ..errors import InputError
-from ..lines import strict_jsonl
 from ..model.flags import SampleScore, ScoreReport, score_of
 from ..model.folders import ModelError
 from ..model.load import LoadedModel
 from .capture import Capturer
 from .codec import MANIFEST
 from .engine import EngineCapturer, EngineTarget
+from .items import Item, input_files, iter_items
 from .layers import Layers
-from .layouts import Item, make_layout
+from .layouts import make_layout
 
 __all__ = ["MANIFEST", "Pass", "capture_to", "input_files", "iter_items", "manifest"]
 
@@ -41,65 +38,6 @@ CHUNK = 64
 #: file writes in flight at once (each holds one sample's hidden states on the host)
 PENDING = 16
 WRITERS = 2
-_COLUMNS = ("id", "input_ids", "loss_mask", "dataset", "token_source")
-
-
-def input_files(src: Path) -> list[Path]:
-    """The sample files of a run's export, a folder of sample files, or one file."""
-    if (src / "ledger.sqlite").is_file():
-        export = src / "export"
-        files = sorted(export.glob("shard-*.parquet"))
-        if not files:
-            raise InputError(f"{src} has no export; run `draftdata export {src}` first")
-        return files
-    if src.is_dir():
-        files = sorted(src.glob("*.parquet")) or sorted(src.glob("*.jsonl"))
-    elif src.is_file():
-        files = [src]
-    else:
-        raise InputError(f"{src}: no such run folder or sample file")
-    if not files or any(f.suffix not in (".parquet", ".jsonl") for f in files):
-        raise InputError(f"{src}: give a run, an export folder, or .parquet / .jsonl sample files")
-    return files
-
-
-def _rows(f: Path) -> Iterator[dict[str, Any]]:
-    if f.suffix == ".parquet":
-        try:
-            pf = pq.ParquetFile(f)
-        except Exception as e:
-            raise InputError(f"{f}: not a readable Parquet file ({e})") from e
-        cols = [c for c in _COLUMNS if c in pf.schema_arrow.names]
-        for batch in pf.iter_batches(batch_size=256, columns=cols):
-            yield from batch.to_pylist()
-    else:
-        yield from strict_jsonl(f, "a sample file (`draftdata reconstruct -o` writes one)")
-
-
-def iter_items(files: list[Path]) -> Iterator[Item]:
-    """Every sample of ``files``, in order, with its global index."""
-    index = 0
-    for f in files:
-        for r in _rows(f):
-            try:
-                ids = [int(t) for t in r["input_ids"]]
-                mask = [bool(b) for b in r["loss_mask"]]
-            except (KeyError, TypeError, ValueError) as e:
-                raise InputError(
-                    f"{f}: row {index} has no usable input_ids / loss_mask ({e}); give files "
-                    "that `draftdata export` or `reconstruct -o` wrote"
-                ) from e
-            if len(ids) != len(mask) or not ids:
-                raise InputError(f"{f}: row {index} has {len(ids)} ids and {len(mask)} mask bits")
-            yield Item(
-                index,
-                str(r.get("id") or index),
-                ids,
-                mask,
-                str(r.get("dataset") or ""),
-                str(r.get("token_source") or ""),
-            )
-            index += 1
 
 
 def check_item(lm: LoadedModel | EngineTarget, it: Item) -> None:

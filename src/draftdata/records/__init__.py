@@ -431,11 +431,3 @@ class ValidationResult:
     #: the ``lossy:*`` labels the sample carried (its server lost text, and the ids there are
     #: the format's guess); ``exact`` still says whether the ids equal the truth (the guess held)
     lossy: tuple[str, ...] = ()
-
-
-# the export's manifest (its module reads the records above)
-from .export import DatasetExport as DatasetExport  # noqa: E402
-from .export import ExportManifest as ExportManifest  # noqa: E402
-from .export import FormatPin as FormatPin  # noqa: E402
-from .export import ShardEntry as ShardEntry  # noqa: E402
-from .export import TokenizerPin as TokenizerPin  # noqa: E402

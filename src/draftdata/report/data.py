@@ -21,7 +21,7 @@ from .. import __version__
 from ..errors import InputError
 from ..export.preview import PREVIEW_FILE, Preview, read_preview
 from ..measure.contamination import Tally
-from ..records import ExportManifest
+from ..records.export import ExportManifest
 from ..store.guard import reading
 from ..store.ledger import Ledger, LedgerError
 from ..store.stats import Throughput, throughput, work_datasets

@@ -20,7 +20,7 @@ from ..errors import InputError
 from ..nesting import loads_json
 from ..records import Message, Prompt, Role, ToolCall
 from ..records.wire import messages_of
-from . import iter_json_records, make_prompt, reader
+from .base import iter_json_records, make_prompt, reader
 from .common import Skip, _text, _with_user, function_tool, tools_of
 
 #: HumanEval's instruction, as the ground-truth generations used it (groundtruth/README.md)

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from ..errors import InputError
 from ..records import Message, Prompt
 from ..records.wire import messages_of
-from . import make_prompt, reader
+from .base import make_prompt, reader
 from .common import Skip, _text, _with_user, tools_of
 
 KEYS = ("messages", "prompt", "system", "tools", "id")

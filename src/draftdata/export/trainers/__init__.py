@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import InputError
-from ...records import Answered, ExportManifest, Sample
+from ...records import Answered, Sample
+from ...records.export import ExportManifest
 from . import modelopt, nemo_automodel, specforge, speculators
 
 #: an exact export: the samples in export order, the export's manifest, the folder

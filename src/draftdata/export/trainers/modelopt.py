@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import InputError
-from ...records import ExportManifest, Sample
+from ...records import Sample
+from ...records.export import ExportManifest
 
 #: the folder of the ids-only files under the export
 FOLDER = "modelopt"

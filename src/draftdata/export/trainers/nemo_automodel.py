@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ...files import atomic_path
-from ...records import Answered, ExportManifest, Sample
+from ...records import Answered, Sample
+from ...records.export import ExportManifest
 from .specforge import conversation_record
 
 JSONL = "nemo-automodel.jsonl"

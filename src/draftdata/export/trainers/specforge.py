@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ...files import atomic_path
-from ...records import Answered, ExportManifest, Message, Sample
+from ...records import Answered, Message, Sample
+from ...records.export import ExportManifest
 from ...records.wire import messages_to_wire
 from .speculators import write_jsonl
 

@@ -20,7 +20,8 @@ from typing import IO, Any
 
 from ...errors import InputError
 from ...files import atomic_path
-from ...records import ExportManifest, Sample
+from ...records import Sample
+from ...records.export import ExportManifest
 
 #: where the dataset is written under the export
 DATASET = "speculators-dataset"
