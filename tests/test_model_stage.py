@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import torch  # noqa: E402
 from draftdata.formats import derive_view, get_format  # noqa: E402
 from draftdata.measure.validate import validate  # noqa: E402
 from draftdata.model.flags import flags_of  # noqa: E402
-from draftdata.model.repairer import sample_repairer  # noqa: E402
+from draftdata.model.repairer import repair_sample, sample_repairer  # noqa: E402
 from draftdata.model.score import load_scorer  # noqa: E402
 from draftdata.records.wire import ground_truth_of  # noqa: E402
 from draftdata.tokenizers import load_tokenizer  # noqa: E402
@@ -118,6 +119,29 @@ def test_repair_gives_the_engine_ids_and_breaks_no_exact_record(scorer, bound):
     (one,) = r.repairs
     assert r.forwards == 2
     assert r.tokens_forwarded == len(fixed.input_ids) + len(r.response) - one.position
+
+
+def test_a_switch_between_two_drawable_spellings_is_counted_as_a_bet(scorer, bound):
+    """sharegpt-98-sample's text rebuilds wrong in two places where the canonical spelling could
+    have been drawn too: the repair takes the likelier path each time (the engine's ids say it
+    was right) and reports both as bets with their odds; a forced change is no bet."""
+    from draftdata.model.repair import PATH_MARGIN
+
+    gt = ground_truth_of(RAW["sharegpt-98-sample"])
+    rep = validate(bound, [gt], repairer=sample_repairer(scorer, bound.tokenizer))
+    doc = rep.to_json()["repair"]
+    assert doc["fixed"] == 1 and rep.exact == 1
+    assert doc["bets"] == 2
+    r = repair_sample(scorer, bound.tokenizer, _sample(bound, "sharegpt-98-sample"), gt.decoding)
+    assert r.response == list(gt.output_ids)
+    assert len(r.bets) == 2 and all(PATH_MARGIN < m < math.inf for m in r.bets)
+    want = sum(1 / (1 + math.exp(m)) for m in r.bets)
+    assert doc["bets_expected_wrong"] == pytest.approx(want, abs=1e-3)
+    greedy = ground_truth_of(RAW["mtbench-74-greedy"])
+    forced = repair_sample(
+        scorer, bound.tokenizer, _sample(bound, "mtbench-74-greedy"), greedy.decoding
+    )
+    assert forced.repairs and forced.bets == []
 
 
 def _sample(bound, key):

@@ -96,6 +96,13 @@ def print_validation(doc: dict[str, Any]) -> None:
             f"{rp['unchanged_wrong']} not; {rp['repairs']} repairs in "
             f"{rp['samples_repaired']} samples",
         )
+        if rp.get("bets"):
+            say(
+                out,
+                f"  {rp['bets']} of the repairs chose the likelier of two spellings the model "
+                f"could both have drawn: about {rp['bets_expected_wrong']:.2f} expected wrong "
+                "by the model's own odds",
+            )
         if doc.get("tokens_per_s"):
             say(
                 out,

@@ -6,23 +6,33 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..records import Decoding, GroundTruth, Sample, ValidationResult
 
-__all__ = ["Measured", "Repairer", "repaired"]
+__all__ = ["Measured", "Repaired", "Repairer", "repaired"]
 
-#: ``repairer(sample, decoding) -> (response ids, repairs made, tokens forwarded)``: the target
-#: model's repair of one reconstructed sample (``model.repairer.sample_repairer``), injected so
-#: measuring stays free of torch
-Repairer = Callable[[Sample, Decoding], tuple[list[int], int, int]]
+
+class Repaired(NamedTuple):
+    """One sample's repair: its ids, the repairs made, the tokens the model forwarded, and the
+    margin (nats) of each switch that was a bet (ours could have been drawn too)."""
+
+    response: list[int]
+    repairs: int
+    tokens_forwarded: int
+    bets: tuple[float, ...] = ()
+
+
+#: ``repairer(sample, decoding) -> Repaired``: the target model's repair of one reconstructed
+#: sample (``model.repairer.sample_repairer``), injected so measuring stays free of torch
+Repairer = Callable[[Sample, Decoding], Repaired]
 #: a record, its reconstructed sample, and the sample measured against the record's ids
 Measured = tuple[GroundTruth, Sample, ValidationResult]
 
 
 def repaired(
     repairer: Repairer | None, items: Iterator[Measured], concurrency: int
-) -> Iterator[tuple[Measured, tuple[list[int], int, int] | None]]:
+) -> Iterator[tuple[Measured, Repaired | None]]:
     """Each item with the repair of its reconstructed sample (None for the rest), in order, up to
     ``concurrency`` repairs at once (a server's scorer; this process's model repairs one by one)
     and at most 4x that many items ahead of the one handed on."""
@@ -31,7 +41,7 @@ def repaired(
         return
     fix = repairer
     with ThreadPoolExecutor(max(1, concurrency)) as pool:
-        ahead: deque[tuple[Measured, Future[tuple[list[int], int, int]] | None]] = deque()
+        ahead: deque[tuple[Measured, Future[Repaired] | None]] = deque()
         for m in items:
             todo = m[1].token_source == "reconstructed"
             ahead.append((m, pool.submit(fix, m[1], m[0].decoding) if todo else None))

@@ -9,6 +9,7 @@ label, how many views carried it and how many held. Where nothing was measured, 
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -61,6 +62,14 @@ class RepairTally:
     tokens: int = 0
     tokens_forwarded: int = 0
     broken_ids: list[str] = field(default_factory=list)
+    #: switches made where ours could have been drawn too, and how many of them are expected to
+    #: be wrong if the numbers are the sampling engine's (each is wrong with 1 / (1 + e^margin))
+    bets: int = 0
+    bets_expected_wrong: float = 0.0
+
+    def bet(self, margins: Sequence[float]) -> None:
+        self.bets += len(margins)
+        self.bets_expected_wrong += sum(1 / (1 + math.exp(min(m, 700.0))) for m in margins)
 
     def add(self, rid: str, before: ValidationResult, after: ValidationResult, n: int) -> None:
         self.before_exact += before.exact
@@ -94,6 +103,8 @@ class RepairTally:
             },
             "tokens": self.tokens,
             "tokens_forwarded": self.tokens_forwarded,
+            "bets": self.bets,
+            "bets_expected_wrong": round(self.bets_expected_wrong, 3),
         }
 
 
@@ -411,9 +422,10 @@ def validate(
             before = result
             n_repairs = 0
             if fixed is not None:  # engine and logprob ids are never changed
-                response, n_repairs, forwarded = fixed
+                response, n_repairs, forwarded, bets = fixed
                 rep.repair.tokens += len(sample.input_ids)
                 rep.repair.tokens_forwarded += forwarded
+                rep.repair.bet(bets)
                 if n_repairs:
                     prompt_ids = sample.input_ids[: sample.prompt_len]
                     truth = gt.prompt_ids if gt.prompt_ids is not None else prompt_ids

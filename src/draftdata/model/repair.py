@@ -71,6 +71,9 @@ class RepairResult:
     tokens_forwarded: int = 0
     #: why the walk gave up and kept the input (empty when it finished)
     abandoned: str = ""
+    #: the margin (nats) of each switch made where ours could have been drawn too: a bet, wrong
+    #: with probability 1 / (1 + e^margin) when the numbers are the sampling engine's
+    bets: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -127,6 +130,7 @@ class Walk:
         self.session = scorer.session(list(prompt_ids) + list(response), self.P)
         self.response = list(response)
         self.repairs: list[Repair] = []
+        self.bets: list[float] = []
         self._nuclei: dict[int, Nucleus] = {}
         #: an unknown decoding is read as greedy
         self.greedy = decoding.temperature is None or decoding.greedy
@@ -225,6 +229,8 @@ class Walk:
                 changed: bool | None = False
                 if switch is not None and switch.i == i:
                     self.change(i, switch.b, switch.new_tail, switch.repair)
+                    if switch.ours_q > -math.inf:
+                        self.bets.append(switch.theirs_q - switch.ours_q)
                     changed = True
             else:
                 done = self.data(self.response[a:i])
@@ -441,7 +447,7 @@ class Walk:
     def result(self, response: list[int], abandoned: str) -> RepairResult:
         s = self.session
         if abandoned:
-            self.repairs = []
+            self.repairs, self.bets = [], []
             if s.ids[self.P :] != response:
                 s.replace_from(self.P, response)
         lps = s.logprobs()
@@ -453,6 +459,7 @@ class Walk:
             forwards=s.forwards,
             tokens_forwarded=s.tokens_forwarded,
             abandoned=abandoned,
+            bets=self.bets,
         )
 
 

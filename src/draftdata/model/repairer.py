@@ -3,7 +3,7 @@ run's model stage call for each reconstructed sample."""
 
 from __future__ import annotations
 
-from ..measure.repairing import Repairer
+from ..measure.repairing import Repaired, Repairer
 from ..records import Decoding, Sample
 from ..tokenizers import Tokenizer
 from ..tokens.reconstruct import TextIds, open_ended_ids
@@ -36,8 +36,8 @@ def repair_sample(
 def sample_repairer(
     scorer: TargetScorer, tok: Tokenizer, text_ids: TextIds | None = None
 ) -> Repairer:
-    def run(sample: Sample, decoding: Decoding) -> tuple[list[int], int, int]:
+    def run(sample: Sample, decoding: Decoding) -> Repaired:
         r = repair_sample(scorer, tok, sample, decoding, text_ids)
-        return r.response, len(r.repairs), r.tokens_forwarded
+        return Repaired(r.response, len(r.repairs), r.tokens_forwarded, tuple(r.bets))
 
     return run
