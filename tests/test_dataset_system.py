@@ -12,7 +12,8 @@ from transformers import AutoTokenizer
 
 from conftest import TOKENIZERS
 from draftdata.config import ManifestError, load_manifest
-from draftdata.generate.inputs import bind_target, read_dataset
+from draftdata.generate.inputs import read_dataset
+from draftdata.session import bind_target
 from draftdata.tokens.conversation import turn_messages
 from draftdata.tokens.stage import TokensStage
 

@@ -144,3 +144,28 @@ def test_export_verify_says_whole_or_not(exported, tmp_path):
     assert bad.returncode == 1
     doc = json.loads(bad.stdout)
     assert not doc["ok"] and any(shard.name in p and "sha256" in p for p in doc["problems"])
+
+
+def test_export_reads_a_run_beside_its_writer_and_leaves_its_record(exported):
+    """`export` only reads the run (issue 39): it runs while a writer holds the folder (it took
+    the folder's lock and was refused, "in use by"), and the command the report shows as the
+    one that made the run stays that command (export wrote its own argv over it)."""
+    from draftdata.store.ledger import Ledger
+    from draftdata.store.lock import RunLock
+
+    def made_by() -> list[str]:
+        led = Ledger(exported / "ledger.sqlite")
+        try:
+            return led.get_meta("command_line")
+        finally:
+            led.close()
+
+    before = made_by()
+    assert before[:2] == ["draftdata", "generate"]  # the fixture exported once already
+    lock = RunLock(exported).acquire("a writer in this test")
+    try:
+        r = run("export", str(exported), *AS)
+    finally:
+        lock.release()
+    assert r.returncode == 0, r.stderr
+    assert made_by() == before

@@ -29,6 +29,7 @@ LEVELS: tuple[tuple[str, ...], ...] = (
     ("tokenizers", "sources", "store"),
     ("formats",),
     ("tokens",),
+    ("session",),
     ("measure",),
     ("model",),
     ("generate",),

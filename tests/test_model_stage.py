@@ -347,6 +347,14 @@ def test_run_with_model_repair_exports_the_engine_ids(tmp_path):
     doc = json.loads(r.stdout)
     assert doc["scored_now"] == 0 and doc["samples"] == 6
     assert "Loading weights" not in r.stderr  # nothing left to score: the model is not loaded
+    # score writes the run's scores but is not the run's command: the report still names `run`
+    from draftdata.store.ledger import Ledger
+
+    led = Ledger(tmp_path / "run" / "ledger.sqlite")
+    try:
+        assert led.get_meta("command_line")[:2] == ["draftdata", "run"]
+    finally:
+        led.close()
 
 
 def test_the_gate_repairs_a_sampled_ground_truth_as_sampled(tmp_path):

@@ -18,8 +18,9 @@ from draftdata.config import load_manifest
 from draftdata.generate.backends.base import GenRequest
 from draftdata.generate.backends.engines import VLLMBackend
 from draftdata.generate.conversation import sample_seed
-from draftdata.generate.inputs import bind_target, read_dataset
+from draftdata.generate.inputs import read_dataset
 from draftdata.records import Key
+from draftdata.session import bind_target
 from draftdata.tokens.conversation import turn_messages
 from draftdata.tokens.stage import TokensStage
 

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from ..errors import InputError
-from .app import DeviceOpt, ModelOpt, Ticker, app, command_line, emit_json, err, example, out, say
+from .app import DeviceOpt, ModelOpt, Ticker, app, command_line, emit_json, example, out, say
 
 ThresholdOpt = Annotated[
     float,
@@ -103,31 +103,30 @@ def score(
 
 
 def _score_run(run: Path, load: Any, threshold: float, repair: bool) -> dict[str, Any]:
-    from ..generate.runner import Runner
     from ..model.run import score_run_to_file, unscored
+    from ..session import RunSession
     from ..store.runs import manifest_of_run
 
     m = manifest_of_run(run)
     m.run.output = str(run.resolve())
-    runner = Runner(m, quiet=True, console=err, check_settings=False, command_line=command_line())
-    try:
-        led = runner.ledger
+    # it writes the run's scores, so it holds the folder, but it is not the run's command: the
+    # run's command line, manifest and requests in flight stay as they were
+    with RunSession.open(m, write=True, what=" ".join(command_line())) as s:
+        led = s.ledger
         todo = unscored(led, load, [d.name for d in m.datasets])  # a rerun goes on from there
         ticker = Ticker("score", todo, unit="samples")
         doc = score_run_to_file(
             led,
             load,
-            runner.bound.tokenizer,
+            s.tokenization.tokenizer,
             m,
             threshold=threshold,
             repair=repair,
-            text_ids=runner.text_ids,
+            text_ids=s.tokenization.text_ids,
             out=run / "scores.json",
             extra={"run": str(run)},
             on_sample=lambda _r: ticker.tick(),
         )
-    finally:
-        runner.close()
     if doc["repaired_now"]:
         doc["next"] = f"draftdata export {run}"
     return doc

@@ -454,7 +454,7 @@ def export(
     from ..export.run import StoredValidation, export_as, export_run
     from ..export.trainers.settings import export_notes
     from ..export.write import read_export_manifest
-    from ..generate.runner import Runner
+    from ..session import RunSession
     from ..store.runs import manifest_of_run
 
     for k in (kinds := as_ or []):
@@ -463,14 +463,14 @@ def export(
     filters = parse_drop(drop or [])
     m = manifest_of_run(run)
     m.run.output = str(run.resolve())
-    runner = Runner(m, quiet=True, console=err, check_settings=False, command_line=command_line())
-    try:
-        at = (runner.ledger, m, runner.bound)  # what the export reads of the run
+    # a reading command: no lock (it runs beside a writer), and nothing of the run's own record
+    # (its command line, manifest, requests in flight) is written
+    with RunSession.open(m, write=False) as s:
+        at = (s.ledger, m, s.tokenization.bound)  # what the export reads of the run
         valid = StoredValidation.read(run / "validation.json")
-        folder = export_run(*at, valid, None, drop=filters, text_ids=runner.text_ids, kinds=kinds)
+        text_ids = s.tokenization.text_ids
+        folder = export_run(*at, valid, None, drop=filters, text_ids=text_ids, kinds=kinds)
         files = {k: [str(p) for p in export_as(*at, k, filters)] for k in kinds}
-    finally:
-        runner.close()
     em = read_export_manifest(folder)
     if json_out:
         _json(

@@ -8,21 +8,10 @@ from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 
 from ..config import DatasetCfg, Manifest
-from ..formats import BoundFormat, get_format
 from ..measure.contamination import Detector, Tally
 from ..records import Prompt
 from ..sources import iter_prompts
-from ..tokenizers import load_tokenizer
 from .conversation import tools_as_system, with_system
-
-
-def bind_target(m: Manifest) -> BoundFormat:
-    t = m.target
-    tok = load_tokenizer(
-        m.resolve(t.tokenizer) if not t.tokenizer.startswith("pkg:") else t.tokenizer,
-        m.resolve(t.chat_template) if t.chat_template else None,
-    )
-    return get_format(t.format, relative_to=m.base_dir).bind(tok)
 
 
 def read_dataset(m: Manifest, d: DatasetCfg) -> tuple[list[Prompt], Counter[str]]:

@@ -18,12 +18,13 @@ from ..errors import DraftdataError
 from ..formats import BoundFormat
 from ..measure.contamination import Detector, detector_for
 from ..records import Prompt
+from ..session import bind_target
 from ..store.ledger import Ledger
 from ..tokens.conversation import n_turns, stand_in_answers, turn_messages
 from ..tokens.stage import TokensStage
 from .backends import backend_class
 from .contract import Serving, ServingContractError, check_dataset, over_context
-from .inputs import bind_target, drop_reason, read_dataset
+from .inputs import drop_reason, read_dataset
 from .model_plan import ModelPlan, model_plan
 
 

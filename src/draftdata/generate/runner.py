@@ -21,8 +21,7 @@ from ..errors import DraftdataError, GenerateError
 from ..formats import BoundFormat
 from ..measure.contamination import Tally
 from ..records import ApiView, Completion, FailedAttempt, Key, Message, Prompt, StoredResponse
-from ..store.ledger import Ledger
-from ..store.lock import RunLock
+from ..session import RunSession
 from ..store.stats import status
 from ..tokens.checks import RunChecks
 from ..tokens.conversation import answer_message, n_turns, turn_messages
@@ -37,7 +36,7 @@ from .commits import GroupCommit
 from .contaminated import DecontaminateMixin
 from .contract import Serving, check_dataset, over_context
 from .conversation import sample_seed
-from .inputs import DUPLICATE, bind_target, drop_reason, iter_dataset
+from .inputs import DUPLICATE, drop_reason, iter_dataset
 from .progress import Bars
 from .settings import check, settings_of, stored_manifest
 
@@ -85,30 +84,20 @@ class Runner(DecontaminateMixin):
         self.quiet = quiet
         self.progress_every = progress_every
         self.console = console or Console(stderr=True)
-        out = manifest.output_dir
-        out.mkdir(parents=True, exist_ok=True)
         # one writer per run folder: a second one is refused before it can pay for anything
-        self.lock = RunLock(out).acquire(" ".join(command_line or ["draftdata"]))
-        self.ledger = Ledger(out / "ledger.sqlite")
+        what = " ".join(command_line or ["draftdata"])
+        self.session = RunSession.open(manifest, write=True, what=what)
+        self.ledger = self.session.ledger
         self.commits = GroupCommit(self.ledger)
-        t = manifest.target
-        self.bound: BoundFormat = bind_target(manifest)
-        tok = self.bound.tokenizer
+        self.bound: BoundFormat = self.session.tokenization.bound
         self.backends: dict[str, Backend] = {}
         #: what each server says it serves (engine, context), asked once, before any request
         self.serving = Serving(manifest)
         #: datasets whose prompt rendering was checked against their server in this process
         self.contract_checked: set[str] = set()
-        self.text_ids: TextIds | None = None
+        self.text_ids: TextIds | None = self.session.tokenization.text_ids
         #: the run's cross-answer quality checks (one answer index for every dataset)
         self.checks = RunChecks(manifest.run.drop)
-        if t.prefs:
-            from ..tokens.prefs import SplitPrefs
-
-            prefs_path = manifest.resolve(t.prefs)
-            prefs = SplitPrefs.load(prefs_path)
-            prefs.check_tokenizer(tok, prefs_path)
-            self.text_ids = prefs.applier(tok)
         # requests in flight when the last writer was killed or interrupted: possibly paid,
         # so counted against the budget, and asked again
         interrupted, usd = self.ledger.settle_interrupted()
@@ -145,8 +134,7 @@ class Runner(DecontaminateMixin):
 
     def close(self) -> None:
         """Close the ledger and free the run folder for the next writer."""
-        self.ledger.close()
-        self.lock.release()
+        self.session.close()
 
     @property
     def tokens(self) -> TokensStage:

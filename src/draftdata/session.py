@@ -1,0 +1,117 @@
+"""A run folder as a command opens it: the frozen manifest, the ledger, and how the run turns
+text into ids (:class:`Tokenization`), with the folder's lock only for a command that writes.
+
+``run`` and ``generate`` (the :class:`~draftdata.generate.runner.Runner`) and ``score`` open it
+to write; ``export`` opens it to read, so it runs beside a writer and changes nothing of the
+run's own record (its command line, its manifest, its requests in flight)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+
+from .config import Manifest
+from .errors import InputError
+from .formats import BoundFormat, get_format
+from .store.ledger import Ledger
+from .store.lock import RunLock
+from .tokenizers import Tokenizer, load_tokenizer
+from .tokens.reconstruct import TextIds
+
+__all__ = ["RunSession", "Tokenization", "bind_target", "tokenization_of"]
+
+
+def bind_target(m: Manifest) -> BoundFormat:
+    """The target's tokenizer bound to its chat format, as the manifest names them."""
+    t = m.target
+    tok = load_tokenizer(
+        m.resolve(t.tokenizer) if not t.tokenizer.startswith("pkg:") else t.tokenizer,
+        m.resolve(t.chat_template) if t.chat_template else None,
+    )
+    return get_format(t.format, relative_to=m.base_dir).bind(tok)
+
+
+@dataclass(frozen=True)
+class Tokenization:
+    """How a run turns text into ids, as one value: the target's bound format and the learned
+    split preferences (``text_ids``, None without them). Learning preferences makes a new one
+    (:meth:`with_text_ids`); nothing changes one in place."""
+
+    bound: BoundFormat
+    text_ids: TextIds | None = None
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.bound.tokenizer
+
+    def with_text_ids(self, text_ids: TextIds | None) -> Tokenization:
+        return Tokenization(self.bound, text_ids)
+
+
+def tokenization_of(m: Manifest) -> Tokenization:
+    """The manifest's tokenization: its target bound, its ``prefs`` file applied if it names one
+    (checked against the tokenizer it was learned with)."""
+    bound = bind_target(m)
+    if not m.target.prefs:
+        return Tokenization(bound)
+    from .tokens.prefs import SplitPrefs
+
+    path = m.resolve(m.target.prefs)
+    prefs = SplitPrefs.load(path)
+    prefs.check_tokenizer(bound.tokenizer, path)
+    return Tokenization(bound, prefs.applier(bound.tokenizer))
+
+
+class RunSession:
+    """One command's hold on a run folder (``manifest.output_dir``). Open it with :meth:`open`;
+    close it (or use it as a context manager) to free the folder."""
+
+    def __init__(
+        self, manifest: Manifest, ledger: Ledger, tokenization: Tokenization, lock: RunLock | None
+    ) -> None:
+        self.manifest = manifest
+        self.ledger = ledger
+        self.tokenization = tokenization
+        self.lock = lock
+
+    @property
+    def writes(self) -> bool:
+        return self.lock is not None
+
+    @classmethod
+    def open(cls, manifest: Manifest, *, write: bool, what: str = "draftdata") -> RunSession:
+        """``write``: take the folder's lock first (a second writer is refused at once, before it
+        can pay for anything; ``what`` names this one to it). Reading takes no lock and needs
+        the folder's ledger to exist."""
+        out = manifest.output_dir
+        lock: RunLock | None = None
+        if write:
+            out.mkdir(parents=True, exist_ok=True)
+            lock = RunLock(out).acquire(what)
+        elif not (out / "ledger.sqlite").is_file():
+            raise InputError(f"{out}: no ledger.sqlite here; is this a run folder?")
+        try:
+            tokenization = tokenization_of(manifest)
+            return cls(manifest, Ledger(out / "ledger.sqlite"), tokenization, lock)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+
+    def close(self) -> None:
+        """Close the ledger and free the folder for the next writer."""
+        self.ledger.close()
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def __enter__(self) -> RunSession:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
