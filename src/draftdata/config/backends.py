@@ -5,6 +5,7 @@ outside draftdata). Pure config: nothing here imports a backend's implementation
 
 from __future__ import annotations
 
+import importlib
 import ipaddress
 import re
 from collections.abc import Callable
@@ -162,6 +163,10 @@ class BackendKind:
     #: returns the model's exact ids by construction
     exact_ids: bool
     summary: str
+    #: "module:function" that reads this kind's stored answer body back into a
+    #: ``records.ApiView`` (None for a body it does not know); None: the body is OpenAI's
+    #: chat-completions shape, or a local engine's ids
+    reader: str | None = None
 
 
 BACKENDS: dict[str, BackendKind] = {
@@ -229,6 +234,44 @@ def follow_backends(fn: Callable[[], None]) -> None:
 def _changed() -> None:
     for fn in _FOLLOWERS:
         fn()
+
+
+def answer_reader(kind: str) -> Callable[[Any], Any] | None:
+    """The function that reads ``kind``'s stored answers (``BackendKind.reader``), imported
+    when first asked for; None where the kind reads as OpenAI's shape or is not registered."""
+    entry = BACKENDS.get(kind)
+    if entry is None or entry.reader is None:
+        return None
+    module, _, name = entry.reader.partition(":")
+    fn: Callable[[Any], Any] = getattr(importlib.import_module(module), name)
+    return fn
+
+
+#: the entry point group a package registers its backend kinds under (the module it names is
+#: imported; its ``register_backend`` calls do the rest)
+PLUGIN_GROUP = "draftdata.backends"
+_PLUGINS: dict[str, str] = {}
+
+
+def load_plugins() -> dict[str, str]:
+    """Import every module installed under the ``draftdata.backends`` entry point group, once
+    per process: name -> module. One that fails to import is refused in one line, naming it."""
+    from importlib.metadata import entry_points
+
+    from ..errors import InputError
+
+    for ep in entry_points(group=PLUGIN_GROUP):
+        if ep.name in _PLUGINS:
+            continue
+        try:
+            ep.load()
+        except Exception as e:  # a plugin's own failure, named in one line
+            raise InputError(
+                f"backend plugin {ep.name!r} ({ep.value}, entry point group {PLUGIN_GROUP}) "
+                f"failed to load: {type(e).__name__}: {e}; fix or uninstall it"
+            ) from None
+        _PLUGINS[ep.name] = ep.value
+    return dict(_PLUGINS)
 
 
 def register_backend(entry: BackendKind) -> None:

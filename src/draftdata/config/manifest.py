@@ -19,7 +19,14 @@ from ..errors import DraftdataError
 from ..files import not_a_file, resolve_path
 from ..nesting import TooDeep, loads_toml
 from ..records import Decoding
-from .backends import BACKENDS, BackendCfg, backend_union, follow_backends, redact_url
+from .backends import (
+    BACKENDS,
+    BackendCfg,
+    backend_union,
+    follow_backends,
+    load_plugins,
+    redact_url,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -234,6 +241,7 @@ def load_manifest(path: Path) -> Manifest:
     except tomllib.TOMLDecodeError as e:
         raise ManifestError(f"{path}: invalid TOML: {e}") from e
     _check_no_nul(raw, path, text)
+    load_plugins()  # installed backend kinds register themselves before the kinds are checked
     _check_backend_kinds(raw, path, text)
     try:
         m = Manifest.model_validate(raw)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import Manifest, ManifestError
+from ..config import BACKENDS, Manifest, ManifestError
+from ..config.backends import load_plugins
 from .ledger import Ledger
 
 
@@ -18,6 +19,15 @@ def manifest_of_run(run_dir: Path) -> Manifest:
         led.close()
     if raw is None:
         raise ManifestError(f"{led.path}: holds no manifest; it was not made by `draftdata run`")
+    load_plugins()  # a kind a plugin registers, as `load_manifest` finds it
+    backends = raw.get("backends") if isinstance(raw, dict) else None
+    kinds = {b.get("kind") for b in (backends or {}).values() if isinstance(b, dict)}
+    unknown = sorted(str(k) for k in kinds - set(BACKENDS))
+    if unknown:
+        raise ManifestError(
+            f"{run_dir}: the run was made with backend kind {', '.join(unknown)}, which no "
+            "installed package registers now; install the plugin that provides it"
+        )
     m = Manifest.model_validate(raw)
     m.base_dir = Path(base)
     m.path = run_dir / "manifest.toml"

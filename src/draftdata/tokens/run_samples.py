@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..config import DatasetCfg, Manifest
+from ..config.backends import answer_reader
 from ..errors import DraftdataError, GenerateError
 from ..formats import BoundFormat, derive_view
 from ..records import Answered, ApiView, Drop, Key, Message, SampleRow, StoredResponse
@@ -53,6 +54,15 @@ def stored_view(m: Manifest, bound: BoundFormat, r: StoredResponse) -> ApiView:
     """The answer as text: from the stored API response, or derived from exact engine ids."""
     if r.problem is not None:  # quarantined: its body is not parsed again
         return ApiView(None, r.finish_reason)
+    cfg = m.backends.get(r.backend)
+    read = answer_reader(str(getattr(cfg, "kind", ""))) if cfg is not None else None
+    if read is not None:  # a kind that reads its own answers (a plugin's shape)
+        own = read(r.response)
+        if isinstance(own, ApiView):
+            return own
+        raise GenerateError(
+            f"stored response for {r.key}: backend {r.backend!r} cannot read its own answer"
+        )
     if "choices" in r.response:
         v = view_from_record(r.response)
         if v is not None:
