@@ -185,6 +185,7 @@ BACKENDS: dict[str, BackendKind] = {
             "draftdata.generate.backends.openai_api:OpenAIBackend",
             False,
             "any OpenAI-compatible chat-completions API (ids where the server returns them)",
+            reader="draftdata.records.wire:view_from_record",
         ),
         BackendKind(
             "vllm",

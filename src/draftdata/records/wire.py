@@ -428,6 +428,17 @@ def ids_field(choice: Mapping[str, Any]) -> str | None:
     return next((f for f in IDS_FIELDS if choice.get(f) is not None), None)
 
 
+def ids_returned(response: Mapping[str, Any]) -> bool:
+    """Whether a chat-completion body's first choice carries the answer's ids (vLLM's field or
+    SGLang's), as ``parse_answer`` reads them."""
+    choices = response.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    if not isinstance(choice, Mapping):
+        return False
+    name = ids_field(choice)
+    return name is not None and isinstance(choice.get(name), list)
+
+
 def prompt_ids_of(response: Mapping[str, Any], choice: Mapping[str, Any]) -> Any:
     """The prompt ids a response reports: top level (vLLM) or in the choice (SGLang)."""
     got = response.get("prompt_token_ids")

@@ -252,7 +252,7 @@ def _body(blob: bytes | str | None) -> Any:
 
 def server_options(db: sqlite3.Connection, dataset: str) -> ServerOptions:
     """The lossless request fields of ``dataset``'s latest answers and what came of them."""
-    from ..records.wire import detect_server, ids_field
+    from ..records.wire import detect_server, ids_returned
     from .codec import unpack_text
 
     asked: Counter[str] = Counter()
@@ -271,16 +271,12 @@ def server_options(db: sqlite3.Connection, dataset: str) -> ServerOptions:
         n += 1
         server = detect_server(resp) or "unknown"
         by[server] += 1
-        choices = resp.get("choices")
-        choice = choices[0] if isinstance(choices, list) and choices else {}
         for name, (value, servers) in LOSSLESS_FIELDS.items():
             if name not in req or req[name] != value:
                 continue
             asked[name] += 1
             if name == "return_token_ids":  # where the wire parser reads them: vLLM's or SGLang's
-                field = ids_field(choice) if isinstance(choice, dict) else None
-                got = field is not None and isinstance(choice.get(field), list)
-                granted[name] += int(got)
+                granted[name] += int(ids_returned(resp))
             elif server in servers:
                 granted[name] += 1
     refused: Counter[str] = Counter()

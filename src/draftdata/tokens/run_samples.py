@@ -54,23 +54,20 @@ def stored_view(m: Manifest, bound: BoundFormat, r: StoredResponse) -> ApiView:
     """The answer as text: from the stored API response, or derived from exact engine ids."""
     if r.problem is not None:  # quarantined: its body is not parsed again
         return ApiView(None, r.finish_reason)
+    # each kind reads its own bodies (``BackendKind.reader``); a backend no longer in the
+    # manifest is read as OpenAI's shape; a local engine's answer is its ids
     cfg = m.backends.get(r.backend)
-    read = answer_reader(str(getattr(cfg, "kind", ""))) if cfg is not None else None
-    if read is not None:  # a kind that reads its own answers (a plugin's shape)
-        own = read(r.response)
-        if isinstance(own, ApiView):
-            return own
-        raise GenerateError(
-            f"stored response for {r.key}: backend {r.backend!r} cannot read its own answer"
-        )
-    if "choices" in r.response:
-        v = view_from_record(r.response)
-        if v is not None:
-            server = server_of(m, r.backend)
-            return v if server is None else replace(v, server=server)
+    read = answer_reader(str(getattr(cfg, "kind", ""))) if cfg is not None else view_from_record
+    v = read(r.response) if read is not None else None
+    if isinstance(v, ApiView):
+        server = server_of(m, r.backend)
+        return v if server is None else replace(v, server=server)
     if r.output_ids is not None:
         return derive_view(bound, r.output_ids, r.finish_reason)
-    raise GenerateError(f"stored response for {r.key} has neither choices nor ids")
+    raise GenerateError(
+        f"stored response for {r.key}: backend {r.backend!r} left neither an answer it reads "
+        "nor ids"
+    )
 
 
 class RunTokens:
