@@ -5,6 +5,9 @@ from pathlib import Path
 
 import pytest
 
+# shared.py's helpers assert too: pytest rewrites them as it does the test modules' own asserts
+pytest.register_assert_rewrite("shared")
+
 ROOT = Path(__file__).resolve().parents[1]
 # converted models are cached here, once per checkout (a GGUF -> float32 folder takes ~40 s)
 os.environ.setdefault("DRAFTDATA_CACHE", str(ROOT / ".cache"))

@@ -16,8 +16,7 @@ from draftdata.records import ApiView
 from draftdata.records.wire import messages_of
 from draftdata.tokens.reconstruct import Item, reconstruct_many
 from oracle import oracle_ids
-from test_audit_cli import run
-from test_formats_oracle import _kwargs
+from shared import kwargs, run
 
 ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
 
@@ -47,7 +46,7 @@ def conversations(n: int) -> list[list[dict]]:
 def expected(tok, template: str, msgs: list[dict], end_id: int) -> tuple[list[int], list[bool]]:
     """The template's ids of the whole conversation, and True from where each answer's prompt
     ends through the answer's end-of-turn id."""
-    kw = _kwargs(tok)
+    kw = kwargs(tok)
     ids = oracle_ids(tok, template, msgs, add_generation_prompt=False, **kw)
     mask = [False] * len(ids)
     for k, m in enumerate(msgs):

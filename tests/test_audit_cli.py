@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from conftest import GROUNDTRUTH, REAL, TOKENIZERS
-
-
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "draftdata", *args], capture_output=True, text=True, timeout=1800
-    )
+from shared import run
 
 
 def test_kimi_wrong_pin_exits_1_and_names_the_real_id():

@@ -15,35 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GROUNDTRUTH, TOKENIZERS
+from conftest import GROUNDTRUTH
 from draftdata.store import codec
 from servers import manifest, replay_server
-from test_audit_cli import run
+from shared import SMOLLM2, UNIQUE, one_line_exit_2, run, write_prompts
 
-GT = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
-UNIQUE = list({json.dumps(r["messages"]): r for r in GT}.values())
 #: a PNG's signature and bytes no UTF-8 decoder accepts, over several lines
 BINARY = (
     b"\x89PNG\r\n\x1a\n\x00\xff\xfe\x00\x00\rIHDR\n\xc3\x28\xa0\xa1\xe2\x28\xa1\n\xf0\x28\x8c\xbc\n"
 )
-SMOLLM2 = str(TOKENIZERS / "smollm2")
-
-
-def one_line_exit_2(r: subprocess.CompletedProcess[str]) -> str:
-    """The single error line of a refused command (exit 2, no traceback, no internal error)."""
-    assert r.returncode == 2, r.stdout + r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, r.stderr
-    assert lines[0].startswith("error: "), r.stderr
-    assert "Traceback" not in r.stderr and "internal error" not in r.stderr
-    return lines[0]
-
-
-def write_prompts(path: Path, records: list[dict]) -> Path:
-    path.write_text(
-        "".join(json.dumps({"id": r["id"], "messages": r["messages"]}) + "\n" for r in records)
-    )
-    return path
 
 
 # --- a binary file where text belongs -----------------------------------------------------------

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import GROUNDTRUTH, ROOT, TOKENIZERS
 from servers import free_port, manifest, replay_server, stats
-from test_audit_cli import run
+from shared import run
 
 GT = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
 #: every command and a minimal valid invocation's positional arguments (none: it needs none)

@@ -8,7 +8,7 @@ import json
 
 from conftest import GROUNDTRUTH, PROMPTS
 from servers import manifest, replay_server
-from test_audit_cli import run
+from shared import run
 
 GT = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
 

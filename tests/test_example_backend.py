@@ -19,11 +19,9 @@ from transformers import AutoTokenizer
 from conftest import PROMPTS, ROOT, TOKENIZERS
 from draftdata.config import BACKENDS, ManifestError, load_manifest
 from draftdata.config.backends import BackendKind, register_backend, unregister_backend
+from shared import FIXED, PLUGIN_THEN_CLI, echo_manifest
 
 EXAMPLE = ROOT / "examples" / "echo_backend.py"
-FIXED = "A fixed answer, the same for every prompt."
-#: how a plugin's backend reaches the CLI: its module is imported, then draftdata's command runs
-PLUGIN_THEN_CLI = "import echo_backend; from draftdata.cli import main; main()"
 
 
 @pytest.fixture
@@ -39,45 +37,6 @@ def echo():
     del sys.modules["echo_backend"]
 
 
-def _manifest(tmp_path):
-    m = tmp_path / "manifest.toml"
-    m.write_text(
-        f"""
-[run]
-name = "echo"
-output = "run"
-
-[target]
-tokenizer = "{TOKENIZERS / "smollm2"}"
-format = "chatml"
-
-[backends.echo]
-kind = "echo"
-
-[backends.fixed]
-kind = "echo"
-text = "{FIXED}"
-
-[[datasets]]
-name = "mtbench"
-source = "{PROMPTS / "mt_bench_question.jsonl"}"
-reader = "mtbench"
-backend = "echo"
-limit = 2
-turns = "all"
-
-[[datasets]]
-name = "sharegpt"
-source = "{PROMPTS / "sharegpt_v3_first1000.json"}"
-reader = "sharegpt"
-backend = "fixed"
-limit = 2
-turns = "first"
-"""
-    )
-    return m
-
-
 def test_the_readme_shows_the_example_file_as_it_is():
     code = EXAMPLE.read_text()
     assert len(code.splitlines()) <= 30
@@ -86,11 +45,11 @@ def test_the_readme_shows_the_example_file_as_it_is():
 
 def test_one_call_registers_the_kind_and_the_manifest_accepts_it(echo, tmp_path):
     assert BACKENDS["echo"].exact_ids and "echo" in BACKENDS
-    m = load_manifest(_manifest(tmp_path))
+    m = load_manifest(echo_manifest(tmp_path))
     assert type(m.backends["fixed"]) is echo.EchoCfg and m.backends["fixed"].text == FIXED
     assert all(m.is_ground_truth(d) for d in m.datasets)
     bad = tmp_path / "bad.toml"
-    bad.write_text(_manifest(tmp_path).read_text().replace("text =", "txt ="))
+    bad.write_text(echo_manifest(tmp_path).read_text().replace("text =", "txt ="))
     with pytest.raises(
         ManifestError, match=r"unknown key 'backends.fixed.txt'; did you mean 'text'"
     ):
@@ -107,11 +66,11 @@ def test_registration_refuses_a_built_in_kind_and_a_config_without_its_kind(echo
 def test_unregistered_the_kind_is_refused_again(tmp_path):
     assert "echo" not in BACKENDS
     with pytest.raises(ManifestError, match=r"backends\.echo\.kind = 'echo'"):
-        load_manifest(_manifest(tmp_path))
+        load_manifest(echo_manifest(tmp_path))
 
 
 def test_draftdata_run_on_the_echo_backend_exports_the_templates_ids(tmp_path):
-    m = _manifest(tmp_path)
+    m = echo_manifest(tmp_path)
     r = subprocess.run(
         [sys.executable, "-c", PLUGIN_THEN_CLI, "run", str(m), "--quiet", "--json"],
         capture_output=True,

@@ -19,16 +19,10 @@ from cases import (
 from conftest import PROMPTS, REAL
 from draftdata.errors import FormatError
 from oracle import oracle_ids, render
+from shared import kwargs
 
 WITH_TEMPLATE = ["kimi-k2", "qwen3", "qwen3.5", "deepseek-v3", "llama3", "smollm2"]
 ARGS_AS_OBJECT = {"qwen3.5"}
-
-
-def _kwargs(tok) -> dict:
-    bos = getattr(tok, "config", {}).get("bos_token")
-    if isinstance(bos, dict):
-        bos = bos.get("content")
-    return {"bos_token": bos or "", "eos_token": ""}
 
 
 def _check(bound, key, messages, tools=None, **opts):
@@ -42,7 +36,7 @@ def _check(bound, key, messages, tools=None, **opts):
         tok.chat_template,
         to_template(messages, key in ARGS_AS_OBJECT),
         tools,
-        **_kwargs(tok),
+        **kwargs(tok),
         **tpl_opts,
     )
     if ours != expected:
@@ -90,8 +84,8 @@ def test_formats_without_tool_prompt_refuse_schemas_the_template_drops(bound, ke
     msgs = to_template(SYSTEM_USER)
     tok = b.tokenizer
     # the model's own template silently drops the schemas ...
-    assert render(tok.chat_template, msgs, tools, **_kwargs(tok)) == render(
-        tok.chat_template, msgs, None, **_kwargs(tok)
+    assert render(tok.chat_template, msgs, tools, **kwargs(tok)) == render(
+        tok.chat_template, msgs, None, **kwargs(tok)
     )
     # ... so we refuse instead of pretending the model saw them
     with pytest.raises(FormatError, match="tool schemas"):
@@ -117,7 +111,7 @@ def test_deepseek_single_tool_call_is_closed_unlike_the_template(bound):
         to_template(msgs),
         None,
         add_generation_prompt=False,
-        **_kwargs(b.tokenizer),
+        **kwargs(b.tokenizer),
     )
     assert ours.endswith("<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>")
     assert theirs.endswith("```<｜tool▁call▁end｜>")
@@ -135,7 +129,7 @@ def test_special_strings_in_user_text_stay_text(bound, key):
     ctrl = lambda ids: [i for i in ids if i in tok.control_ids]  # noqa: E731
     assert ctrl(ours) == ctrl(blank)
     # the naive path, template render then the stock encode, injects control tokens
-    rendered = render(tok.chat_template, to_template(msgs), **_kwargs(tok))
+    rendered = render(tok.chat_template, to_template(msgs), **kwargs(tok))
     if REAL[key][0].startswith("pkg:") or "kimi" in key:
         naive = tok.encode_as_stock(rendered)  # Kimi's/Qwen's own code: allowed_special="all"
     else:

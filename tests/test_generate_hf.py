@@ -7,7 +7,7 @@ import sqlite3
 
 from conftest import GROUNDTRUTH, TOKENIZERS, require
 from draftdata.store import codec
-from test_audit_cli import run
+from shared import run
 
 require("torch")  # from `make install`: missing fails, not skips
 

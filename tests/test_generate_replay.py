@@ -14,7 +14,7 @@ import time
 from conftest import GROUNDTRUTH, PROMPTS
 from draftdata.store import codec
 from servers import manifest, replay_server, stats
-from test_audit_cli import run
+from shared import run
 
 GT = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
 

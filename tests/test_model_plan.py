@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from conftest import ROOT
-from test_audit_cli import run
+from shared import run
 
 
 def _demo(tmp_path, model: str | None = None):

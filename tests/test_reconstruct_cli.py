@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import GROUNDTRUTH, TOKENIZERS
-from test_audit_cli import run
+from shared import run
 
 SMOL = ["--tokenizer", str(TOKENIZERS / "smollm2"), "--format", "chatml"]
 

@@ -20,19 +20,7 @@ import pytest
 from conftest import GROUNDTRUTH
 from draftdata.store import codec
 from servers import manifest, peak_generate, replay_server, stats
-from test_audit_cli import run
-
-GT = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
-UNIQUE = list({json.dumps(r["messages"]): r for r in GT}.values())
-
-
-def write_prompts(path: Path, records: list[dict], extra: dict[int, dict] | None = None) -> Path:
-    lines = []
-    for i, r in enumerate(records):
-        rec = {"id": r["id"], "messages": r["messages"], **(extra or {}).get(i, {})}
-        lines.append(json.dumps(rec))
-    path.write_text("\n".join(lines) + "\n")
-    return path
+from shared import UNIQUE, run, write_prompts
 
 
 def ledger_counts(run_dir: Path) -> tuple[int, int]:

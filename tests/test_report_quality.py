@@ -21,9 +21,7 @@ from conftest import PROMPTS
 from draftdata.report import build_report, summary
 from draftdata.tokens.quality import QUALITY_CHECKS
 from servers import manifest, replay_server
-from test_audit_cli import run
-from test_quality_wiring import CUT, FRENCH, LOOP, SERVED, served, with_run
-from test_report_viewer import PASSED, export_only
+from shared import CUT, FRENCH, LOOP, PASSED, SERVED, export_only, run, served, with_run
 
 #: MT-Bench questions put among the prompts: each is dropped as contaminated when read
 MT = [json.loads(x) for x in (PROMPTS / "mt_bench_question.jsonl").read_text().splitlines()][:3]

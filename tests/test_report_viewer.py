@@ -18,7 +18,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -35,8 +34,7 @@ from draftdata.report.viewer import sample_card, tomlish
 from draftdata.store import stats
 from draftdata.store.ledger import Ledger
 from draftdata.tokenizers import load_tokenizer
-from test_audit_cli import run
-from test_report import CHROMIUM, EVIL, SHARD_SCHEMA, make_run
+from shared import CHROMIUM, EVIL, PASSED, export_only, make_run, run
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -252,44 +250,6 @@ def test_truncation_warning_for_heavily_truncated_datasets_only(run_dir: Path) -
         assert (f"note: {line}" in text) == (name in heavy), name
     assert "max_tokens = 256 may be too low" in box
     assert "Nothing was gated" not in page  # this run's gate measured a rate and passed
-
-
-def export_only(tmp_path: Path, finishes: list[str], gate: dict[str, Any]) -> Path:
-    run_dir, export = tmp_path / "run", tmp_path / "run" / "export"
-    export.mkdir(parents=True)
-    rows = [
-        {
-            "id": f"d/{i}",
-            "dataset": "d",
-            "prompt_id": str(i),
-            "sample_idx": 0,
-            "turn": 0,
-            "input_ids": list(range(12)),
-            "loss_mask": [False] * 8 + [True] * 4,
-            "prompt_len": 8,
-            "token_source": "engine",
-            "finish_reason": f,
-            "warnings": [],
-            "metadata": "{}",
-        }
-        for i, f in enumerate(finishes)
-    ]
-    pq.write_table(pa.Table.from_pylist(rows, schema=SHARD_SCHEMA), export / "shard-00000.parquet")
-    manifest = {
-        "draftdata_version": __version__,
-        "run": "small",
-        "tokenizer": {"path": "t", "sha256": "f" * 64},
-        "format": {"name": "chatml", "version": "1"},
-        "datasets": {"d": {"samples": len(rows), "sampling": {"max_tokens": 4}}},
-        "validation": None,
-        "gate": gate,
-        "shards": [{"path": "shard-00000.parquet", "rows": len(rows)}],
-    }
-    (export / "manifest.json").write_text(json.dumps(manifest))
-    return run_dir
-
-
-PASSED = {"min_exact": 0.9, "exact_match_rate": 0.95, "passed": True, "forced": False}
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,7 @@ from pathlib import Path
 
 from conftest import GROUNDTRUTH, TOKENIZERS
 from servers import manifest, replay_server
-from test_audit_cli import run
-from test_reliability import UNIQUE, write_prompts
+from shared import UNIQUE, run, write_prompts
 
 
 def _settings(run_dir: Path, dataset: str = "gt") -> dict:

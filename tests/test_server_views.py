@@ -464,7 +464,7 @@ def test_reconstruct_reads_raw_responses_their_server_and_their_ids(bound, tmp_p
     import pyarrow.parquet as pq
 
     from conftest import REAL
-    from test_audit_cli import run
+    from shared import run
 
     b = bound("qwen3")
     picked = {c.name: c for c in CASES if c.key == "qwen3" and c.history == USER and c.thinking}
@@ -565,7 +565,7 @@ def test_a_vllm_backend_asks_for_the_options_that_keep_its_text_whole(tmp_path):
     from conftest import GROUNDTRUTH
     from draftdata.store import codec
     from servers import manifest, replay_server
-    from test_audit_cli import run
+    from shared import run
 
     recs = [json.loads(x) for x in GROUNDTRUTH.read_text().splitlines()][:4]
     src = tmp_path / "p.jsonl"
@@ -610,7 +610,7 @@ def test_status_says_which_lossless_options_the_server_granted(tmp_path):
     the stored request and response bodies."""
     from conftest import GROUNDTRUTH
     from servers import manifest, replay_server
-    from test_audit_cli import run
+    from shared import run
 
     recs = [json.loads(x) for x in GROUNDTRUTH.read_text().splitlines()][:3]
     src = tmp_path / "p.jsonl"
@@ -646,7 +646,7 @@ def test_status_counts_sglangs_answer_ids_as_granted(tmp_path):
 
     from conftest import GROUNDTRUTH
     from servers import manifest, replay_server
-    from test_audit_cli import run
+    from shared import run
 
     recs = [json.loads(x) for x in GROUNDTRUTH.read_text().splitlines()][:3]
     src = tmp_path / "p.jsonl"

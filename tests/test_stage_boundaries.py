@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from conftest import GROUNDTRUTH, TOKENIZERS
 from oracle import oracle_ids
 from servers import replay_server
-from test_audit_cli import run
+from shared import run
 
 GT = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
 GREEDY = [r for r in GT if r["id"].endswith("-greedy") and r["source"] == "mtbench"]

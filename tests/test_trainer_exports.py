@@ -12,8 +12,7 @@ import pytest
 
 from conftest import GROUNDTRUTH, TOKENIZERS
 from servers import replay_server
-from test_audit_cli import run
-from test_pipeline import GT, manifest
+from shared import GT, pipeline_manifest, run
 
 N_TRUTH, N_PAID = 12, 8
 
@@ -27,7 +26,7 @@ def exported(tmp_path_factory):
             "".join(json.dumps({"id": r["id"], "messages": r["messages"]}) + "\n" for r in recs)
         )
     with replay_server(GROUNDTRUTH, "--token-ids") as t_url, replay_server(GROUNDTRUTH) as p_url:
-        r = run("run", str(manifest(tmp, t_url, p_url, min_exact=0.5)), "--quiet")
+        r = run("run", str(pipeline_manifest(tmp, t_url, p_url, min_exact=0.5)), "--quiet")
         assert r.returncode == 0, r.stdout + r.stderr
     r = run(
         "export",

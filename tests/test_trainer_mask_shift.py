@@ -28,7 +28,7 @@ from draftdata.hidden.capture import Captured  # noqa: E402
 from draftdata.hidden.items import Item  # noqa: E402
 from draftdata.hidden.layouts import make_layout  # noqa: E402
 from draftdata.model.load import model_folder  # noqa: E402
-from test_hidden_states import IDS, MODEL, sample_file  # noqa: E402
+from shared import IDS, MODEL, sample_file  # noqa: E402
 
 TWO = IDS[:2]  # 65 and 307 tokens
 STEPS = 3

@@ -23,7 +23,7 @@ import pytest
 from conftest import GROUNDTRUTH, TOKENIZERS, require
 from draftdata.measure.validate import ValidationReport, validate
 from draftdata.records import ApiView, GroundTruth, Message, ValidationResult
-from test_audit_cli import run
+from shared import run
 
 QUESTION = "What is the weather in Paris, and what is two plus two?"
 LABEL = "lossy:think_whitespace"
