@@ -7,6 +7,7 @@ run's own record (its command line, its manifest, its requests in flight)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -82,7 +83,9 @@ class RunSession:
     def open(cls, manifest: Manifest, *, write: bool, what: str = "draftdata") -> RunSession:
         """``write``: take the folder's lock first (a second writer is refused at once, before it
         can pay for anything; ``what`` names this one to it). Reading takes no lock and needs
-        the folder's ledger to exist."""
+        the folder's ledger to exist; it opens the ledger for writing where the folder can be
+        written (``export`` makes the samples the tokens stage has not made yet: the same rows
+        a writer would make, ``INSERT OR REPLACE``), read-only where it cannot."""
         out = manifest.output_dir
         lock: RunLock | None = None
         if write:
@@ -92,7 +95,11 @@ class RunSession:
             raise InputError(f"{out}: no ledger.sqlite here; is this a run folder?")
         try:
             tokenization = tokenization_of(manifest)
-            return cls(manifest, Ledger(out / "ledger.sqlite"), tokenization, lock)
+            path = out / "ledger.sqlite"
+            writable = write or os.access(out, os.W_OK)
+            return cls(
+                manifest, Ledger(path) if writable else Ledger.read(path), tokenization, lock
+            )
         except BaseException:
             if lock is not None:
                 lock.release()
