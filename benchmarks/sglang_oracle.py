@@ -379,7 +379,11 @@ def main() -> int:
                 r = vo.classify(bound, truth, resp, server, thinking)
                 rows.append({"case": case["name"], "parser": fname, "variant": variant,
                              "sglang_parsers": SG_PARSERS[fname], "server_mode": server,
-                             "view": view, "text": text, "flags": flags, **r})  # fmt: skip
+                             "view": view, "text": text, "flags": flags,
+                             # the id fields SGLang's own response object filled in
+                             "id_fields": sorted(k for k, v in ch.items()
+                                                 if k.endswith("token_ids") and v is not None),
+                             **r})  # fmt: skip
     elapsed = time.time() - t0
     vo.report(
         rows, elapsed, sglang.__version__, len({r["case"] for r in rows}),

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from conftest import ROOT
-from draftdata.hidden.estimate import FILE_BYTES, bytes_per_token, estimate, hidden_size_of
+from draftdata.hidden.estimate import FILE_BYTES, bytes_per_token, hidden_size_of
 from draftdata.model.folders import resolve_model
 from shared import run
 
@@ -65,6 +65,14 @@ def _demo_manifest(tmp_path):
     return m
 
 
+def assert_states_bound(bf16: int, tokens: int, samples: int) -> None:
+    """Not the estimator's own formula: every layout holds, per token, EAGLE-3's three auxiliary
+    layers and the last one (4 x 576 values of SmolLM2, 2 bytes each in bf16); ids, masks and
+    file headers add at most 1% and 4 KiB a file."""
+    states = tokens * 4 * 576 * 2
+    assert states <= bf16 <= 1.01 * states + 4096 * samples
+
+
 def test_plan_prints_the_bound_for_the_demo_manifest_before_it_runs(tmp_path):
     r = run("plan", str(_demo_manifest(tmp_path)), "--hidden-for", "speculators", "--json")
     doc = json.loads(r.stdout)
@@ -72,7 +80,7 @@ def test_plan_prints_the_bound_for_the_demo_manifest_before_it_runs(tmp_path):
     tokens = sum(d["prompt_tokens_max"] + d["completion_tokens_max"] for d in doc["datasets"])
     assert (hs["layout"], hs["hidden_size"], hs["tokens"]) == ("speculators", 576, tokens)
     assert (hs["tokens_max"], hs["measured_answers"], hs["rate"]) == (tokens, 0, None)
-    assert hs["bytes"] == estimate("speculators", 576, hs["samples"], tokens).bytes
+    assert_states_bound(hs["bytes"]["bf16"], tokens, hs["samples"])
     assert hs["bytes"]["fp8"] < 0.55 * hs["bytes"]["bf16"]
     r = run("plan", str(_demo_manifest(tmp_path)), "--hidden-for", "speculators")
     assert "no answers yet to measure" in r.stdout and "no rate measured yet" in r.stdout
@@ -111,6 +119,6 @@ def test_after_a_run_the_estimate_is_the_tokens_its_samples_hold(tmp_path):
     hs = json.loads(r.stdout)["hidden_states"]
     assert (hs["samples"], hs["measured_answers"]) == (len(rows), len(rows))
     assert hs["tokens"] == held < hs["tokens_max"]
-    assert hs["bytes"] == estimate("modelopt", 576, len(rows), held).bytes
+    assert_states_bound(hs["bytes"]["bf16"], held, len(rows))
     assert hs["capture_s"] == round(held / 100.0, 1)
     assert hs["rate"]["source"] == "hidden-states-speculators"

@@ -55,8 +55,9 @@ def test_draftdatas_request_gets_every_answer_exact(rows):
     sel = [r for r in rows if r["variant"] == "ids"]
     assert sel
     assert Counter(r["class"] for r in sel) == {"exact": len(sel)}
-    # the ids came from SGLang's own fields
-    assert all(r["class"] == "exact" for r in sel)
+    # the ids came from SGLang's own fields (its response object's, not vLLM's ``token_ids``)
+    assert {tuple(r["id_fields"]) for r in sel} == {("prompt_token_ids", "response_token_ids")}
+    assert not any(r["id_fields"] for r in rows if r["variant"] != "ids")
 
 
 @pytest.mark.parametrize("variant", ["profile", "default"])
