@@ -333,8 +333,10 @@ def test_a_stream_past_max_tokens_is_hung_up_on_and_the_engine_stops(
     stored = _stored(tmp_path / "run")
     assert stored and all(got.get("stream_stopped") == "runaway" for _, got in stored)
     print(f"{token_ids}: {len(stored)} answers hung up on, the engine generated {generated:.0f}")
-    # each stopped within a few tokens of the limit (vLLM sees the hang-up at its next step)
-    assert generated <= len(stored) * (56 + 24), generated
+    # each stopped soon after the hang-up at 56, far short of the 400 it would have written
+    # whole: vLLM sees the hang-up at its next step, which lags on a loaded machine (57 a request
+    # on a quiet one, 106 once beside a whole suite), so the bound is half of the whole answer
+    assert generated <= len(stored) * 400 / 2, generated
 
 
 def test_init_detects_vllm_and_asks_no_key(tmp_path, vllm):
