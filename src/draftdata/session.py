@@ -35,8 +35,7 @@ def bind_target(m: Manifest) -> BoundFormat:
 @dataclass(frozen=True)
 class Tokenization:
     """How a run turns text into ids, as one value: the target's bound format and the learned
-    split preferences (``text_ids``, None without them). Learning preferences makes a new one
-    (:meth:`with_text_ids`); nothing changes one in place."""
+    split preferences (``text_ids``, None without them)."""
 
     bound: BoundFormat
     text_ids: TextIds | None = None
@@ -44,9 +43,6 @@ class Tokenization:
     @property
     def tokenizer(self) -> Tokenizer:
         return self.bound.tokenizer
-
-    def with_text_ids(self, text_ids: TextIds | None) -> Tokenization:
-        return Tokenization(self.bound, text_ids)
 
 
 def tokenization_of(m: Manifest) -> Tokenization:
@@ -74,10 +70,6 @@ class RunSession:
         self.ledger = ledger
         self.tokenization = tokenization
         self.lock = lock
-
-    @property
-    def writes(self) -> bool:
-        return self.lock is not None
 
     @classmethod
     def open(cls, manifest: Manifest, *, write: bool, what: str = "draftdata") -> RunSession:
