@@ -14,9 +14,16 @@ from servers import replay_server, stats
 from shared import GT, pipeline_manifest, run
 
 
-def write_sources(tmp_path):
+def write_sources(tmp_path, split_pairs=False):
+    """truth.jsonl (40 greedy records) and paid.jsonl (30). ``split_pairs``: each holds 10
+    answers where SmolLM2 wrote "\n\n" before a digit as one token (1116), which encoding the
+    text splits in two, so there are split preferences to learn and to apply."""
     greedy = [r for r in GT if r["id"].endswith("-greedy") and r["source"] != "mtbench_turn2"]
     a, b = greedy[:40], greedy[40:70]
+    if split_pairs:
+        pair = [r for r in greedy if 1116 in r["output_ids"]]
+        rest = [r for r in greedy if 1116 not in r["output_ids"]]
+        a, b = pair[:10] + rest[:30], pair[10:20] + rest[30:50]
     for name, recs in (("truth", a), ("paid", b)):
         (tmp_path / f"{name}.jsonl").write_text(
             "".join(json.dumps({"id": r["id"], "messages": r["messages"]}) + "\n" for r in recs)
@@ -76,21 +83,52 @@ def test_run_exports_shards_that_load_and_match_the_manifest(tmp_path):
             assert g["loss_mask"] == [int(b) for b in by_id[g["id"]]["loss_mask"]]
 
 
+def paid_exact(tmp_path, truth) -> tuple[int, dict[str, list[int]]]:
+    """How many exported samples of the text dataset equal the target's own ids (the ground
+    truth the replay server answered from), and every such sample's ids by record id."""
+    files = sorted(glob.glob(str(tmp_path / "run" / "export" / "shard-*.parquet")))
+    rows = [x for x in pq.read_table(files).to_pylist() if x["dataset"] == "paid"]
+    ids = {json.loads(x["metadata"])["id"]: x["input_ids"] for x in rows}
+    exact = sum(v == truth[k]["prompt_ids"] + truth[k]["output_ids"] for k, v in ids.items())
+    return exact, ids
+
+
 def test_learned_preferences_are_cross_validated_and_applied(tmp_path):
-    write_sources(tmp_path)
-    with replay_server(GROUNDTRUTH, "--token-ids") as t_url, replay_server(GROUNDTRUTH) as p_url:
-        m = pipeline_manifest(tmp_path, t_url, p_url)
-        m.write_text(
-            m.read_text().replace("min_exact = 0.8", "min_exact = 0.8\nlearn_prefs = true")
-        )
-        r = run("run", str(m), "--quiet")
-        assert r.returncode == 0, r.stdout + r.stderr
-    prefs = json.loads((tmp_path / "run" / "prefs.json").read_text())
-    assert prefs["kind"] == "draftdata.split_prefs"
-    doc = json.loads((tmp_path / "run" / "export" / "manifest.json").read_text())
+    """The preferences learned on the run's ground truth are applied to the text dataset: its
+    samples, measured against the target's own ids (not against our validation), are exact
+    more often than without them, and each sample they change becomes the target's own ids."""
+    got = {}
+    for learn in (False, True):
+        out = tmp_path / str(learn)
+        out.mkdir()
+        _, b = write_sources(out, split_pairs=True)
+        truth = {r["id"]: r for r in b}
+        with (
+            replay_server(GROUNDTRUTH, "--token-ids") as t_url,
+            replay_server(GROUNDTRUTH) as p_url,
+        ):
+            m = pipeline_manifest(out, t_url, p_url)
+            # without preferences a quarter of these answers are not exact: the gate is not
+            # what this test measures
+            gate = "min_exact = 0.5" + ("\nlearn_prefs = true" if learn else "")
+            m.write_text(m.read_text().replace("min_exact = 0.8", gate))
+            r = run("run", str(m), "--quiet")
+            assert r.returncode == 0, r.stdout + r.stderr
+        got[learn] = paid_exact(out, truth)
+    prefs = json.loads((tmp_path / "True" / "run" / "prefs.json").read_text())
+    assert prefs["kind"] == "draftdata.split_prefs" and prefs["rules"]
+    doc = json.loads((tmp_path / "True" / "run" / "export" / "manifest.json").read_text())
     v = doc["validation"]
     assert v["cross_validated"] is True and v["n"] == 40
     assert v["prefs_rules"] == len(prefs["rules"])
+    (plain, plain_ids), (learned, learned_ids) = got[False], got[True]
+    assert plain_ids.keys() == learned_ids.keys() and len(plain_ids) == 30
+    changed = [k for k in plain_ids if plain_ids[k] != learned_ids[k]]
+    print(f"exact without preferences {plain}/30, with {learned}/30; changed {changed}")
+    assert learned > plain
+    assert changed, "the learned preferences changed no sample of the text dataset"
+    for k in changed:  # each sample they changed is now the target's own ids
+        assert learned_ids[k] == truth[k]["prompt_ids"] + truth[k]["output_ids"], k
 
 
 def test_gate_stops_before_any_paid_request_and_force_is_recorded(tmp_path):

@@ -23,8 +23,10 @@ from .measure.gate import Gate, GateError, gate_on
 from .measure.validate import ValidationReport, validate
 from .progress import Ticker
 from .records import GroundTruth
+from .session import RunSession, Tokenization
 from .tokens.reconstruct import check_ids
 from .tokens.run_samples import Tokenized
+from .tokens.stage import TokensStage
 
 
 @dataclass
@@ -38,7 +40,9 @@ class PipelineResult:
     scores: dict[str, Any] | None = None
 
 
-def ground_truth(runner: Runner, d: DatasetCfg, with_view: bool = False) -> Iterator[GroundTruth]:
+def ground_truth(
+    session: RunSession, d: DatasetCfg, with_view: bool = False
+) -> Iterator[GroundTruth]:
     """The engine's exact answers as ground truth, with the conversations they answered. The
     prompt ids are the ones the server says it fed the model, where it says so. Each carries
     the dataset's decoding: the gate's repair reads an unknown one as greedy, and would then
@@ -46,23 +50,24 @@ def ground_truth(runner: Runner, d: DatasetCfg, with_view: bool = False) -> Iter
     carries the text view its server returned beside the ids (a vLLM or SGLang server asked for
     its ids), so the gate reconstructs what the server really said; otherwise the view is
     derived from the ids."""
-    stage = runner.tokens
+    bound = session.tokenization.bound
+    stage = TokensStage(bound, session.manifest.target.thinking)
     decoding = d.sampling.decoding
-    for a in runner.samples_stage.conversations(d):
+    for a in session.tokens_stage(session.tokenization, None).conversations(d):
         key, p, msgs, r = a.key, a.prompt, a.messages, a.stored
         if r.output_ids is None:
             continue
         try:
-            out = check_ids(runner.bound, r.output_ids, "output_ids")
+            out = check_ids(bound, r.output_ids, "output_ids")
             prompt = r.server_prompt_ids or r.our_prompt_ids or stage.render_prompt(msgs, p)
-            check_ids(runner.bound, prompt, "prompt_ids")
+            check_ids(bound, prompt, "prompt_ids")
         except ReconstructError:
             continue  # the tokens stage drops and counts it
         yield GroundTruth(
             id=key.sample_id,
             messages=msgs,
             prompt_ids=tuple(prompt),
-            output_ids=tuple(runner.bound.closed(out, r.finish_reason)),
+            output_ids=tuple(bound.closed(out, r.finish_reason)),
             finish_reason=r.finish_reason,
             tools=p.tools,
             group=key.prompt_id,
@@ -96,6 +101,20 @@ def ground_truth_file(m: Manifest) -> list[GroundTruth]:
     return out
 
 
+@dataclass(frozen=True)
+class Shown:
+    """Where a stage says what it does: quiet, or a console with a progress line every
+    ``every`` seconds."""
+
+    quiet: bool
+    console: Console
+    every: float
+
+    @property
+    def to(self) -> Console | None:
+        return None if self.quiet else self.console
+
+
 def run_pipeline(
     m: Manifest,
     *,
@@ -106,81 +125,110 @@ def run_pipeline(
     progress_every: float = 30.0,
     extend: bool = False,
 ) -> PipelineResult:
-    console = console or Console(stderr=True)
-    runner = Runner(
-        m,
-        quiet=quiet,
-        console=console,
-        command_line=command_line,
-        progress_every=progress_every,
-        extend=extend,
-    )
-    res = PipelineResult(run_dir=m.output_dir)
-    try:
-        # datasets on a vLLM / SGLang server asked for its ids: exact, and evidence for the rest
-        engine = {
-            d.name: e
-            for d in m.datasets
-            if not m.is_ground_truth(d) and (e := runner.serving.engine(d)) is not None
-        }
-        exact = [d for d in m.datasets if m.is_ground_truth(d) or d.name in engine]
-        text = [d for d in m.datasets if not (m.is_ground_truth(d) or d.name in engine)]
-        # what waits on the gate: the text datasets, and an engine dataset whose server gave
-        # some answers no ids (those were reconstructed)
-        waits = [d.name for d in text]
-        # 1. read every dataset (duplicates across datasets are dropped in manifest order)
-        for d in m.datasets:
-            runner.prompts(d)
-        # 2. ground truth: exact ids from the target itself, or from the engine serving it
-        evidence = ground_truth_file(m)
-        said = [f"the ground-truth file {m.run.ground_truth} ({len(evidence)})"] if evidence else []
-        if exact:
-            rep = asyncio.run(runner.run([d.name for d in exact]))
-            res.datasets.update(rep.datasets)
-            for d in exact:
-                got = list(ground_truth(runner, d, with_view=d.name in engine))
-                evidence += got
-                who = f"the {engine[d.name]} server's own ids" if d.name in engine else "answers"
-                said.append(f"{who} of {d.name} ({len(got)})")
-            waits += [n for n in engine if _reconstructed(res, n)]
-        scorer = _scorer(m)
-        # 3. validate reconstruction on it (repaired by the model first, where [model] says so)
-        if evidence:
-            res.validation = measure(runner, evidence, scorer)
-            write_json(m.output_dir / "validation.json", res.validation.to_json())
-        # 4. the gate, before the first paid request of a text dataset
-        res.gate = gate_on(m.run.min_exact, res.validation, gated=bool(waits)).on(", ".join(said))
-        if waits and not res.gate.passed:
-            if not force:
-                runner.ledger.set_meta("gate", res.gate.to_json())
-                raise GateError(
-                    f"gate failed before any paid request: {res.gate.reason}; fix the format or "
-                    "learn split preferences (`draftdata learn`), or pass --force to override"
-                )
-            res.gate = res.gate.force()
-        runner.ledger.set_meta("gate", res.gate.to_json())
-        # 5. the text backends
-        if text:
-            rep = asyncio.run(runner.run([d.name for d in text]))
-            res.datasets.update(rep.datasets)
-            res.budget_stopped = rep.budget_stopped
-        # 6. the model stage: score every sample, repair the reconstructed ones
-        if scorer is not None and m.model is not None:
-            res.scores = model_stage(runner, scorer, m.model, console, quiet)
-        # 7. export
-        res.export_dir = export_run(
-            runner.ledger,
+    shown = Shown(quiet, console or Console(stderr=True), progress_every)
+    what = " ".join(command_line or ["draftdata"])
+    with RunSession.open(m, write=True, what=what) as session:
+        runner = Runner(
             m,
-            runner.bound,
-            res.validation,
-            res.gate,
-            text_ids=runner.text_ids,
-            checks=runner.checks,
-            console=None if quiet else console,
+            quiet=quiet,
+            console=shown.console,
+            command_line=command_line,
+            progress_every=progress_every,
+            extend=extend,
+            session=session,
         )
-    finally:
-        runner.close()
+        return _stages(session, runner, shown, force)
+
+
+def _stages(session: RunSession, runner: Runner, shown: Shown, force: bool) -> PipelineResult:
+    """Each stage in turn, the tokenization passed from one to the next as a value (learning
+    split preferences on the gate's evidence returns a new one)."""
+    m, tok = session.manifest, session.tokenization
+    res = PipelineResult(run_dir=m.output_dir)
+    # datasets on a vLLM / SGLang server asked for its ids: exact, and evidence for the rest
+    engine = {
+        d.name: e
+        for d in m.datasets
+        if not m.is_ground_truth(d) and (e := runner.serving.engine(d)) is not None
+    }
+    exact = [d for d in m.datasets if m.is_ground_truth(d) or d.name in engine]
+    text = [d for d in m.datasets if not (m.is_ground_truth(d) or d.name in engine)]
+    # what waits on the gate: the text datasets, and an engine dataset whose server gave some
+    # answers no ids (those were reconstructed)
+    waits = [d.name for d in text]
+    # 1. read every dataset (duplicates across datasets are dropped in manifest order)
+    for d in m.datasets:
+        runner.prompts(d)
+    # 2. ground truth: exact ids from the target itself, or from the engine serving it
+    evidence = ground_truth_file(m)
+    said = [f"the ground-truth file {m.run.ground_truth} ({len(evidence)})"] if evidence else []
+    if exact:
+        asyncio.run(runner.generate([d.name for d in exact]))
+        res.datasets.update(tokens_stage(session, tok, exact, shown))
+        for d in exact:
+            got = list(ground_truth(session, d, with_view=d.name in engine))
+            evidence += got
+            who = f"the {engine[d.name]} server's own ids" if d.name in engine else "answers"
+            said.append(f"{who} of {d.name} ({len(got)})")
+        waits += [n for n in engine if _reconstructed(res, n)]
+    scorer = _scorer(m)
+    # 3. validate reconstruction on it (repaired by the model first, where [model] says so)
+    if evidence:
+        res.validation, tok = measure(session, tok, evidence, scorer, shown)
+        write_json(m.output_dir / "validation.json", res.validation.to_json())
+    # 4. the gate, before the first paid request of a text dataset
+    res.gate = gate_stage(session, res.validation, said, bool(waits), force)
+    # 5. the text backends
+    if text:
+        rep = asyncio.run(runner.generate([d.name for d in text]))
+        res.datasets.update(tokens_stage(session, tok, text, shown))
+        res.budget_stopped = rep.budget_stopped
+    # 6. the model stage: score every sample, repair the reconstructed ones
+    if scorer is not None and m.model is not None:
+        res.scores = model_stage(session, tok, scorer, m.model, shown)
+    # 7. export
+    res.export_dir = export_run(
+        session.ledger,
+        m,
+        tok.bound,
+        res.validation,
+        res.gate,
+        text_ids=tok.text_ids,
+        checks=session.checks,
+        console=shown.to,
+    )
     return res
+
+
+def tokens_stage(
+    session: RunSession, tok: Tokenization, datasets: list[DatasetCfg], shown: Shown
+) -> dict[str, Tokenized]:
+    """The samples of every stored answer of ``datasets`` not yet decided, made with ``tok``."""
+    stage = session.tokens_stage(tok, shown.to)
+    return {d.name: stage.make(d) for d in datasets}
+
+
+def gate_stage(
+    session: RunSession,
+    validation: ValidationReport | None,
+    said: list[str],
+    gated: bool,
+    force: bool,
+) -> Gate:
+    """The gate on the validation, recorded in the ledger; a GateError when it fails before a
+    dataset that waits on it (``gated``) and ``force`` is not given."""
+    m = session.manifest
+    gate = gate_on(m.run.min_exact, validation, gated=gated).on(", ".join(said))
+    if gated and not gate.passed:
+        if not force:
+            session.ledger.set_meta("gate", gate.to_json())
+            raise GateError(
+                f"gate failed before any paid request: {gate.reason}; fix the format or "
+                "learn split preferences (`draftdata learn`), or pass --force to override"
+            )
+        gate = gate.force()
+    session.ledger.set_meta("gate", gate.to_json())
+    return gate
 
 
 def _reconstructed(res: PipelineResult, name: str) -> bool:
@@ -197,32 +245,32 @@ def _scorer(m: Manifest) -> Any:
 
 
 def model_stage(
-    runner: Runner, scorer: Any, cfg: ModelCfg, console: Console, quiet: bool
+    session: RunSession, tok: Tokenization, scorer: Any, cfg: ModelCfg, shown: Shown
 ) -> dict[str, Any]:
     """Score (and repair) every sample of the run not yet scored; RUN/scores.json."""
     from .model.run import score_run_to_file, unscored
 
-    m = runner.m
+    m, ledger = session.manifest, session.ledger
     tick = None
-    if not quiet:
+    if not shown.quiet:
         what = "model stage: scoring and repairing" if cfg.repair else "model stage: scoring"
-        todo = unscored(runner.ledger, scorer, [d.name for d in m.datasets])
-        tick = Ticker(what, todo, runner.progress_every, console, "samples").tick if todo else None
+        todo = unscored(ledger, scorer, [d.name for d in m.datasets])
+        tick = Ticker(what, todo, shown.every, shown.console, "samples").tick if todo else None
     doc = score_run_to_file(
-        runner.ledger,
+        ledger,
         scorer,
-        runner.bound.tokenizer,
+        tok.tokenizer,
         m,
         threshold=cfg.threshold,
         repair=cfg.repair,
-        text_ids=runner.text_ids,
+        text_ids=tok.text_ids,
         out=m.output_dir / "scores.json",
         extra={"model": cfg.path},
         on_sample=tick,
     )
     scored, repaired = doc["scored_now"], doc["repaired_now"]
-    if not quiet:
-        console.print(
+    if not shown.quiet:
+        shown.console.print(
             f"model stage: {scored} samples scored, {repaired} repaired, "
             f"{doc.get('flagged_samples', 0)} flagged (log p below {cfg.threshold})",
             highlight=False,
@@ -230,31 +278,36 @@ def model_stage(
     return doc
 
 
-def measure(runner: Runner, records: list[GroundTruth], scorer: Any = None) -> ValidationReport:
-    """Validation on the run's ground truth (cross-validated where preferences are learned);
-    repaired by the target model first when the manifest's [model] asks for repair, with a
-    progress line (the repair forwards the model, minutes on a CPU)."""
-    m, bound = runner.m, runner.bound
+def measure(
+    session: RunSession,
+    tok: Tokenization,
+    records: list[GroundTruth],
+    scorer: Any,
+    shown: Shown,
+) -> tuple[ValidationReport, Tokenization]:
+    """Validation on the run's ground truth (cross-validated where preferences are learned),
+    with the tokenization the rest of the run uses (the learned preferences, where it learns
+    them); repaired by the target model first when the manifest's [model] asks for repair, with
+    a progress line (the repair forwards the model, minutes on a CPU)."""
+    m, bound = session.manifest, tok.bound
     repairer = None
     tick: Callable[[Any], None] | None = None
     if scorer is not None and m.model is not None and m.model.repair:
         from .model.repairer import sample_repairer
 
-        repairer = sample_repairer(scorer, bound.tokenizer, runner.text_ids)
-        if not runner.quiet:
-            ticker = Ticker(
-                "gate: repairing and measuring", len(records), runner.progress_every, runner.console
-            )
-            tick = ticker.tick
+        repairer = sample_repairer(scorer, bound.tokenizer, tok.text_ids)
+        if not shown.quiet:
+            what = "gate: repairing and measuring"
+            tick = Ticker(what, len(records), shown.every, shown.console).tick
     # a server repairs several samples at once, within its concurrency
     conc = getattr(scorer, "concurrency", 1) if repairer is not None else 1
     if m.run.learn_prefs and records:
-        report = learn_and_validate(runner, records, repairer, tick, conc)
+        report, tok = learn_and_validate(session, tok, records, repairer, tick, conc)
     else:
         report = validate(
             bound,
             records,
-            text_ids=runner.text_ids,
+            text_ids=tok.text_ids,
             thinking=m.target.thinking,
             repairer=repairer,
             on_result=tick,
@@ -267,24 +320,25 @@ def measure(runner: Runner, records: list[GroundTruth], scorer: Any = None) -> V
         "tokenizer_sha256": bound.tokenizer.sha256,
         "prefs": m.target.prefs,
     }
-    return report
+    return report, tok
 
 
 def learn_and_validate(
-    runner: Runner,
+    session: RunSession,
+    tok: Tokenization,
     records: list[GroundTruth],
     repairer: Any = None,
     tick: Callable[[Any], None] | None = None,
     concurrency: int = 1,
-) -> ValidationReport:
+) -> tuple[ValidationReport, Tokenization]:
     """Learn split preferences from the run's own ground truth. The figure the gate sees is
     cross-validated: preferences learned on one half of the prompts are measured on the other,
-    both ways. The preferences learned on all of it are saved (RUN/prefs.json) and applied to
-    the text datasets."""
+    both ways. The preferences learned on all of it are saved (RUN/prefs.json) and returned in
+    the tokenization the text datasets are made with."""
     from .measure.validate import learning_pairs
     from .tokens.prefs import _bucket, learn
 
-    bound, thinking = runner.bound, runner.m.target.thinking
+    bound, thinking = tok.bound, session.manifest.target.thinking
     halves = (
         [r for r in records if _bucket(r.group) < 0.5],
         [r for r in records if _bucket(r.group) >= 0.5],
@@ -314,10 +368,9 @@ def learn_and_validate(
         report.warnings.update(inner.warnings)
     pairs, _ = learning_pairs(bound, records, thinking)
     prefs = learn(bound.tokenizer, pairs)
-    prefs.save(runner.m.output_dir / "prefs.json")
-    runner.text_ids = prefs.applier(bound.tokenizer)
+    prefs.save(session.manifest.output_dir / "prefs.json")
     report.meta = {"prefs_rules": len(prefs.rules), "cross_validated": True}
-    return report
+    return report, tok.learned(prefs.applier(bound.tokenizer))
 
 
 __all__ = ["GateError", "PipelineResult", "ground_truth", "run_pipeline"]

@@ -8,8 +8,10 @@ run's own record (its command line, its manifest, its requests in flight)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
+
+from rich.console import Console
 
 from .config import Manifest
 from .errors import InputError
@@ -17,7 +19,9 @@ from .formats import BoundFormat, get_format
 from .store.ledger import Ledger
 from .store.lock import RunLock
 from .tokenizers import Tokenizer, load_tokenizer
+from .tokens.checks import RunChecks
 from .tokens.reconstruct import TextIds
+from .tokens.run_samples import RunTokens
 
 __all__ = ["RunSession", "Tokenization", "bind_target", "tokenization_of"]
 
@@ -43,6 +47,11 @@ class Tokenization:
     @property
     def tokenizer(self) -> Tokenizer:
         return self.bound.tokenizer
+
+    def learned(self, text_ids: TextIds | None) -> Tokenization:
+        """This tokenization with split preferences ``text_ids`` (learning returns a new value;
+        nothing is changed in place)."""
+        return replace(self, text_ids=text_ids)
 
 
 def tokenization_of(m: Manifest) -> Tokenization:
@@ -70,6 +79,14 @@ class RunSession:
         self.ledger = ledger
         self.tokenization = tokenization
         self.lock = lock
+        #: the run's cross-answer quality checks (one answer index for every dataset)
+        self.checks = RunChecks(manifest.run.drop)
+
+    def tokens_stage(self, tokenization: Tokenization, console: Console | None) -> RunTokens:
+        """The run's tokens stage (``tokens.run_samples``) with ``tokenization``: the session's
+        own, or one learned since it opened."""
+        t = tokenization
+        return RunTokens(self.ledger, self.manifest, t.bound, t.text_ids, self.checks, console)
 
     @classmethod
     def open(cls, manifest: Manifest, *, write: bool, what: str = "draftdata") -> RunSession:

@@ -23,9 +23,7 @@ from ..measure.contamination import Tally
 from ..records import ApiView, Completion, FailedAttempt, Key, Message, Prompt, StoredResponse
 from ..session import RunSession
 from ..store.stats import status
-from ..tokens.checks import RunChecks
 from ..tokens.conversation import answer_message, n_turns, turn_messages
-from ..tokens.reconstruct import TextIds
 from ..tokens.run_samples import RunTokens, Tokenized, stored_view
 from ..tokens.stage import TokensStage
 from .backends import make_backend
@@ -66,6 +64,8 @@ class RunReport:
     spent_usd: float = 0.0
     #: datasets stopped because no retry could help (a refused key), with the reason
     stopped: dict[str, str] = field(default_factory=dict)
+    #: the datasets asked for, in order
+    chosen: list[str] = field(default_factory=list)
 
 
 class Runner(DecontaminateMixin):
@@ -79,14 +79,18 @@ class Runner(DecontaminateMixin):
         progress_every: float = 30.0,
         check_settings: bool = True,
         extend: bool = False,
+        session: RunSession | None = None,
     ) -> None:
+        """``session``: the run folder as its caller opened it to write (the caller closes it);
+        None: the Runner opens it, and closes it with :meth:`close`."""
         self.m = manifest
         self.quiet = quiet
         self.progress_every = progress_every
         self.console = console or Console(stderr=True)
         # one writer per run folder: a second one is refused before it can pay for anything
         what = " ".join(command_line or ["draftdata"])
-        self.session = RunSession.open(manifest, write=True, what=what)
+        self.owns_session = session is None
+        self.session = session or RunSession.open(manifest, write=True, what=what)
         self.ledger = self.session.ledger
         self.commits = GroupCommit(self.ledger)
         self.bound: BoundFormat = self.session.tokenization.bound
@@ -95,9 +99,8 @@ class Runner(DecontaminateMixin):
         self.serving = Serving(manifest)
         #: datasets whose prompt rendering was checked against their server in this process
         self.contract_checked: set[str] = set()
-        self.text_ids: TextIds | None = self.session.tokenization.text_ids
         #: the run's cross-answer quality checks (one answer index for every dataset)
-        self.checks = RunChecks(manifest.run.drop)
+        self.checks = self.session.checks
         # requests in flight when the last writer was killed or interrupted: possibly paid,
         # so counted against the budget, and asked again
         interrupted, usd = self.ledger.settle_interrupted()
@@ -133,19 +136,21 @@ class Runner(DecontaminateMixin):
             self.ledger.set_meta("command_line", command_line)
 
     def close(self) -> None:
-        """Close the ledger and free the run folder for the next writer."""
-        self.session.close()
+        """Close the ledger and free the run folder for the next writer (where the Runner opened
+        the session)."""
+        if self.owns_session:
+            self.session.close()
 
     @property
     def tokens(self) -> TokensStage:
-        """The tokens stage as configured now (learned preferences may be set after start)."""
-        return TokensStage(self.bound, self.m.target.thinking, self.text_ids)
+        """The tokens stage as prompts are rendered (split preferences do not change a prompt)."""
+        return TokensStage(self.bound, self.m.target.thinking)
 
     @property
     def samples_stage(self) -> RunTokens:
-        """The run's tokens stage (``tokens.run_samples``), with its preferences as they are now."""
+        """The run's tokens stage (``tokens.run_samples``) with the session's tokenization."""
         console = None if self.quiet else self.console
-        return RunTokens(self.ledger, self.m, self.bound, self.text_ids, self.checks, console)
+        return self.session.tokens_stage(self.session.tokenization, console)
 
     def make_samples(self, d: DatasetCfg, **how: Any) -> Tokenized:
         return self.samples_stage.make(d, **how)  # only_missing, jobs, window
@@ -303,8 +308,18 @@ class Runner(DecontaminateMixin):
 
     # --- running -------------------------------------------------------------------------------
     async def run(self, names: Iterable[str] | None = None) -> RunReport:
+        """:meth:`generate`, then the tokens stage over the same datasets, with the session's
+        tokenization (``draftdata generate``)."""
+        rep = await self.generate(names)
+        for name in rep.chosen:
+            rep.datasets[name] = self.make_samples(self.m.dataset(name))
+        return rep
+
+    async def generate(self, names: Iterable[str] | None = None) -> RunReport:
+        """Ask for every answer still missing in the named datasets (all: None), within the
+        budget; the report's ``datasets`` stay empty (no samples are made here)."""
         chosen = [self.m.dataset(n) for n in names] if names else list(self.m.datasets)
-        rep = RunReport()
+        rep = RunReport(chosen=[d.name for d in chosen])
         with Bars(self.quiet, self.console, self.progress_every) as bars:
             try:
                 for d in chosen:
@@ -317,8 +332,6 @@ class Runner(DecontaminateMixin):
                 for b in self.backends.values():
                     await b.aclose()
                 self.backends.clear()  # their locks and sessions belong to this event loop
-        for d in chosen:
-            rep.datasets[d.name] = self.make_samples(d)
         rep.budget_stopped = self.budget.hit
         rep.spent_usd = self.budget.spent
         return rep
