@@ -30,12 +30,14 @@ from ...records.servers import profile as server_profile
 from ...records.wire import WireAnswer, ids_field, messages_to_wire, parse_answer
 from .aio import AiohttpClient, RateLimiter
 from .base import Backend, Completion, FailedAttempt, GenRequest, OnFailure
+from .charges import charge
 from .http11 import LeanHttp, Reply, TransportError
 from .reach import reachable
 from .retry import (
     AUTH_STATUSES,
     PROBE_REFUSED,
     STREAM_REFUSED,
+    Sent,
     retry_after,
     retry_delay,
     will_retry,
@@ -56,8 +58,6 @@ BYTES_PER_TOKEN = 4
 #: two canonically), and a server that honours max_tokens never comes near half as much again
 RUNAWAY_FACTOR = 1.5
 RUNAWAY_SLACK = 32
-#: ``usage.completion_tokens`` below this share of our own count is counted as under-reported
-UNDER_REPORT = 0.9
 
 
 def _is_empty(c: Completion) -> bool:
@@ -199,35 +199,13 @@ class OpenAIBackend(Backend):
             if self.tpm:
                 await self.tpm.acquire(est_tokens)
             intent = await self.before_send(req) if self.before_send is not None else None
-            t0 = time.time()
-            status: int | None = None
-            headers: dict[str, str] = {}
-            text: str | None = None
-            reply: Reply | None = None
-            detail = ""
-            watch = self._watch(req) if self.streaming else None
-            try:
-                reply = await self.transport.post(
-                    body.encode("utf-8"), watch.sink if watch is not None else None
-                )
-                status, headers = reply.status, reply.headers
-                if reply.fed and watch is not None:
-                    reason = watch.ended()  # the events put back together, as one answer
-                    text = watch.text()
-                    detail = watch.asm.error or ""
-                else:
-                    watch = None
-                    # undecodable bytes are kept as they came (surrogate escapes; the ledger's
-                    # codec writes them back as the same bytes)
-                    text = reply.body.decode("utf-8", errors="surrogateescape")
-                    reason = None if status == 200 else f"http_{status}"
-            except TimeoutError:
-                reason = "timeout"
-            except TransportError as e:
-                reason = f"connection_error:{e.reason}"
-            latency = time.time() - t0
-            if reason is None and reply is not None and text is not None:
-                done = self._parse(req, body, reply, text, t0, latency, probing, with_ids, watch)
+            sent = await self._send(req, body)
+            reason = sent.reason
+            if reason is None and sent.reply is not None and sent.text is not None:
+                done = self._parse(
+                    req, body, sent.reply, sent.text, sent.t0, sent.latency, probing, with_ids,
+                    sent.watch,
+                )  # fmt: skip
                 if not isinstance(done, Completion):
                     reason = done
                 elif not _is_empty(done) or attempt >= self.cfg.empty_retries:
@@ -235,60 +213,109 @@ class OpenAIBackend(Backend):
                     return replace(done, intent=intent)
                 else:
                     reason = "empty_response"
-            if probing and status in (400, 422) and text and "return_token_ids" in text:
-                self.token_ids = False  # the server refuses the extension: plain text from now
+            refused = self._refused_option(sent, probing)
+            if refused is not None:  # asked again at once, without the option refused
+                probing = probing and refused != PROBE_REFUSED
                 on_failure(
                     req,
                     FailedAttempt(
-                        PROBE_REFUSED, status, body, text, t0, latency, False, intent=intent
+                        refused, sent.status, body, sent.text, sent.t0, sent.latency, False,
+                        intent=intent,
                     ),
-                )
-                probing = False
+                )  # fmt: skip
                 continue
-            if self._stream_refused(status, text):
-                self.streaming = False  # whole answers from now: the old bound on runaways
-                on_failure(
-                    req,
-                    FailedAttempt(
-                        STREAM_REFUSED, status, body, text, t0, latency, False, intent=intent
-                    ),
-                )
-                continue
-            reason = reason or "no_body"
-            if status in AUTH_STATUSES:
-                self.fatal = (
-                    f"backend {self.name}: the server refused the API key (HTTP {status}); "
-                    + (
-                        f"check the key in {self.cfg.api_key_env}"
-                        if self.cfg.api_key_env
-                        else "set api_key_env to the variable that holds your key"
-                    )
-                    + "; nothing more is sent to it"
-                )
-            retry = will_retry(reason, status, attempt, self.cfg.max_retries)
-            detail = error_text(text) if status not in (None, 200) else detail
-            wait = retry_delay(attempt, headers, self.rng, self.cfg.backoff_s) if retry else 0.0
-            asked = retry_after(headers, cap=float("inf"))
-            on_failure(
-                req,
-                FailedAttempt(
-                    reason,
-                    status,
-                    body,
-                    text,
-                    t0,
-                    latency,
-                    not retry,
-                    wait_s=wait,
-                    asked_s=asked,
-                    intent=intent,
-                    detail=detail,
-                ),
-            )
-            if not retry:
+            wait = self._failed(req, on_failure, body, sent, reason or "no_body", attempt, intent)
+            if wait is None:
                 return None
             await asyncio.sleep(wait)
             attempt += 1
+
+    async def _send(self, req: GenRequest, body: str) -> Sent:
+        """One attempt on the wire: the reply as it came, or the reason it did not."""
+        t0 = time.time()
+        status: int | None = None
+        headers: dict[str, str] = {}
+        text: str | None = None
+        reply: Reply | None = None
+        detail = ""
+        watch = self._watch(req) if self.streaming else None
+        try:
+            reply = await self.transport.post(
+                body.encode("utf-8"), watch.sink if watch is not None else None
+            )
+            status, headers = reply.status, reply.headers
+            if reply.fed and watch is not None:
+                reason = watch.ended()  # the events put back together, as one answer
+                text = watch.text()
+                detail = watch.asm.error or ""
+            else:
+                watch = None
+                # undecodable bytes are kept as they came (surrogate escapes; the ledger's
+                # codec writes them back as the same bytes)
+                text = reply.body.decode("utf-8", errors="surrogateescape")
+                reason = None if status == 200 else f"http_{status}"
+        except TimeoutError:
+            reason = "timeout"
+        except TransportError as e:
+            reason = f"connection_error:{e.reason}"
+        return Sent(t0, time.time() - t0, status, headers, text, reply, reason, detail, watch)
+
+    def _refused_option(self, sent: Sent, probing: bool) -> str | None:
+        """The option the server refused, turned off for every later request (its ids on the
+        capability probe, or streaming where the manifest left it to draftdata); None if none."""
+        status, text = sent.status, sent.text
+        if probing and status in (400, 422) and text and "return_token_ids" in text:
+            self.token_ids = False  # the server refuses the extension: plain text from now
+            return PROBE_REFUSED
+        if self._stream_refused(status, text):
+            self.streaming = False  # whole answers from now: the old bound on runaways
+            return STREAM_REFUSED
+        return None
+
+    def _failed(
+        self,
+        req: GenRequest,
+        on_failure: OnFailure,
+        body: str,
+        sent: Sent,
+        reason: str,
+        attempt: int,
+        intent: int | None,
+    ) -> float | None:
+        """A failed attempt, recorded; the seconds to wait before the next one, None when it was
+        the last (a refused key also stops the backend)."""
+        status, headers = sent.status, sent.headers
+        if status in AUTH_STATUSES:
+            self.fatal = (
+                f"backend {self.name}: the server refused the API key (HTTP {status}); "
+                + (
+                    f"check the key in {self.cfg.api_key_env}"
+                    if self.cfg.api_key_env
+                    else "set api_key_env to the variable that holds your key"
+                )
+                + "; nothing more is sent to it"
+            )
+        retry = will_retry(reason, status, attempt, self.cfg.max_retries)
+        detail = error_text(sent.text) if status not in (None, 200) else sent.detail
+        wait = retry_delay(attempt, headers, self.rng, self.cfg.backoff_s) if retry else 0.0
+        asked = retry_after(headers, cap=float("inf"))
+        on_failure(
+            req,
+            FailedAttempt(
+                reason,
+                status,
+                body,
+                sent.text,
+                sent.t0,
+                sent.latency,
+                not retry,
+                wait_s=wait,
+                asked_s=asked,
+                intent=intent,
+                detail=detail,
+            ),
+        )
+        return wait if retry else None
 
     def _parse(
         self,
@@ -390,21 +417,8 @@ class OpenAIBackend(Backend):
                 counted = len(got.output_ids)
             else:
                 counted = self._count(view)
-        pin, pout = self.cfg.price_in_per_mtok, self.cfg.price_out_per_mtok
-        prompt_n = len(req.prompt_ids)
-        cost = (prompt_n * pin + counted * pout) / 1e6
+        cost, note = charge(self.cfg, len(req.prompt_ids), counted, got, self.max_cost(req))
         ct, pt = usage.completion_tokens, usage.prompt_tokens
-        if usage.cost is not None:
-            cost = max(cost, usage.cost)
-        elif ct is not None:
-            cost = max(cost, ((pt if pt is not None else prompt_n) * pin + ct * pout) / 1e6)
-        if not got.usage_invalid and ct is None and usage.cost is None:
-            cost = max(cost, self.max_cost(req))  # no usage at all: what was reserved
-        note = None
-        if got.usage_invalid:
-            note = "invalid:" + ",".join(got.usage_invalid)
-        elif ct is not None and ct < counted * UNDER_REPORT - 4:
-            note = "under"
         limit = req.sampling.max_tokens
         written = max(counted, ct or 0)
         if written > RUNAWAY_FACTOR * limit + RUNAWAY_SLACK:

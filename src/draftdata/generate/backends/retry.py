@@ -6,6 +6,10 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
+from typing import NamedTuple
+
+from .http11 import Reply
+from .streaming import StreamWatch
 
 RETRY_STATUSES = frozenset({408, 409, 429})
 #: answers with status 200 whose body was not a usable completion: retried like a timeout
@@ -83,3 +87,20 @@ def retry_delay(
 ) -> float:
     ra = retry_after(headers)
     return ra if ra is not None else backoff(attempt, rng, initial)
+
+
+class Sent(NamedTuple):
+    """One attempt on the wire: when it left (``t0``, epoch seconds) and how long it took, the
+    status, headers and text that came back, the reply itself (None: none came), the reason it
+    failed (None: a reply to read), the server's error detail, and the stream's reader (None:
+    not streamed)."""
+
+    t0: float
+    latency: float
+    status: int | None
+    headers: dict[str, str]
+    text: str | None
+    reply: Reply | None
+    reason: str | None
+    detail: str
+    watch: StreamWatch | None
