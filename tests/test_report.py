@@ -20,7 +20,7 @@ from draftdata import __version__
 from draftdata.errors import InputError
 from draftdata.report import build_report, summary
 from draftdata.report.figures import usd
-from shared import CHROMIUM, SHARD_SCHEMA, make_run
+from shared import SHARD_SCHEMA, chromium, make_run
 
 
 @pytest.fixture(scope="module")
@@ -175,14 +175,14 @@ def test_unreadable_inputs_name_the_fix(run_dir: Path, tmp_path: Path) -> None:
         summary(copy)
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium for the screenshot")
 def test_screenshot_renders(run_dir: Path, tmp_path: Path) -> None:
+    browser = chromium()
     page = build_report(run_dir)
     png = tmp_path / "report.png"
     with tempfile.TemporaryDirectory() as profile:
-        subprocess.run(
+        r = subprocess.run(
             [
-                str(CHROMIUM),
+                str(browser),
                 "--headless",
                 "--no-sandbox",
                 "--disable-gpu",
@@ -201,4 +201,4 @@ def test_screenshot_renders(run_dir: Path, tmp_path: Path) -> None:
             check=False,
             env={**os.environ, "HOME": profile},
         )
-    assert png.exists() and png.stat().st_size > 50_000
+    assert png.exists() and png.stat().st_size > 50_000, r.stderr[-2000:]

@@ -203,6 +203,36 @@ def test_a_sample_keeps_the_format_version_it_was_made_under(tmp_path):
     assert doc["format"] == {"name": "house-chatml", "version": "1"}
 
 
+def _meets_the_real_truth(rows: list[dict]) -> None:
+    """Each exported row of an old ledger against the SmolLM2 ground truth itself (not the copy
+    the old draftdata was served, nor the export it wrote): the prompt is the engine's prompt ids;
+    the answer is the engine's output ids, whether the engine sent them or they were
+    reconstructed from its text. A reconstruction can only meet the engine's ids where those are
+    the canonical encoding of the text, with ChatML's end of turn after it where the answer
+    stopped: transformers' own tokenizer says so for each reconstructed row, independently of
+    draftdata's encoder. The loss mask covers exactly the answer."""
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(TOKENIZERS / "smollm2")
+    end = hf.convert_tokens_to_ids("<|im_end|>")
+    real = {r["id"]: r for r in GT}
+    assert {x["token_source"] for x in rows} == {"engine", "reconstructed"}
+    for x in rows:
+        truth = real[json.loads(x["metadata"])["id"]]
+        plen = x["prompt_len"]
+        assert x["input_ids"][:plen] == truth["prompt_ids"]
+        if x["token_source"] == "reconstructed":
+            canonical = hf.encode(truth["api_view"]["content"], add_special_tokens=False)
+            if truth["finish_reason"] == "stop":
+                canonical.append(end)
+            assert canonical == truth["output_ids"], (
+                f"{truth['id']}: the engine's ids are not the canonical encoding of its text; "
+                "reconstruction cannot be held to them"
+            )
+        assert x["input_ids"][plen:] == truth["output_ids"], (truth["id"], x["token_source"])
+        assert x["loss_mask"] == [False] * plen + [True] * len(truth["output_ids"])
+
+
 def _old_ledger(tmp_path, name: str):
     """A ledger file written by an earlier draftdata, copied into a run folder, its stored
     manifest pointed at this checkout's tokenizer and folders."""
@@ -255,6 +285,7 @@ def test_a_schema_2_ledger_is_migrated_and_its_samples_made_again(tmp_path):
         else:
             assert x["token_source"] == "reconstructed"
             assert x["input_ids"][: x["prompt_len"]] == truth["prompt_ids"]
+    _meets_the_real_truth(rows)
     db = sqlite3.connect(run_dir / "ledger.sqlite")
     meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
     assert (json.loads(meta["schema_version"]), json.loads(meta["migrated_from"])) == (4, 2)
@@ -320,12 +351,6 @@ def test_a_schema_3_ledger_is_read_in_place_then_converted(tmp_path):
         assert led.responses("paid") == old_answers
     finally:
         led.close()
-    served = {
-        r["id"]: r
-        for r in map(json.loads, (data / "ledger-v3.served.jsonl").read_text().splitlines())
-    }
-    for row in pq.read_table(sorted((run_dir / "export").glob("shard-*.parquet"))).to_pylist():
-        truth = served[json.loads(row["metadata"])["id"]]
-        assert row["input_ids"][: row["prompt_len"]] == truth["prompt_ids"]
-        if row["token_source"] == "engine":
-            assert row["input_ids"][row["prompt_len"] :] == truth["output_ids"]
+    # the export above equals the old draftdata's own, a regression guard only: both could be
+    # wrong the same way. The evidence is the ground truth itself.
+    _meets_the_real_truth(_rows(tmp_path))
