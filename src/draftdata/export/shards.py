@@ -8,8 +8,6 @@ under others. Shards are split by size and each written whole or not at all (``d
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
 from array import array
 from collections.abc import Callable, Iterable, Mapping
@@ -24,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError
-from ..files import atomic_path
+from ..files import atomic_path, stage_dir, swap_dir
 from ..lines import strict_jsonl
 from ..records import Sample
 from ..records.export import ShardEntry
@@ -439,28 +437,16 @@ def write_shards(
 
 
 def staging_folder(run_dir: Path) -> Path:
-    """A new, empty folder for the next export, beside the current one."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
-    folder = run_dir / f".export-{stamp}-{os.getpid()}"
-    folder.mkdir(parents=True)
-    return folder
+    """A new, empty folder for the next export, beside the current one
+    (``draftdata.files.stage_dir``: the leftovers of killed exports are removed first)."""
+    return stage_dir(run_dir / "export")
 
 
 def publish(run_dir: Path, staged: Path) -> Path:
     """Make ``staged`` the run's export in one step: ``RUN/export`` is a symlink, swapped with
     an atomic rename, so a reader (or a kill -9) sees the old export or the new one, whole.
-    Older exports are removed after the swap."""
-    link = run_dir / "export"
-    if link.exists() and not link.is_symlink():  # an export written before exports were swapped
-        os.rename(link, run_dir / f".export-legacy-{os.getpid()}")
-    tmp = run_dir / f".export-link-{os.getpid()}.tmp"
-    tmp.unlink(missing_ok=True)
-    os.symlink(staged.name, tmp)
-    os.replace(tmp, link)
-    for old in run_dir.glob(".export-*"):
-        if old.is_dir() and old.resolve() != staged.resolve():
-            shutil.rmtree(old, ignore_errors=True)
-    return link
+    Older exports are removed after the swap (``draftdata.files.swap_dir(link=True)``)."""
+    return swap_dir(staged, run_dir / "export", link=True)
 
 
 def now_iso() -> str:

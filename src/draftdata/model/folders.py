@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DraftdataError
+from ..files import discard_dir, stage_dir, swap_dir
 from ..tokenizers import resolve_path
 from ..tokenizers.base import file_sha256
 
@@ -96,8 +95,9 @@ def ensure_hf_folder(gguf_path: Path, cache_dir: Path | None = None) -> Path:
 
     The folder is ``<cache_dir>/<sha256[:16]>``: a float32 model in safetensors, its config and
     generation config, and the tokenizer with its chat template, all read out of the GGUF.
-    It is written into a temporary folder beside it and renamed into place, so a crash never
-    leaves a half folder and a folder that exists is complete.
+    It is written into a staging folder beside it and renamed into place, never over a folder
+    there (``draftdata.files.swap_dir(replace=False)``), so a crash never leaves a half folder
+    and a folder that exists is complete.
     """
     gguf_path = Path(gguf_path).expanduser()
     if not gguf_path.is_file():
@@ -113,15 +113,13 @@ def ensure_hf_folder(gguf_path: Path, cache_dir: Path | None = None) -> Path:
             f"(sha256 {sha}); delete that folder and run again"
         )
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{sha[:16]}.tmp-", dir=root))
+        tmp = stage_dir(target)  # beside it; a killed conversion's leftover is removed first
     except OSError as e:
         raise ModelError(
             f"{root}: cannot write the converted model here ({e}); set DRAFTDATA_CACHE to a "
             "writable folder"
         ) from e
     try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; the finished folder is an ordinary one
         _convert_gguf(gguf_path, tmp)
         source = {
             "gguf_file": gguf_path.name,
@@ -131,7 +129,7 @@ def ensure_hf_folder(gguf_path: Path, cache_dir: Path | None = None) -> Path:
         }
         (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n", encoding="utf-8")
         try:
-            tmp.rename(target)
+            swap_dir(tmp, target, replace=False)
         except OSError as e:
             # another process finished the same conversion first: keep its folder
             if not _is_converted(target, sha):
@@ -145,7 +143,7 @@ def ensure_hf_folder(gguf_path: Path, cache_dir: Path | None = None) -> Path:
             "copy is about 4x the GGUF) and permissions, or set DRAFTDATA_CACHE"
         ) from e
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        discard_dir(tmp)  # not moved into place
     return target
 
 

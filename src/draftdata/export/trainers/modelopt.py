@@ -28,13 +28,12 @@ layers ``--layers auto`` captures (tests/test_hidden_modelopt.py checks both aga
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from ...errors import InputError
+from ...files import replacing_dir
 from ...records import Sample
 from ...records.export import ExportManifest
 
@@ -93,24 +92,17 @@ def write_offline(
     samples: Iterable[Sample], manifest: ExportManifest, folder: Path
 ) -> tuple[Path, ...]:
     """``folder/modelopt/``: one ``.ids.pth`` per sample in export order (ids and masks) and the
-    settings ModelOpt needs, written to a folder beside it and swapped in whole."""
+    settings ModelOpt needs, written to a folder beside it and swapped in whole
+    (``draftdata.files.replacing_dir``)."""
     from .settings import write_modelopt_export_settings
 
     torch = _torch()
     out = folder / FOLDER
-    work = out.with_name(f".{out.name}.work")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    try:
+    with replacing_dir(out) as work:
         longest = 0
         for i, s in enumerate(samples):
             rec = offline_record(torch, s.id, s.input_ids, s.loss_mask)
             torch.save(rec, work / ids_file_name(i))
             longest = max(longest, len(s.input_ids))
         write_modelopt_export_settings(work, longest)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(work, out)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     return (out,)

@@ -12,14 +12,12 @@ The writers take the export's samples in its order (any iterable, read once) and
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from ...errors import InputError
-from ...files import atomic_path
+from ...files import atomic_path, discard_dir, stage_dir, swap_dir
 from ...records import Sample
 from ...records.export import ExportManifest
 
@@ -72,7 +70,7 @@ def write_dataset(samples: Iterable[Sample], out: Path, keep: tuple[str, ...] = 
     """``out`` as a ``datasets.save_to_disk`` folder, streamed through an Arrow cache beside it
     (bounded memory). Without ``keep`` the folder is swapped in whole; with it, the entries of
     ``out`` named in ``keep`` (the hidden states beside the dataset) stay and the rest is
-    replaced."""
+    replaced entry by entry (``draftdata.files.swap_dir``)."""
     ds_mod = _datasets()
     ds_mod.disable_progress_bars()
     import pyarrow as pa
@@ -85,10 +83,10 @@ def write_dataset(samples: Iterable[Sample], out: Path, keep: tuple[str, ...] = 
             ("seq_len", pa.int64()),
         ]
     )
-    work = out.with_name(f".{out.name}.work")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    arrow = work / "rows.arrow"
+    # the Arrow stream `datasets` maps is scratch, in a staging folder of its own: not in the
+    # dataset's, since `save_to_disk` refuses to write a dataset into the folder of its source
+    scratch, staged = stage_dir(out), stage_dir(out)
+    arrow = scratch / "rows.arrow"
     try:
         # an Arrow stream written batch by batch, then memory-mapped by `datasets`: the rows
         # are never all in memory
@@ -107,20 +105,10 @@ def write_dataset(samples: Iterable[Sample], out: Path, keep: tuple[str, ...] = 
         ds.set_format(
             type="torch", columns=["input_ids", "loss_mask", "seq_len"], output_all_columns=True
         )
-        staged = work / "dataset"
         ds.save_to_disk(str(staged))
         del ds
-        if not keep:
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(staged, out)
-        else:
-            out.mkdir(parents=True, exist_ok=True)
-            for old in out.iterdir():
-                if old.name not in keep:
-                    shutil.rmtree(old) if old.is_dir() else old.unlink()
-            for new in staged.iterdir():
-                os.replace(new, out / new.name)
+        swap_dir(staged, out, keep=keep)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        discard_dir(scratch)
+        discard_dir(staged)  # not swapped in: an error came first
     return out
