@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape as esc
@@ -13,6 +13,9 @@ from rich.table import Table
 
 from ..errors import InputError
 from .app import FormatOpt, TokenizerOpt, app, err, example, out, read_jsonl
+
+if TYPE_CHECKING:
+    from ..measure.audit import AuditReport, DataCheck
 
 
 def _parse_expect(items: list[str]) -> dict[str, int]:
@@ -126,7 +129,7 @@ def audit(
         raise typer.Exit(1)
 
 
-def _print_audit(report: Any, skipped: dict[str, int]) -> None:
+def _print_audit(report: AuditReport, skipped: dict[str, int]) -> None:
     tk, fm = report.tokenizer, report.format
     out.print(
         f"[bold]tokenizer[/] {tk['path']} ({tk['kind']}, vocab {tk['vocab_size']:,}, "
@@ -135,6 +138,23 @@ def _print_audit(report: Any, skipped: dict[str, int]) -> None:
     )
     out.print(f"[bold]encoder[/] {esc(tk['encoder'])}")
     out.print(f"[bold]format[/] {esc(fm['name'])} v{esc(fm['version'])}: {esc(fm['description'])}")
+    out.print(_markers_table(report.markers))
+    _print_confusables(report.confusables)
+    for e in report.expectations:
+        out.print(("[green]expect ok[/] " if e.ok else "[red]expect FAIL[/] ") + e.message)
+    if report.data is not None:
+        _print_data(report.data)
+    if skipped:
+        out.print(f"[yellow]skipped input lines: {esc(str(skipped))}[/]")
+    if report.ok:
+        out.print("[bold green]PASS[/] every check passed")
+    else:
+        for f in report.failures:
+            err.print(f"[bold red]FAIL[/] {esc(f)}")
+
+
+def _markers_table(markers: list[dict[str, Any]]) -> Table:
+    """Each marker of the format: its id, how it encodes and decodes, and its verdict."""
     t = Table(
         "marker",
         "text",
@@ -148,7 +168,7 @@ def _print_audit(report: Any, skipped: dict[str, int]) -> None:
         title="markers",
     )
     yes = {True: "yes", False: "[red]no[/]"}
-    for m in report.markers:
+    for m in markers:
         t.add_row(
             m["name"],
             m["text"],
@@ -160,8 +180,12 @@ def _print_audit(report: Any, skipped: dict[str, int]) -> None:
             "[yellow]yes[/]" if m["stock_encode_matches_in_user_text"] else "no",
             "[green]ok[/]" if m["ok"] else f"[red]FAIL[/] {m['problem']}",
         )
-    out.print(t)
-    c = report.confusables
+    return t
+
+
+def _print_confusables(c: dict[str, Any]) -> None:
+    """Tokens a marker can be mistaken for: look-alikes, added tokens matched inside text, ids
+    that decode to the same text, and markers that encode to several ids."""
     if c["ordinary_lookalikes"]:
         t = Table("marker", "ordinary look-alike tokens", "examples", title="confusables")
         for mt, v in c["ordinary_lookalikes"].items():
@@ -188,38 +212,31 @@ def _print_audit(report: Any, skipped: dict[str, int]) -> None:
         out.print(
             f"[red]marker {m['name']} {m['text']!r} encodes to several ids {m['stock_ids']}[/]"
         )
-    for e in report.expectations:
-        out.print(("[green]expect ok[/] " if e.ok else "[red]expect FAIL[/] ") + e.message)
-    d = report.data
-    if d is not None:
-        t = Table(
-            "last token",
-            "text",
-            "kind",
-            "count",
-            "end of turn?",
-            title=f"last token of {d.finished} finished outputs ({d.records} records, "
-            f"{d.truncated} truncated)",
+
+
+def _print_data(d: DataCheck) -> None:
+    """--data: the last token of the finished outputs, which should end each turn."""
+    t = Table(
+        "last token",
+        "text",
+        "kind",
+        "count",
+        "end of turn?",
+        title=f"last token of {d.finished} finished outputs ({d.records} records, "
+        f"{d.truncated} truncated)",
+    )
+    for h in d.last_token_histogram:
+        t.add_row(
+            str(h["id"]),
+            repr(h["text"]),
+            h["kind"],
+            str(h["count"]),
+            "yes" if h["is_end_of_turn"] else "[red]no[/]",
         )
-        for h in d.last_token_histogram:
-            t.add_row(
-                str(h["id"]),
-                repr(h["text"]),
-                h["kind"],
-                str(h["count"]),
-                "yes" if h["is_end_of_turn"] else "[red]no[/]",
-            )
-        out.print(t)
-        out.print(("[green]data ok[/] " if d.ok else "[red]data FAIL[/] ") + d.message)
-        if d.truncated_ending_with_end:
-            out.print(
-                f"[yellow]{d.truncated_ending_with_end} truncated outputs end with the "
-                "end-of-turn id[/]"
-            )
-    if skipped:
-        out.print(f"[yellow]skipped input lines: {esc(str(skipped))}[/]")
-    if report.ok:
-        out.print("[bold green]PASS[/] every check passed")
-    else:
-        for f in report.failures:
-            err.print(f"[bold red]FAIL[/] {esc(f)}")
+    out.print(t)
+    out.print(("[green]data ok[/] " if d.ok else "[red]data FAIL[/] ") + d.message)
+    if d.truncated_ending_with_end:
+        out.print(
+            f"[yellow]{d.truncated_ending_with_end} truncated outputs end with the "
+            "end-of-turn id[/]"
+        )

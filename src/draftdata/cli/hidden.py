@@ -7,14 +7,139 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ..errors import InputError
 from .app import DeviceOpt, app, emit_json, err, example, out, say
 from .model import ThresholdOpt
+
+if TYPE_CHECKING:
+    from ..export.trainers import Trainer
+
+# the command's options, named here so its signature reads as a list of them
+SamplesArg = Annotated[
+    Path | None,
+    typer.Argument(
+        help="a run (its export), an export folder, or .parquet / .jsonl sample files",
+        metavar="RUN|SHARDS",
+    ),
+]
+CaptureModelOpt = Annotated[
+    str | None,
+    typer.Option("--model", "-m", help="the target model: folder, GGUF or pkg:MODULE"),
+]
+EngineOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="URL|BACKEND",
+        help="capture through this vLLM server's engine (extract_hidden_states with a "
+        "hidden-states connector; a base URL or a backend of the run's manifest) instead "
+        "of loading --model here; --model is then the served folder (config, final norm)",
+    ),
+]
+CaptureOutputOpt = Annotated[
+    Path | None,
+    typer.Option("-o", "--output", help="where to write (default RUN/hidden-states-LAYOUT)"),
+]
+LayersOpt = Annotated[
+    str,
+    typer.Option(
+        help="aux layers in transformers numbering (0 = embeddings): auto is 2,L//2,L-3",
+    ),
+]
+CodecOpt = Annotated[
+    str,
+    typer.Option(help="byte codec over draftdata's shards (--for safetensors): none or zstd"),
+]
+LayoutOpt = Annotated[
+    str,
+    typer.Option(
+        "--for",
+        help="speculators, specforge, modelopt, nemo-automodel (its offline cache) or "
+        "safetensors (draftdata's shards)",
+    ),
+]
+DraftVocabOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="nemo-automodel: the draft vocabulary's size, chosen as NeMo chooses it "
+        "(default: the whole target vocabulary)",
+    ),
+]
+TopKOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="nemo-automodel: keep the target distribution's top K per token, renormalised "
+        "(0: the whole draft vocabulary; default 256)",
+    ),
+]
+ShardSizeOpt = Annotated[
+    int | None,
+    typer.Option(help="nemo-automodel: samples per cache shard (default: about 1 GiB each)"),
+]
+ControlTokenizerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tokenizer",
+        "-t",
+        help="for the verification's control ids (default: the run's, else the model folder's)",
+    ),
+]
+RayOpt = Annotated[
+    str | None,
+    typer.Option(help="run on Ray: a cluster address, 'auto', or 'local' (start one here)"),
+]
+ManifestJsonOpt = Annotated[
+    Path | None, typer.Option("--json", help="write the manifest as JSON too ('-' for stdout)")
+]
+VerifyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--verify",
+        metavar="OUT",
+        help="capture nothing: re-read every file of OUT against its sha256 and every "
+        "sample's token_ids against the export's; exit 1 on any mismatch",
+    ),
+]
+RecipeOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="with --verify: also check a trainer's YAML config (ModelOpt's recipe, NeMo "
+        "Automodel's train_eagle3 recipe) against the capture: the aux layers and the loss "
+        "mask it will use against ours; exit 1 on a mismatch",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class _Capture:
+    """What every way of capturing shares: the samples, where they go, and how they are kept."""
+
+    target: Path
+    files: list[Path]
+    dest: Path
+    model: str
+    layers: str
+    layout: str
+    dtype: str
+    codec: str
+    threshold: float
+    tokenizer: str | None
+    options: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _RayPlan:
+    """``--ray`` and the actors it starts."""
+
+    address: str
+    actors: int
+    gpus_per_actor: float
+    cpus_per_actor: float
 
 
 def _control_ids(target: Path, tokenizer: str | None, model_folder: Path) -> frozenset[int]:
@@ -68,117 +193,86 @@ def _stdout_to_stderr() -> Iterator[None]:
     ),
 )
 def hidden_states(
-    target: Annotated[
-        Path | None,
-        typer.Argument(
-            help="a run (its export), an export folder, or .parquet / .jsonl sample files",
-            metavar="RUN|SHARDS",
-        ),
-    ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option("--model", "-m", help="the target model: folder, GGUF or pkg:MODULE"),
-    ] = None,
-    server: Annotated[
-        str | None,
-        typer.Option(
-            metavar="URL|BACKEND",
-            help="capture through this vLLM server's engine (extract_hidden_states with a "
-            "hidden-states connector; a base URL or a backend of the run's manifest) instead "
-            "of loading --model here; --model is then the served folder (config, final norm)",
-        ),
-    ] = None,
-    output: Annotated[
-        Path | None,
-        typer.Option("-o", "--output", help="where to write (default RUN/hidden-states-LAYOUT)"),
-    ] = None,
-    layers: Annotated[
-        str,
-        typer.Option(
-            help="aux layers in transformers numbering (0 = embeddings): auto is 2,L//2,L-3",
-        ),
-    ] = "auto",
+    target: SamplesArg = None,
+    model: CaptureModelOpt = None,
+    server: EngineOpt = None,
+    output: CaptureOutputOpt = None,
+    layers: LayersOpt = "auto",
     dtype: Annotated[str, typer.Option(help="stored dtype: bf16, fp32 or fp8 (e4m3)")] = "bf16",
-    codec: Annotated[
-        str,
-        typer.Option(help="byte codec over draftdata's shards (--for safetensors): none or zstd"),
-    ] = "none",
-    layout: Annotated[
-        str,
-        typer.Option(
-            "--for",
-            help="speculators, specforge, modelopt, nemo-automodel (its offline cache) or "
-            "safetensors (draftdata's shards)",
-        ),
-    ] = "speculators",
-    draft_vocab: Annotated[
-        int | None,
-        typer.Option(
-            help="nemo-automodel: the draft vocabulary's size, chosen as NeMo chooses it "
-            "(default: the whole target vocabulary)",
-        ),
-    ] = None,
-    top_k: Annotated[
-        int | None,
-        typer.Option(
-            help="nemo-automodel: keep the target distribution's top K per token, renormalised "
-            "(0: the whole draft vocabulary; default 256)",
-        ),
-    ] = None,
-    shard_size: Annotated[
-        int | None,
-        typer.Option(help="nemo-automodel: samples per cache shard (default: about 1 GiB each)"),
-    ] = None,
+    codec: CodecOpt = "none",
+    layout: LayoutOpt = "speculators",
+    draft_vocab: DraftVocabOpt = None,
+    top_k: TopKOpt = None,
+    shard_size: ShardSizeOpt = None,
     device: DeviceOpt = "cpu",
     threshold: ThresholdOpt = -12.0,
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(
-            "--tokenizer",
-            "-t",
-            help="for the verification's control ids (default: the run's, else the model folder's)",
-        ),
-    ] = None,
-    ray: Annotated[
-        str | None,
-        typer.Option(help="run on Ray: a cluster address, 'auto', or 'local' (start one here)"),
-    ] = None,
+    tokenizer: ControlTokenizerOpt = None,
+    ray: RayOpt = None,
     actors: Annotated[int, typer.Option(help="Ray: model replicas (one per actor)")] = 1,
     gpus_per_actor: Annotated[float, typer.Option(help="Ray: GPUs per replica (0 on CPU)")] = 0,
     cpus_per_actor: Annotated[float, typer.Option(help="Ray: CPUs per replica")] = 1,
-    json_out: Annotated[
-        Path | None, typer.Option("--json", help="write the manifest as JSON too ('-' for stdout)")
-    ] = None,
-    verify: Annotated[
-        Path | None,
-        typer.Option(
-            "--verify",
-            metavar="OUT",
-            help="capture nothing: re-read every file of OUT against its sha256 and every "
-            "sample's token_ids against the export's; exit 1 on any mismatch",
-        ),
-    ] = None,
-    recipe: Annotated[
-        Path | None,
-        typer.Option(
-            help="with --verify: also check a trainer's YAML config (ModelOpt's recipe, NeMo "
-            "Automodel's train_eagle3 recipe) against the capture: the aux layers and the loss "
-            "mask it will use against ours; exit 1 on a mismatch",
-        ),
-    ] = None,
+    json_out: ManifestJsonOpt = None,
+    verify: VerifyOpt = None,
+    recipe: RecipeOpt = None,
 ) -> None:
     """Capture the target's EAGLE-3 hidden states (aux layers and the last layer) over the exact
     ids, verify them in the same pass, and write a trainer's offline layout."""
-    from ..export.trainers import layout_trainer
     from ..hidden.items import input_files
 
     if verify is not None:
-        if target is not None:
-            raise InputError(f"--verify {verify}: give the folder to check only, not {target}")
-        _verify(verify)
-        if recipe is not None:
-            _check_recipe(verify, recipe)
+        _verify_command(verify, target, recipe)
         return
+    target, model = _capture_inputs(target, model, recipe)
+    nemo = {"draft_vocab": draft_vocab, "top_k": top_k, "shard_size": shard_size}
+    trainer, options = _checked_options(layout, dtype, layers, codec, nemo)
+    if actors < 1:
+        raise InputError(f"--actors {actors}: give at least 1")
+    files = input_files(target)
+    is_run = (target / "ledger.sqlite").is_file()
+    dest = output or ((target if is_run else Path.cwd()) / f"hidden-states-{layout}")
+    c = _Capture(
+        target=target,
+        files=files,
+        dest=dest,
+        model=model,
+        layers=layers,
+        layout=layout,
+        dtype=dtype,
+        codec=codec,
+        threshold=threshold,
+        tokenizer=tokenizer,
+        options=options,
+    )
+    if server is not None:
+        if ray is not None or device != "cpu":
+            flag = "--ray" if ray is not None else "--device"
+            raise InputError(
+                f"--server and {flag}: the server's engine runs the capture; drop {flag}"
+            )
+        doc = _capture_server(c, server)
+    elif ray is not None:
+        plan = _RayPlan(ray, actors, gpus_per_actor, cpus_per_actor)
+        doc = _capture_ray(c, trainer, device, plan)
+    else:
+        doc = _capture_here(c, device)
+    if json_out is not None and emit_json(doc, json_out):
+        return
+    _print(doc, dest)
+
+
+def _verify_command(verify: Path, target: Path | None, recipe: Path | None) -> None:
+    """``--verify OUT`` (and ``--recipe FILE``): check a capture, capture nothing."""
+    if target is not None:
+        raise InputError(f"--verify {verify}: give the folder to check only, not {target}")
+    _verify(verify)
+    if recipe is not None:
+        _check_recipe(verify, recipe)
+
+
+def _capture_inputs(
+    target: Path | None, model: str | None, recipe: Path | None
+) -> tuple[Path, str]:
+    """The samples and the model a capture needs; --recipe belongs to --verify only."""
     if recipe is not None:
         raise InputError("--recipe checks a capture: give it with --verify OUT")
     if target is None or model is None:
@@ -186,10 +280,17 @@ def hidden_states(
             "draftdata hidden-states: Missing the samples (RUN|SHARDS) and --model, or "
             "--verify OUT to check a capture; see `draftdata hidden-states --help`"
         )
-    trainer = layout_trainer(layout, dtype)  # the trainer's rules, before anything loads
-    options = trainer.check_options(
-        {"draft_vocab": draft_vocab, "top_k": top_k, "shard_size": shard_size}
-    )
+    return target, model
+
+
+def _checked_options(
+    layout: str, dtype: str, layers: str, codec: str, nemo: dict[str, int | None]
+) -> tuple[Trainer, dict[str, Any]]:
+    """The layout's trainer and its own options, every rule checked before anything loads."""
+    from ..export.trainers import layout_trainer
+
+    trainer = layout_trainer(layout, dtype)
+    options = trainer.check_options(nemo)
     trainer.check_layers(layers)
     from ..hidden.codec import check_codec
 
@@ -199,99 +300,60 @@ def hidden_states(
             f"--codec {codec}: only draftdata's own shards (--for safetensors) take a byte codec; "
             f"{layout}'s trainer reads its files uncompressed"
         )
-    if actors < 1:
-        raise InputError(f"--actors {actors}: give at least 1")
-    files = input_files(target)
-    is_run = (target / "ledger.sqlite").is_file()
-    dest = output or ((target if is_run else Path.cwd()) / f"hidden-states-{layout}")
-    if server is not None:
-        if ray is not None or device != "cpu":
-            flag = "--ray" if ray is not None else "--device"
-            raise InputError(
-                f"--server and {flag}: the server's engine runs the capture; drop {flag}"
-            )
-        doc = _capture_server(target, files, dest, server, model, layers, layout, dtype, codec,
-                              threshold, tokenizer, options)  # fmt: skip
-    elif ray is not None:
-        from ..hidden.ray_data import capture_ray
+    return trainer, options
 
-        if not trainer.ray:
-            raise InputError(f"--ray: {layout}'s files are written by one process; drop --ray")
-        from ..model.load import model_folder
 
-        with _stdout_to_stderr():  # Ray's own lines ("(raylet) WARNING ...") reach stdout
-            doc = capture_ray(
-                files,
-                dest,
-                model,
-                layers_spec=layers,
-                layout=layout,
-                dtype=dtype,
-                device=device,
-                threshold=threshold,
-                control_ids=_control_ids(target, tokenizer, model_folder(model)[0]),
-                address=ray,
-                actors=actors,
-                gpus_per_actor=gpus_per_actor,
-                cpus_per_actor=cpus_per_actor,
-                codec=codec,
-            )
-    else:
-        doc = _capture_here(
-            target,
-            files,
-            dest,
-            model,
-            layers,
-            layout,
-            dtype,
-            codec,
-            device,
-            threshold,
-            tokenizer,
-            options,
+def _capture_ray(c: _Capture, trainer: Trainer, device: str, plan: _RayPlan) -> dict[str, Any]:
+    """``--ray``: the capture data-parallel over Ray's actors (``hidden.ray_data``)."""
+    from ..hidden.ray_data import capture_ray
+
+    if not trainer.ray:
+        raise InputError(f"--ray: {c.layout}'s files are written by one process; drop --ray")
+    from ..model.load import model_folder
+
+    with _stdout_to_stderr():  # Ray's own lines ("(raylet) WARNING ...") reach stdout
+        return capture_ray(
+            c.files,
+            c.dest,
+            c.model,
+            layers_spec=c.layers,
+            layout=c.layout,
+            dtype=c.dtype,
+            device=device,
+            threshold=c.threshold,
+            control_ids=_control_ids(c.target, c.tokenizer, model_folder(c.model)[0]),
+            address=plan.address,
+            actors=plan.actors,
+            gpus_per_actor=plan.gpus_per_actor,
+            cpus_per_actor=plan.cpus_per_actor,
+            codec=c.codec,
         )
-    if json_out is not None and emit_json(doc, json_out):
-        return
-    _print(doc, dest)
 
 
-def _capture_here(
-    target: Path,
-    files: list[Path],
-    dest: Path,
-    model: str,
-    layers: str,
-    layout: str,
-    dtype: str,
-    codec: str,
-    device: str,
-    threshold: float,
-    tokenizer: str | None,
-    options: dict[str, Any],
-) -> dict[str, Any]:
+def _capture_here(c: _Capture, device: str) -> dict[str, Any]:
+    """The capture in this process, the model loaded on ``device``."""
     from ..hidden.capture import n_layers_of
     from ..hidden.layers import n_layers_in, parse_layers
     from ..hidden.run import capture_to
     from ..model.load import load_causal_lm, model_folder
 
-    parse_layers(layers, n_layers_in(model_folder(model)[0]))  # a bad --layers: before the load
-    lm = load_causal_lm(model, device=device)
-    chosen = parse_layers(layers, n_layers_of(lm))
-    control = _control_ids(target, tokenizer, lm.folder)
+    parse_layers(c.layers, n_layers_in(model_folder(c.model)[0]))  # a bad --layers: before the load
+    lm = load_causal_lm(c.model, device=device)
+    chosen = parse_layers(c.layers, n_layers_of(lm))
+    control = _control_ids(c.target, c.tokenizer, lm.folder)
     progress = _progress()
     return capture_to(
-        files,
-        dest,
+        c.files,
+        c.dest,
         lm,
         chosen,
-        layout=layout,
-        dtype=dtype,
-        codec=codec,
+        layout=c.layout,
+        dtype=c.dtype,
+        codec=c.codec,
         control_ids=control,
-        threshold=threshold,
+        threshold=c.threshold,
         progress=progress,
-        options=options,
+        options=c.options,
     )
 
 
@@ -309,48 +371,35 @@ def _progress() -> Callable[[int, int], None]:
     return progress
 
 
-def _capture_server(
-    target: Path,
-    files: list[Path],
-    dest: Path,
-    server: str,
-    model: str,
-    layers: str,
-    layout: str,
-    dtype: str,
-    codec: str,
-    threshold: float,
-    tokenizer: str | None,
-    options: dict[str, Any],
-) -> dict[str, Any]:
+def _capture_server(c: _Capture, server: str) -> dict[str, Any]:
     """``--server``: the capture through a vLLM server's engine (``hidden.engine``)."""
     from ..hidden.engine import open_engine
     from ..hidden.layers import n_layers_in, parse_layers
     from ..hidden.run import capture_to
     from ..model.load import model_folder
 
-    folder = model_folder(model)[0]
-    chosen = parse_layers(layers, n_layers_in(folder))
+    folder = model_folder(c.model)[0]
+    chosen = parse_layers(c.layers, n_layers_in(folder))
     backends: dict[str, Any] = {}
     name = None
-    if (target / "ledger.sqlite").is_file():
+    if (c.target / "ledger.sqlite").is_file():
         from ..store.runs import manifest_of_run
 
-        m = manifest_of_run(target)
+        m = manifest_of_run(c.target)
         backends, name = dict(m.backends), m.target.model
-    engine = open_engine(server, folder, chosen, layout, backends=backends, target_model=name)
+    engine = open_engine(server, folder, chosen, c.layout, backends=backends, target_model=name)
     return capture_to(
-        files,
-        dest,
+        c.files,
+        c.dest,
         engine,
         chosen,
-        layout=layout,
-        dtype=dtype,
-        codec=codec,
-        control_ids=_control_ids(target, tokenizer, folder),
-        threshold=threshold,
+        layout=c.layout,
+        dtype=c.dtype,
+        codec=c.codec,
+        control_ids=_control_ids(c.target, c.tokenizer, folder),
+        threshold=c.threshold,
         progress=_progress(),
-        options=options,
+        options=c.options,
     )
 
 

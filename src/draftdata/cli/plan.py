@@ -6,13 +6,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from ..errors import InputError
 from .app import app, example, out, say
+
+if TYPE_CHECKING:
+    from ..generate.plan import Plan
+    from ..hidden.estimate import StorageEstimate
 
 INIT_BACKENDS = ("openai", "hf")
 
@@ -215,82 +219,88 @@ def plan(
     m = load_manifest(manifest)
     p = make_plan(m)
     storage = _storage(m, p, hidden_for, hidden_size) if hidden_for else None
+    warning = plan_warning(hidden_for)
     if json_out:
         doc = p.to_json()
         if storage is not None:
             doc["hidden_states"] = storage.to_json()
-        if warning := plan_warning(hidden_for):
+        if warning:
             doc["trainer_warning"] = warning
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        t = Table(
-            "dataset",
-            "backend",
-            "prompts",
-            "requests",
-            "to ask",
-            "prompt tokens",
-            "completion ≤",
-            "cost $",
-            title=f"plan for run {p.run} ({p.output})",
-        )
-        for d in p.datasets:
-            cost = "0" if d.cost_max_usd == 0 else f"{d.cost_min_usd:.4f} – {d.cost_max_usd:.4f}"
-            ptok = f"{d.prompt_tokens:,}" + (
-                f" (≤ {d.prompt_tokens_max:,})" if d.prompt_tokens_max > d.prompt_tokens else ""
-            )
-            ids = (
-                ", ground truth"
-                if d.ground_truth
-                else f", {d.engine}'s own ids"
-                if d.engine
-                else ""
-            )
-            t.add_row(
-                d.name,
-                f"{d.backend} ({d.backend_kind}{ids})",
-                f"{d.prompts:,}",
-                f"{d.requests:,}",
-                f"{d.remaining:,}",
-                ptok,
-                f"{d.completion_tokens_max:,}",
-                cost,
-            )
-        out.print(t)
-        budget = f"; budget ${p.budget_usd}" if p.budget_usd is not None else ""
-        say(
-            out,
-            f"cost: ${p.cost_min_usd:.4f} to ${p.cost_max_usd:.4f} at the manifest's prices{budget}",
-        )
-        say(out, f"gate: {p.gate}")
-        for line in p.model.lines() if p.model is not None else []:
-            say(out, line)
-        if storage is not None:
-            for line in storage.lines():
-                say(out, line)
-        if warning := plan_warning(hidden_for):
-            say(out, f"warning: {warning}", "yellow")
-        for d in p.datasets:
-            if d.rendering:
-                say(out, f"{d.name}: prompt rendering: {d.rendering}")
-            if d.over_context:
-                say(
-                    out,
-                    f"{d.name}: {d.over_context} requests leave no room for max_tokens "
-                    f"{d.completion_tokens_max // max(d.requests, 1)} within the server's context "
-                    f"(max_model_len {d.context}): skipped as over_context, never sent",
-                    "yellow",
-                )
-            if d.read_drops:
-                parts = ", ".join(f"{k}: {v}" for k, v in d.read_drops.items())
-                say(out, f"{d.name}: records skipped while reading ({parts})")
-        if p.problems:
-            for prob in p.problems:
-                say(out, f"problem: {prob}", "bold red")
-        else:
-            say(out, "no problems found; nothing was sent", "green")
+        out.print(_plan_table(p))
+        _print_plan_lines(p, storage, warning)
     if p.problems:
         raise typer.Exit(1)
+
+
+def _plan_table(p: Plan) -> Table:
+    """One row per dataset: what it will ask for, and what that costs at most."""
+    t = Table(
+        "dataset",
+        "backend",
+        "prompts",
+        "requests",
+        "to ask",
+        "prompt tokens",
+        "completion ≤",
+        "cost $",
+        title=f"plan for run {p.run} ({p.output})",
+    )
+    for d in p.datasets:
+        cost = "0" if d.cost_max_usd == 0 else f"{d.cost_min_usd:.4f} – {d.cost_max_usd:.4f}"
+        ptok = f"{d.prompt_tokens:,}" + (
+            f" (≤ {d.prompt_tokens_max:,})" if d.prompt_tokens_max > d.prompt_tokens else ""
+        )
+        ids = ", ground truth" if d.ground_truth else f", {d.engine}'s own ids" if d.engine else ""
+        t.add_row(
+            d.name,
+            f"{d.backend} ({d.backend_kind}{ids})",
+            f"{d.prompts:,}",
+            f"{d.requests:,}",
+            f"{d.remaining:,}",
+            ptok,
+            f"{d.completion_tokens_max:,}",
+            cost,
+        )
+    return t
+
+
+def _print_plan_lines(p: Plan, storage: StorageEstimate | None, warning: str | None) -> None:
+    """Below the table: the cost, the gate, the model and storage estimates, each dataset's
+    notes, and every problem found (or that there is none)."""
+    budget = f"; budget ${p.budget_usd}" if p.budget_usd is not None else ""
+    say(
+        out,
+        f"cost: ${p.cost_min_usd:.4f} to ${p.cost_max_usd:.4f} at the manifest's prices{budget}",
+    )
+    say(out, f"gate: {p.gate}")
+    for line in p.model.lines() if p.model is not None else []:
+        say(out, line)
+    if storage is not None:
+        for line in storage.lines():
+            say(out, line)
+    if warning:
+        say(out, f"warning: {warning}", "yellow")
+    for d in p.datasets:
+        if d.rendering:
+            say(out, f"{d.name}: prompt rendering: {d.rendering}")
+        if d.over_context:
+            say(
+                out,
+                f"{d.name}: {d.over_context} requests leave no room for max_tokens "
+                f"{d.completion_tokens_max // max(d.requests, 1)} within the server's context "
+                f"(max_model_len {d.context}): skipped as over_context, never sent",
+                "yellow",
+            )
+        if d.read_drops:
+            parts = ", ".join(f"{k}: {v}" for k, v in d.read_drops.items())
+            say(out, f"{d.name}: records skipped while reading ({parts})")
+    if p.problems:
+        for prob in p.problems:
+            say(out, f"problem: {prob}", "bold red")
+    else:
+        say(out, "no problems found; nothing was sent", "green")
 
 
 def _storage(m: Any, p: Any, layout: str, hidden_size: int | None) -> Any:

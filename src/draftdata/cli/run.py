@@ -6,16 +6,22 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from ..errors import InputError
 from ..export.trainers import EXPORTERS
 from .app import app, command_line, err, example, out, say
 from .failures import report_failures
+from .ledger_view import counts_line, print_status_notes, read_status, status_table
 from .show import print_validation, verify_export_cmd
+
+if TYPE_CHECKING:
+    from ..config import Manifest
+    from ..pipeline import PipelineResult
+    from ..records import Key
+    from ..store.stats import RunStatus
 
 ManifestArg = Annotated[Path, typer.Argument(help="the run manifest (TOML)", metavar="MANIFEST")]
 RunArg = Annotated[
@@ -41,11 +47,6 @@ ExtendOpt = Annotated[
         "--extend", help="a dataset's limit grew: keep its answers and ask only for new prompts"
     ),
 ]
-
-
-def _counts_line(counts: dict[str, int]) -> str:
-    """``reason: n`` pairs, most first."""
-    return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _json(doc: Any) -> None:
@@ -145,24 +146,12 @@ def status(
 ) -> None:
     """Counts by dataset and state, cost so far, error reasons."""
     from ..config import load_manifest
-    from ..store.guard import reading
-    from ..store.ledger import Ledger
-    from ..store.stats import status as ledger_status
 
     m = load_manifest(manifest)
     path = m.output_dir / "ledger.sqlite"
     if not path.exists():
         raise InputError(f"{path}: no ledger yet; run `draftdata generate {manifest}` first")
-    ledger = Ledger.read(path)
-    try:
-        with reading(path):  # a damaged page the open did not touch
-            run_status = ledger_status(ledger)
-            st = run_status.to_json()
-            for name, d in st["datasets"].items():  # dropped when read (contaminated, ...)
-                d["read_drops"] = ledger.get_meta(f"read_drops:{name}", {})
-            bad = ledger.failed() if failed else []
-    finally:
-        ledger.close()
+    run_status, st, bad = read_status(path, failed)
     if failed:
         rows = [{"key": k.sample_id, "state": state, "reason": why} for k, state, why in bad]
         if json_out:
@@ -175,63 +164,8 @@ def status(
     if json_out:
         _json(st)
         return
-    t = Table(
-        "dataset",
-        "total",
-        "done",
-        "failed",
-        "pending",
-        "duplicates",
-        "attempts",
-        "samples",
-        "cost $",
-        "errors",
-        title=f"run {m.run.name} ({path})",
-    )
-    for name, d in st["datasets"].items():
-        t.add_row(
-            name,
-            str(d["total"]),
-            str(d["done"]),
-            str(d["failed"]),
-            str(d["pending"]),
-            str(d["duplicates"]),
-            str(d["attempts"]),
-            str(d["samples"]),
-            f"{d['cost_usd']:.4f}",
-            ", ".join(f"{k}: {v}" for k, v in sorted(d["errors"].items())),
-        )
-    out.print(t)
-    for name, ds in run_status.datasets.items():
-        for what, counts in (
-            ("dropped when read", st["datasets"][name]["read_drops"]),
-            ("dropped by the tokens stage", ds.drops),
-            ("sample warnings", ds.warnings),
-        ):
-            if counts:
-                say(out, f"{name}: {what}: " + _counts_line(counts))
-        for line in ds.server_options.lines() if ds.server_options else ():
-            say(out, f"{name}: {line}")
-        if ds.usage_notes:
-            why = ", ".join(f"{n} {k}" for k, n in sorted(ds.usage_notes.items()))
-            say(
-                out,
-                f"{name}: the server's usage was not taken as sent for {why} answers "
-                "(charged draftdata's own count of their tokens)",
-            )
-        if ds.interrupted or ds.in_flight:
-            say(
-                out,
-                f"{name}: {ds.interrupted} requests were in flight at an interrupt and asked "
-                f"again (possibly paid, up to ${ds.possibly_paid_usd:.4f}, counted against the "
-                f"budget); {ds.in_flight} in flight now",
-            )
-    possibly = sum(d.possibly_paid_usd for d in run_status.datasets.values())
-    say(
-        out,
-        f"cost so far ${st['cost_usd']:.4f}"
-        + (f" (+ up to ${possibly:.4f} possibly paid in flight at interrupts)" if possibly else ""),
-    )
+    out.print(status_table(m.run.name, path, st))
+    print_status_notes(run_status, st)
 
 
 @app.command(
@@ -302,72 +236,13 @@ def run_cmd(
             extend=extend,
         )
     except GateError:
-        vpath = m.output_dir / "validation.json"
-        if vpath.exists():
-            print_validation(
-                {
-                    **json.loads(vpath.read_text()),
-                    "format": m.target.format,
-                    "format_version": "",
-                    "prefs": m.target.prefs,
-                }
-            )
+        _print_stored_validation(m)
         raise
-    from ..store.ledger import Ledger
-    from ..store.stats import status as ledger_status
-
-    led = Ledger.read(m.output_dir / "ledger.sqlite")
-    try:
-        st = ledger_status(led)
-        failed = led.failed()
-    finally:
-        led.close()
-    g, v = res.gate, res.validation
+    st, failed = _ledger_outcome(m.output_dir / "ledger.sqlite")
     if json_out:
-        from ..report import build_report
-
-        _json(
-            {
-                "gate": g.to_json() if g else None,
-                "gate_verdict": g.verdict() if g else None,
-                "validation": v.to_json() if v is not None else None,
-                "datasets": {
-                    k: {"samples": d.samples, "drops": d.drops} for k, d in res.datasets.items()
-                },
-                "budget_stopped": res.budget_stopped,
-                "export": str(res.export_dir) if res.export_dir else None,
-                "report": str(build_report(res.run_dir)),
-                "status": st.to_json(),
-            }
-        )
+        _json(_outcome_json(res, st))
     else:
-        if v is not None and v.meta.get("cross_validated"):
-            say(
-                out,
-                f"learned {v.meta['prefs_rules']} split preference(s) from the ground truth "
-                f"({m.output_dir / 'prefs.json'}); the figure below is cross-validated "
-                "(learned on one half of the prompts, measured on the other)",
-            )
-        if v is not None and v.n:
-            lossy = ""
-            if v.lossy:
-                lossless = (
-                    f"{v.lossless_exact}/{v.lossless} lossless"
-                    if v.lossless
-                    else "no lossless views to measure"
-                )
-                lossy = f"; {lossless}; lost at the server, guessed back: {v.held_summary()}"
-            say(
-                out,
-                f"validation on ground truth: exact-match {v.exact_match_rate or 0:.1%} "
-                f"({v.exact}/{v.n}), token accuracy {v.token_accuracy or 0:.4f}{lossy}",
-            )
-        if g is not None:
-            say(out, g.verdict(), None if g.passed else "bold yellow")
-        _print_datasets(res.datasets)
-        if res.export_dir is not None:
-            say(out, f"shards and manifest: {res.export_dir}")
-        _write_report(res.run_dir)
+        _print_outcome(m, res)
     if res.budget_stopped:
         say(
             err,
@@ -377,6 +252,85 @@ def run_cmd(
         )
     if report_failures(st, res.datasets, manifest, failed):
         raise typer.Exit(1)
+
+
+def _print_stored_validation(m: Manifest) -> None:
+    """A failed gate: the validation that failed it, as the run stored it, where it did."""
+    vpath = m.output_dir / "validation.json"
+    if vpath.exists():
+        print_validation(
+            {
+                **json.loads(vpath.read_text()),
+                "format": m.target.format,
+                "format_version": "",
+                "prefs": m.target.prefs,
+            }
+        )
+
+
+def _ledger_outcome(path: Path) -> tuple[RunStatus, list[tuple[Key, str, str]]]:
+    """The ledger at ``path`` after the run: its status, and every key that failed."""
+    from ..store.ledger import Ledger
+    from ..store.stats import status as ledger_status
+
+    led = Ledger.read(path)
+    try:
+        st = ledger_status(led)
+        failed = led.failed()
+    finally:
+        led.close()
+    return st, failed
+
+
+def _outcome_json(res: PipelineResult, st: RunStatus) -> dict[str, Any]:
+    """``run --json``: the gate, the validation, each dataset's samples and drops, where the
+    export and the report went, and the ledger's status (the report is written here)."""
+    from ..report import build_report
+
+    g, v = res.gate, res.validation
+    return {
+        "gate": g.to_json() if g else None,
+        "gate_verdict": g.verdict() if g else None,
+        "validation": v.to_json() if v is not None else None,
+        "datasets": {k: {"samples": d.samples, "drops": d.drops} for k, d in res.datasets.items()},
+        "budget_stopped": res.budget_stopped,
+        "export": str(res.export_dir) if res.export_dir else None,
+        "report": str(build_report(res.run_dir)),
+        "status": st.to_json(),
+    }
+
+
+def _print_outcome(m: Manifest, res: PipelineResult) -> None:
+    """What the run did: the validation and the gate's verdict, each dataset's samples, the
+    export, then the report written and its key figures."""
+    g, v = res.gate, res.validation
+    if v is not None and v.meta.get("cross_validated"):
+        say(
+            out,
+            f"learned {v.meta['prefs_rules']} split preference(s) from the ground truth "
+            f"({m.output_dir / 'prefs.json'}); the figure below is cross-validated "
+            "(learned on one half of the prompts, measured on the other)",
+        )
+    if v is not None and v.n:
+        lossy = ""
+        if v.lossy:
+            lossless = (
+                f"{v.lossless_exact}/{v.lossless} lossless"
+                if v.lossless
+                else "no lossless views to measure"
+            )
+            lossy = f"; {lossless}; lost at the server, guessed back: {v.held_summary()}"
+        say(
+            out,
+            f"validation on ground truth: exact-match {v.exact_match_rate or 0:.1%} "
+            f"({v.exact}/{v.n}), token accuracy {v.token_accuracy or 0:.4f}{lossy}",
+        )
+    if g is not None:
+        say(out, g.verdict(), None if g.passed else "bold yellow")
+    _print_datasets(res.datasets)
+    if res.export_dir is not None:
+        say(out, f"shards and manifest: {res.export_dir}")
+    _write_report(res.run_dir)
 
 
 def _write_report(run_dir: Path, out_path: Path | None = None) -> Path:
@@ -479,7 +433,7 @@ def export(
         return
     say(out, f"shards and manifest: {folder}")
     for name, per in em.filtered.items():
-        say(out, f"{name}: left out by --drop: {_counts_line(per)}")
+        say(out, f"{name}: left out by --drop: {counts_line(per)}")
     for k, paths in files.items():
         say(out, f"{k}: {', '.join(paths)}")
         for line in export_notes(k, paths):

@@ -6,7 +6,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
 from rich.markup import escape as esc
@@ -18,6 +18,17 @@ from ..records.servers import SERVERS
 from .app import DeviceOpt, FormatOpt, Ticker, TokenizerOpt, app, err, example, out, read_jsonl, say
 from .jobs import AUTO_BYTES, bound_format, input_bytes, reconstruct_jobs
 from .show import print_validation
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..formats.base import BoundFormat
+    from ..measure.repairing import Repairer
+    from ..measure.validate import ValidationReport
+    from ..model.rows import TargetScorer
+
+    #: the split preferences' text -> ids rewrite (``tokens.prefs.applier_for``)
+    TextIds = Callable[[str, list[int]], list[int]]
 
 # --- reconstruction ---------------------------------------------------------------------------
 PrefsOpt = Annotated[
@@ -48,6 +59,31 @@ ServerOpt = Annotated[
         "(told from each raw response's fields, else from its text); see README 'What each "
         "server's view keeps'",
         metavar="SERVER",
+    ),
+]
+GroundTruthArg = Annotated[
+    Path,
+    typer.Argument(
+        help="ground truth JSONL: messages, output_ids, "
+        "finish_reason, and api_view (derived if missing)",
+        metavar="GT.jsonl",
+    ),
+]
+ReportJsonOpt = Annotated[
+    Path | None, typer.Option("--json", help="write the report as JSON ('-' for stdout)")
+]
+MinExactOpt = Annotated[
+    float | None,
+    typer.Option(help="exit 1 when the exact-match rate is below this (the gate for paid runs)"),
+]
+RepairWithOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--repair-with",
+        help="repair each reconstructed record with this target model (folder, GGUF, "
+        "pkg:MODULE, or the base URL of the vLLM or SGLang server that serves it) before "
+        "comparing; the report says what it fixed and broke",
+        metavar="MODEL",
     ),
 ]
 
@@ -169,9 +205,17 @@ def reconstruct(
                 ticker.tick()
                 f.add(sample)
                 count_sample(sample, by_source)
+    _print_written(f.count, output, by_source, drops)
+    _print_skipped(skipped)
+
+
+def _print_written(
+    count: int, output: Path, by_source: dict[str, int], drops: dict[str, int]
+) -> None:
+    """What ``reconstruct`` wrote, by token source; lossy views and dropped records on stderr."""
     sources = {k: v for k, v in by_source.items() if not k.startswith("lossy:")}
     out.print(
-        f"wrote {f.count} samples to {output} ({', '.join(f'{k}: {v}' for k, v in sources.items()) or 'none'})"
+        f"wrote {count} samples to {output} ({', '.join(f'{k}: {v}' for k, v in sources.items()) or 'none'})"
     )
     lossy = {k.removeprefix("lossy:"): v for k, v in by_source.items() if k.startswith("lossy:")}
     if lossy:
@@ -181,7 +225,6 @@ def reconstruct(
         )
     if drops:
         err.print("[yellow]dropped: " + ", ".join(f"{k}: {v}" for k, v in drops.items()) + "[/]")
-    _print_skipped(skipped)
 
 
 @app.command(
@@ -194,53 +237,24 @@ def reconstruct(
     )
 )
 def validate(
-    input: Annotated[
-        Path,
-        typer.Argument(
-            help="ground truth JSONL: messages, output_ids, "
-            "finish_reason, and api_view (derived if missing)",
-            metavar="GT.jsonl",
-        ),
-    ],
+    input: GroundTruthArg,
     tokenizer: TokenizerOpt,
     format: FormatOpt,
     prefs: PrefsOpt = None,
-    json_out: Annotated[
-        Path | None, typer.Option("--json", help="write the report as JSON ('-' for stdout)")
-    ] = None,
-    min_exact: Annotated[
-        float | None,
-        typer.Option(
-            help="exit 1 when the exact-match rate is below this (the gate for paid runs)"
-        ),
-    ] = None,
+    json_out: ReportJsonOpt = None,
+    min_exact: MinExactOpt = None,
     bucket: BucketOpt = None,
     thinking: ThinkingOpt = None,
     server: ServerOpt = "auto",
     chat_template: Annotated[Path | None, typer.Option(help="override the chat template")] = None,
-    repair_with: Annotated[
-        str | None,
-        typer.Option(
-            "--repair-with",
-            help="repair each reconstructed record with this target model (folder, GGUF, "
-            "pkg:MODULE, or the base URL of the vLLM or SGLang server that serves it) before "
-            "comparing; the report says what it fixed and broke",
-            metavar="MODEL",
-        ),
-    ] = None,
+    repair_with: RepairWithOpt = None,
     device: DeviceOpt = "cpu",
 ) -> None:
     """Reconstruct ground-truth records from their text and compare id for id."""
-    from ..measure.validate import validate as run
     from ..tokens.prefs import applier_for
 
     bound = bound_format(tokenizer, format, chat_template, strict=False)
-    for c in bound.checks:
-        if not c.ok:
-            err.print(
-                f"[bold yellow]warning:[/] marker {c.name}: {c.problem} — measuring with "
-                "the format as declared"
-            )
+    _warn_marker_problems(bound)
     text_ids = applier_for(prefs, bound.tokenizer)
     skipped: dict[str, int] = {}
     records = _bucketed(_ground_truth(input, skipped), bucket)
@@ -249,23 +263,10 @@ def validate(
             replace(r, view=replace(r.view, server=server)) if r.view is not None else r
             for r in records
         ]
-    repairer, ticker = None, None
+    repair = None
     if repair_with is not None:
-        from ..generate.scoring import open_scorer
-        from ..model.repairer import sample_repairer
-
-        scorer = open_scorer(repair_with, device=device)
-        repairer = sample_repairer(scorer, bound.tokenizer, text_ids)
-        ticker = Ticker("validate --repair-with", len(records))
-    rep = run(
-        bound,
-        records,
-        text_ids=text_ids,
-        thinking=thinking,
-        repairer=repairer,
-        on_result=ticker.tick if ticker else None,
-        concurrency=scorer.concurrency if repair_with is not None else 1,
-    )
+        repair = _open_repair(repair_with, device, bound, text_ids, len(records))
+    rep = _measure(bound, records, text_ids, thinking, repair)
     rep.meta = {
         "input": str(input),
         "format": bound.format.name,
@@ -276,15 +277,78 @@ def validate(
         "skipped_lines": skipped,
         **({"repair_with": repair_with, "device": device} if repair_with else {}),
     }
-    if ticker is not None and rep.repair is not None:
-        for what in ("requests", "tokens_forwarded", "tokens_cached"):  # through a server
-            if hasattr(scorer, what):
-                rep.meta[f"server_{what}"] = getattr(scorer, what)
-        rep.meta["seconds"] = round(ticker.elapsed(), 2)
-        rep.meta["tokens_per_s"] = round(rep.repair.tokens / max(ticker.elapsed(), 1e-9), 1)
+    if repair is not None and rep.repair is not None:
+        _add_repair_meta(rep.meta, repair, rep.repair.tokens)
     if rep.n == 0:
         raise InputError(f"{input}: no usable records (drops: {dict(rep.drops)})")
-    doc = rep.to_json()
+    _emit_validation(rep.to_json(), json_out)
+    _print_skipped(skipped)
+    if min_exact is not None:
+        _gate(min_exact, rep)
+
+
+class _Repair(NamedTuple):
+    """``--repair-with``: the target model, the repairer over it, and the progress line."""
+
+    scorer: TargetScorer
+    repairer: Repairer
+    ticker: Ticker
+
+
+def _warn_marker_problems(bound: BoundFormat) -> None:
+    """A marker check that fails is a warning here: validate measures the format as declared."""
+    for c in bound.checks:
+        if not c.ok:
+            err.print(
+                f"[bold yellow]warning:[/] marker {c.name}: {c.problem} — measuring with "
+                "the format as declared"
+            )
+
+
+def _open_repair(
+    model: str, device: str, bound: BoundFormat, text_ids: TextIds | None, n: int
+) -> _Repair:
+    """The target model ``model`` loaded (or reached) to repair each of ``n`` records."""
+    from ..generate.scoring import open_scorer
+    from ..model.repairer import sample_repairer
+
+    scorer = open_scorer(model, device=device)
+    repairer = sample_repairer(scorer, bound.tokenizer, text_ids)
+    return _Repair(scorer, repairer, Ticker("validate --repair-with", n))
+
+
+def _measure(
+    bound: BoundFormat,
+    records: list[GroundTruth],
+    text_ids: TextIds | None,
+    thinking: bool | None,
+    repair: _Repair | None,
+) -> ValidationReport:
+    """Every record reconstructed and compared, repaired first where --repair-with says."""
+    from ..measure.validate import validate as run
+
+    return run(
+        bound,
+        records,
+        text_ids=text_ids,
+        thinking=thinking,
+        repairer=repair.repairer if repair is not None else None,
+        on_result=repair.ticker.tick if repair is not None else None,
+        concurrency=repair.scorer.concurrency if repair is not None else 1,
+    )
+
+
+def _add_repair_meta(meta: dict[str, Any], repair: _Repair, tokens: int) -> None:
+    """The repair's cost into the report: a server's counts, the time and its token rate."""
+    for what in ("requests", "tokens_forwarded", "tokens_cached"):  # through a server
+        if hasattr(repair.scorer, what):
+            meta[f"server_{what}"] = getattr(repair.scorer, what)
+    meta["seconds"] = round(repair.ticker.elapsed(), 2)
+    meta["tokens_per_s"] = round(tokens / max(repair.ticker.elapsed(), 1e-9), 1)
+
+
+def _emit_validation(doc: dict[str, Any], json_out: Path | None) -> None:
+    """The report as JSON to --json's file or stdout, and as tables unless stdout took the JSON."""
     if json_out is not None:
         text = json.dumps(doc, indent=2, ensure_ascii=False)
         if str(json_out) == "-":
@@ -293,14 +357,16 @@ def validate(
             json_out.write_text(text + "\n", encoding="utf-8")
     if json_out is None or str(json_out) != "-":
         print_validation(doc)
-    _print_skipped(skipped)
-    if min_exact is not None:
-        from ..measure.gate import gate_on
 
-        gate = gate_on(min_exact, rep, gated=True)  # the run's gate, on this evidence
-        if not gate.passed:
-            err.print(f"[bold red]GATE FAILED[/] (--min-exact): {esc(gate.reason)}")
-            raise typer.Exit(1)
+
+def _gate(min_exact: float, rep: ValidationReport) -> None:
+    """``--min-exact``: the run's gate on this evidence; exit 1 where it fails."""
+    from ..measure.gate import gate_on
+
+    gate = gate_on(min_exact, rep, gated=True)
+    if not gate.passed:
+        err.print(f"[bold red]GATE FAILED[/] (--min-exact): {esc(gate.reason)}")
+        raise typer.Exit(1)
 
 
 @app.command(
