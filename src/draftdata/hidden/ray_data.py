@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +111,54 @@ def _score(d: dict[str, Any]) -> SampleScore:
     return SampleScore(**d, flags=flags)
 
 
+#: the counts each batch hands back, merged into the manifest in this order
+COUNTS = ("samples", "captured", "resumed", "tokens_captured", "bytes_written")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where the capture runs: the Ray cluster (``local``, ``auto`` or an address) and its pool
+    of actors, each with its share of GPUs and CPUs and ``batch_rows`` rows a batch."""
+
+    address: str
+    actors: int
+    gpus_per_actor: float
+    cpus_per_actor: float
+    batch_rows: int
+
+    def doc(self) -> dict[str, Any]:
+        """What the manifest records of the cluster."""
+        return {
+            "address": self.address,
+            "actors": self.actors,
+            "gpus_per_actor": self.gpus_per_actor,
+            "cpus_per_actor": self.cpus_per_actor,
+        }
+
+
+@dataclass
+class Totals:
+    """What the batches handed back, added up: the counts, the encoder's error sums, the digests
+    of the files the actors wrote, and the samples' scores."""
+
+    report: ScoreReport
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
+    err_sq: float = 0.0
+    ref_sq: float = 0.0
+    sums: dict[str, str] = field(default_factory=dict)
+
+    def add(self, row: dict[str, Any]) -> None:
+        """Adds one batch's row: its counts, error sums, file digests and scores."""
+        st = json.loads(row["stats"])
+        self.err_sq += st.pop("err_sq")
+        self.ref_sq += st.pop("ref_sq")
+        self.sums.update(st.pop("sha256"))
+        for k in self.counts:
+            self.counts[k] += st[k]
+        for d in json.loads(row["scores"]):
+            self.report.add(_score(d))
+
+
 def capture_ray(
     files: list[Path],
     out: Path,
@@ -131,10 +179,11 @@ def capture_ray(
 ) -> dict[str, Any]:
     ray = _ray()
     from ..model.folders import import_torch_transformers
-    from ..model.load import model_folder
+    from ..model.load import check_device, check_dtype, model_folder
     from .layouts import make_layout
 
     t0 = time.monotonic()
+    cluster = Cluster(address, actors, gpus_per_actor, cpus_per_actor, batch_rows)
     ids = _ids_of(files)
     index = {x: i for i, x in enumerate(ids)}
     if len(index) != len(ids):
@@ -142,93 +191,30 @@ def capture_ray(
     torch, _ = import_torch_transformers()
     folder, _g = model_folder(model)  # a GGUF is converted here once, not by every actor
     chosen = parse_layers(layers_spec, n_layers_in(folder))  # a bad --layers fails here, at once
-    control = sorted(control_ids)
     out.mkdir(parents=True, exist_ok=True)
-    driver_layout = make_layout(layout, out, torch, dtype, codec)
-    driver_layout.prepare(iter_items(files))
-    started_here = False
-    if not ray.is_initialized():
-        if address == "local":
-            ray.init(
-                # the actors' CPUs, and one for the tasks that read the shards (without it the
-                # actors hold every CPU and the reads never run)
-                num_cpus=round(actors * cpus_per_actor) + 1,
-                include_dashboard=False,
-                log_to_driver=False,
-                logging_level="ERROR",
-            )
-        else:
-            ray.init(address=address, log_to_driver=False, logging_level="ERROR")
-        started_here = True
-    try:
-        ctx = ray.data.DataContext.get_current()
-        ctx.enable_progress_bars = False
-        logging.getLogger("ray.data").setLevel(logging.ERROR)
-        paths = [str(f) for f in files]
-        # enough blocks that every actor has work from the start
-        blocks = max(1, min(len(ids) // max(1, batch_rows // 4), actors * 4))
-        if files[0].suffix == ".parquet":
-            names = pq.ParquetFile(files[0]).schema_arrow.names
-            cols = [
-                c for c in ("id", "input_ids", "loss_mask", "dataset", "token_source") if c in names
-            ]
-            ds = ray.data.read_parquet(paths, columns=cols, override_num_blocks=blocks)
-        else:
-            ds = ray.data.read_json(paths, override_num_blocks=blocks)
-        cfg = {
-            "model": model,
-            "device": device,
-            "layers": layers_spec,
-            "out": str(out),
-            "layout": layout,
-            "dtype": dtype,
-            "codec": codec,
-            "threshold": threshold,
-            "control_ids": control,
-            "index": index,
-            "cpus_per_actor": cpus_per_actor,
-        }
-        res = ds.map_batches(
-            CaptureActor,
-            fn_constructor_args=(cfg,),
-            batch_size=batch_rows,
-            batch_format="numpy",
-            compute=ray.data.ActorPoolStrategy(size=actors),
-            num_cpus=cpus_per_actor,
-            num_gpus=gpus_per_actor,
-            max_restarts=0,  # a failed replica fails the run, with its error
-        )
-        counts = {
-            "samples": 0,
-            "captured": 0,
-            "resumed": 0,
-            "tokens_captured": 0,
-            "bytes_written": 0,
-        }
-        err_sq = ref_sq = 0.0
-        sums: dict[str, str] = {}
-        report = ScoreReport(threshold)
-        for row in res.iter_rows():
-            st = json.loads(row["stats"])
-            err_sq += st.pop("err_sq")
-            ref_sq += st.pop("ref_sq")
-            sums.update(st.pop("sha256"))
-            for k in counts:
-                counts[k] += st[k]
-            for d in json.loads(row["scores"]):
-                report.add(_score(d))
-    finally:
-        if started_here:
-            ray.shutdown()
+    make_layout(layout, out, torch, dtype, codec).prepare(iter_items(files))
+    cfg = {
+        "model": model,
+        "device": device,
+        "layers": layers_spec,
+        "out": str(out),
+        "layout": layout,
+        "dtype": dtype,
+        "codec": codec,
+        "threshold": threshold,
+        "control_ids": sorted(control_ids),
+        "index": index,
+        "cpus_per_actor": cpus_per_actor,
+    }
+    totals = _run_on_cluster(ray, cluster, files, len(ids), cfg, ScoreReport(threshold))
     # the merged manifest (and, for draftdata's shards, the index of every actor's shards)
     merged = make_layout(layout, out, torch, dtype, codec)
     merged.bind(str(folder), chosen, files)  # what the trainer's settings name
-    merged.sums.update(sums)  # draftdata's shards: the driver reads each shard's digest itself
+    # draftdata's shards: the driver reads each shard's digest itself
+    merged.sums.update(totals.sums)
     files_doc = merged.close()
     enc = merged.enc
-    enc.err_sq, enc.ref_sq = err_sq, ref_sq
-    from ..model.load import check_device, check_dtype
-
+    enc.err_sq, enc.ref_sq = totals.err_sq, totals.ref_sq
     dev = check_device(torch, device)
     return manifest(
         out,
@@ -239,14 +225,75 @@ def capture_ray(
         layout,
         files_doc,
         enc.report(),
-        counts,
-        report,
+        totals.counts,
+        totals.report,
         files,
         time.monotonic() - t0,
-        ray={
-            "address": address,
-            "actors": actors,
-            "gpus_per_actor": gpus_per_actor,
-            "cpus_per_actor": cpus_per_actor,
-        },
+        ray=cluster.doc(),
     )
+
+
+def _run_on_cluster(
+    ray: Any,
+    cluster: Cluster,
+    files: list[Path],
+    n_rows: int,
+    cfg: dict[str, Any],
+    report: ScoreReport,
+) -> Totals:
+    """Runs the capture on the cluster's actors, each built from ``cfg``, and merges what
+    every batch hands back. A cluster started here is shut down after, whatever happens."""
+    started_here = _start(ray, cluster)
+    try:
+        ctx = ray.data.DataContext.get_current()
+        ctx.enable_progress_bars = False
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
+        res = _read(ray, cluster, files, n_rows).map_batches(
+            CaptureActor,
+            fn_constructor_args=(cfg,),
+            batch_size=cluster.batch_rows,
+            batch_format="numpy",
+            compute=ray.data.ActorPoolStrategy(size=cluster.actors),
+            num_cpus=cluster.cpus_per_actor,
+            num_gpus=cluster.gpus_per_actor,
+            max_restarts=0,  # a failed replica fails the run, with its error
+        )
+        totals = Totals(report)
+        for row in res.iter_rows():
+            totals.add(row)
+        return totals
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _start(ray: Any, cluster: Cluster) -> bool:
+    """Starts or joins the cluster unless this process already has one; whether it did."""
+    if ray.is_initialized():
+        return False
+    if cluster.address == "local":
+        ray.init(
+            # the actors' CPUs, and one for the tasks that read the shards (without it the
+            # actors hold every CPU and the reads never run)
+            num_cpus=round(cluster.actors * cluster.cpus_per_actor) + 1,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level="ERROR",
+        )
+    else:
+        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+    return True
+
+
+def _read(ray: Any, cluster: Cluster, files: list[Path], n_rows: int) -> Any:
+    """The samples as a Ray dataset, in enough blocks that every actor has work from the
+    start; of Parquet shards only the columns the capture reads."""
+    paths = [str(f) for f in files]
+    blocks = max(1, min(n_rows // max(1, cluster.batch_rows // 4), cluster.actors * 4))
+    if files[0].suffix == ".parquet":
+        names = pq.ParquetFile(files[0]).schema_arrow.names
+        cols = [
+            c for c in ("id", "input_ids", "loss_mask", "dataset", "token_source") if c in names
+        ]
+        return ray.data.read_parquet(paths, columns=cols, override_num_blocks=blocks)
+    return ray.data.read_json(paths, override_num_blocks=blocks)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from .. import __version__
 from ..store.stats import MIN_RATE_ATTEMPTS, MIN_RATE_WALL_S
@@ -240,22 +240,8 @@ class Page(QualitySections, ExactnessSections, ViewerSections):
 
     def cost(self) -> str:
         d, lt = self.d, self.d.ledger_total
-        rows, bars = [], []
-        for name in d.datasets:
-            dm, lg = d.ds_manifest(name), d.ds_ledger(name)
-            cost = dm.get("cost_usd", lg.cost_usd if lg else None)
-            rows.append(
-                cost_row(self.ds(name), dm.get("backend", "–"), d.ds_tokens(name).rows, cost, lg)
-            )
-            bars.append((name, float(cost or 0.0), self.colors[name]))
-        head = "dataset|backend|samples|cost|per sample|prompt tokens|completion tokens|per 1M completion tokens"
-        out = [
-            "<h2 id=cost>Cost and throughput</h2>",
-            table(head, rows, cost_row("all datasets", "", self.rows, self.m.get("cost_usd"), lt)),
-        ]
-        cost_chart = hbars(
-            bars, title="Cost by dataset", xlabel="USD", fmt=lambda v: f"${short_num(v)}"
-        )
+        costs, cost_chart = self.cost_by_dataset()
+        out = ["<h2 id=cost>Cost and throughput</h2>", costs]
         if d.ledger is None or lt is None:
             out += [
                 hint(
@@ -266,6 +252,49 @@ class Page(QualitySections, ExactnessSections, ViewerSections):
             ]
             return "".join(out)
         per = [(n, d.ledger.get(n, Throughput())) for n in d.datasets]
+        out += [
+            self.request_table(per, lt),
+            charts(
+                [
+                    cost_chart,
+                    *self.rate_bars(
+                        per, lambda lg: lg.requests_per_s, "Requests per second", "requests / s"
+                    ),
+                    *self.rate_bars(
+                        per,
+                        lambda lg: lg.completion_tokens_per_s,
+                        "Completion tokens per second",
+                        "tokens / s",
+                    ),
+                ]
+            ),
+            self.failures(per),
+        ]
+        if lt.probe_refused:
+            out.append(probe_note(per, lt))
+        return "".join(out)
+
+    def cost_by_dataset(self) -> tuple[str, str]:
+        """The table of each dataset's cost and tokens, with the run's total, and the chart of
+        each dataset's cost."""
+        d, lt = self.d, self.d.ledger_total
+        rows, bars = [], []
+        for name in d.datasets:
+            dm, lg = d.ds_manifest(name), d.ds_ledger(name)
+            cost = dm.get("cost_usd", lg.cost_usd if lg else None)
+            rows.append(
+                cost_row(self.ds(name), dm.get("backend", "–"), d.ds_tokens(name).rows, cost, lg)
+            )
+            bars.append((name, float(cost or 0.0), self.colors[name]))
+        head = "dataset|backend|samples|cost|per sample|prompt tokens|completion tokens|per 1M completion tokens"
+        costs = table(
+            head, rows, cost_row("all datasets", "", self.rows, self.m.get("cost_usd"), lt)
+        )
+        chart = hbars(bars, title="Cost by dataset", xlabel="USD", fmt=lambda v: f"${short_num(v)}")
+        return costs, chart
+
+    def request_table(self, per: Sequence[tuple[str, Throughput]], lt: Throughput) -> str:
+        """The ledger's requests per dataset and in all: attempts, failures, rates, latency."""
         lrows = [
             [
                 label,
@@ -279,57 +308,46 @@ class Page(QualitySections, ExactnessSections, ViewerSections):
             ]
             for label, lg in [*((self.ds(n), lg) for n, lg in per), ("all datasets", lt)]
         ]
-
-        def rates(f: Callable[[Throughput], float | None], title: str, unit: str) -> list[str]:
-            """A bar per dataset with a rate; none where no dataset has one (not a row of 0s)."""
-            bars = [(n, v, self.colors[n]) for n, lg in per if (v := f(lg)) is not None]
-            return [hbars(bars, title=title, xlabel=unit, fmt=short_num)] if bars else []
-
-        erows = [
-            [self.ds(n), why, "–" if st is None else st, f"{k:,}"]
-            for n, lg in per
-            for (why, st), k in lg.errors.most_common()
-        ]
-        out += [
-            "<h3>Requests</h3>",
-            hint(
+        return (
+            "<h3>Requests</h3>"
+            + hint(
                 "Rates are over wall time: from the first attempt's start to the last attempt's "
                 "end (pauses between resumed runs count). A rate over fewer than "
                 f"{MIN_RATE_ATTEMPTS} attempts or under {MIN_RATE_WALL_S:g} s of wall time is "
                 "not given (–): it would say more about start-up than about the server. Failed "
                 "keys gave up after their retries; pending keys have no answer yet."
-            ),
-            table(
+            )
+            + table(
                 "dataset|attempts|ok|failed attempts|failed keys|pending keys|wall time|"
                 "requests/s|completion tok/s|latency p50|latency p95",
                 lrows[:-1],
                 lrows[-1],
-            ),
-            charts(
-                [
-                    cost_chart,
-                    *rates(lambda lg: lg.requests_per_s, "Requests per second", "requests / s"),
-                    *rates(
-                        lambda lg: lg.completion_tokens_per_s,
-                        "Completion tokens per second",
-                        "tokens / s",
-                    ),
-                ]
-            ),
-            "<h3>Failed attempts by reason</h3>",
+            )
+        )
+
+    def rate_bars(
+        self,
+        per: Sequence[tuple[str, Throughput]],
+        f: Callable[[Throughput], float | None],
+        title: str,
+        unit: str,
+    ) -> list[str]:
+        """A bar per dataset with a rate; none where no dataset has one (not a row of 0s)."""
+        bars = [(n, v, self.colors[n]) for n, lg in per if (v := f(lg)) is not None]
+        return [hbars(bars, title=title, xlabel=unit, fmt=short_num)] if bars else []
+
+    def failures(self, per: Sequence[tuple[str, Throughput]]) -> str:
+        """Each dataset's failed attempts by reason and HTTP status."""
+        erows = [
+            [self.ds(n), why, "–" if st is None else st, f"{k:,}"]
+            for n, lg in per
+            for (why, st), k in lg.errors.most_common()
+        ]
+        return "<h3>Failed attempts by reason</h3>" + (
             table("dataset|reason|HTTP status|attempts", erows)
             if erows
-            else hint("No request failed."),
-        ]
-        if lt.probe_refused:
-            where = ", ".join(f"{n} {lg.probe_refused:,}" for n, lg in per if lg.probe_refused)
-            out.append(
-                f"<p><b>{esc(PROBE_LINE)}</b>: {lt.probe_refused:,} attempts ({esc(where)}). "
-                '<span class="muted">The backend asked whether the server returns token ids, '
-                "was told no, and went on without them; these attempts are not failures and are "
-                "not counted above.</span></p>"
-            )
-        return "".join(out)
+            else hint("No request failed.")
+        )
 
     def shards(self) -> str:
         rows = [
@@ -405,6 +423,17 @@ class Page(QualitySections, ExactnessSections, ViewerSections):
             " Self-contained: no scripts, nothing loaded from the network.</footer>"
             "</main></body></html>\n"
         )
+
+
+def probe_note(per: Sequence[tuple[str, Throughput]], lt: Throughput) -> str:
+    """The attempts a backend's probe for token ids was refused, which are not failures."""
+    where = ", ".join(f"{n} {lg.probe_refused:,}" for n, lg in per if lg.probe_refused)
+    return (
+        f"<p><b>{esc(PROBE_LINE)}</b>: {lt.probe_refused:,} attempts ({esc(where)}). "
+        '<span class="muted">The backend asked whether the server returns token ids, '
+        "was told no, and went on without them; these attempts are not failures and are "
+        "not counted above.</span></p>"
+    )
 
 
 def cost_row(

@@ -60,8 +60,29 @@ class PageBase:
 
 class ExactnessSections(PageBase):
     def exactness(self) -> str:
-        d, val, g = self.d, self.val, self.m.get("gate") or {}
-        by_src: dict[str, Any] = (val or {}).get("by_source") or {}
+        out = [self.sources_table(), self.sample_warnings()]
+        val = self.val
+        if val is None:
+            out.append(
+                hint(
+                    "No validation in the manifest: no dataset had ground truth, so "
+                    "exactness was not measured."
+                )
+            )
+            return "".join(out)
+        out += [
+            self.validation_tables(val),
+            self.lossy_labels(val),
+            self.validation_counts(val),
+            self.mismatches(val),
+        ]
+        return "".join(out)
+
+    def sources_table(self) -> str:
+        """The section's head: the gate, then where each dataset's ids come from beside each
+        dataset's validated exact match."""
+        d, g = self.d, self.m.get("gate") or {}
+        by_src: dict[str, Any] = (self.val or {}).get("by_source") or {}
         colors = palette_for((s for n in d.datasets for s in self.sources(n)), SOURCE_COLORS)
         rows = [
             [
@@ -73,41 +94,46 @@ class ExactnessSections(PageBase):
             ]
             for n, v in ((n, by_src.get(n) or {}) for n in d.datasets)
         ]
-        out = [
-            "<h2 id=exactness>Exactness</h2>",
-            f'<div class="panel"><strong>Gate</strong> {self.gate()}<br><span class=muted>The '
-            "export refuses a run whose validated exact-match rate is below the minimum "
-            f"unless it is forced. Forced: {'yes' if g.get('forced') else 'no'}.</span></div>",
-            hint(
-                "Where the ids come from: <b>engine</b> ids are the model's own; <b>logprobs</b> "
-                "ids are looked up from the returned token bytes; <b>reconstructed</b> ids "
-                "re-tokenize the response text, and validation against ground truth measures "
-                "how exact they are (exact match: every id of prompt and response equal)."
-            ),
-            split(
-                table("|".join(["dataset", *colors, "validated|exact match|token accuracy"]), rows),
-                stacked_shares(
-                    [(n, self.sources(n)) for n in d.datasets],
-                    title="Token sources by dataset",
-                    colors=colors,
+        return "".join(
+            [
+                "<h2 id=exactness>Exactness</h2>",
+                f'<div class="panel"><strong>Gate</strong> {self.gate()}<br><span class=muted>'
+                "The export refuses a run whose validated exact-match rate is below the minimum "
+                f"unless it is forced. Forced: {'yes' if g.get('forced') else 'no'}.</span></div>",
+                hint(
+                    "Where the ids come from: <b>engine</b> ids are the model's own; "
+                    "<b>logprobs</b> ids are looked up from the returned token bytes; "
+                    "<b>reconstructed</b> ids re-tokenize the response text, and validation "
+                    "against ground truth measures how exact they are (exact match: every id of "
+                    "prompt and response equal)."
                 ),
-            ),
-        ]
+                split(
+                    table(
+                        "|".join(["dataset", *colors, "validated|exact match|token accuracy"]),
+                        rows,
+                    ),
+                    stacked_shares(
+                        [(n, self.sources(n)) for n in d.datasets],
+                        title="Token sources by dataset",
+                        colors=colors,
+                    ),
+                ),
+            ]
+        )
+
+    def sample_warnings(self) -> str:
+        """The samples' warnings, counted per dataset; nothing where there are none."""
         warn = [
             [self.ds(n), w, f"{c:,}"]
-            for n in d.datasets
-            for w, c in d.ds_tokens(n).warnings.most_common()
+            for n in self.d.datasets
+            for w, c in self.d.ds_tokens(n).warnings.most_common()
         ]
-        if warn:
-            out.append("<h3>Sample warnings</h3>" + table("dataset|warning|samples", warn))
-        if val is None:
-            out.append(
-                hint(
-                    "No validation in the manifest: no dataset had ground truth, so "
-                    "exactness was not measured."
-                )
-            )
-            return "".join(out)
+        return "<h3>Sample warnings</h3>" + table("dataset|warning|samples", warn) if warn else ""
+
+    def validation_tables(self, val: dict[str, Any]) -> str:
+        """Validation against ground truth: the totals and each source's figures, beside a bar
+        of each source's exact match."""
+        by_src: dict[str, Any] = val.get("by_source") or {}
         lossless = (
             "no lossless views to measure"
             if val.get("lossless") == 0
@@ -139,45 +165,48 @@ class ExactnessSections(PageBase):
             (s, float(v.get("exact_match_rate") or 0), self.colors.get(s, "#3e4c59"))
             for s, v in sorted(by_src.items())
         ]
-        out += [
-            "<h3>Validation against ground truth</h3>",
-            split(
-                table(
-                    "records|exact|exact match|exact match, lossless views|token accuracy|"
-                    "prompt exact",
-                    totals,
-                )
-                + table("source|records|exact|exact match|token accuracy|mismatches", srows),
-                hbars(
-                    bars,
-                    title="Exact match by source",
-                    xlabel="exact-match rate",
-                    xmax=1.0,
-                    fmt=share,
-                ),
+        return "<h3>Validation against ground truth</h3>" + split(
+            table(
+                "records|exact|exact match|exact match, lossless views|token accuracy|prompt exact",
+                totals,
+            )
+            + table("source|records|exact|exact match|token accuracy|mismatches", srows),
+            hbars(
+                bars,
+                title="Exact match by source",
+                xlabel="exact-match rate",
+                xmax=1.0,
+                fmt=share,
             ),
-        ]
-        out.append(self.lossy_labels(val))
+        )
+
+    def validation_counts(self, val: dict[str, Any]) -> str:
+        """The records validation dropped, and its warnings, by reason."""
+        out = []
         for title, key in (("Validation drops", "drops"), ("Validation warnings", "warnings")):
             if items := Counter(val.get(key) or {}):
                 out.append(
                     f"<h3>{title}</h3>"
                     + table("reason|records", [[k, f"{n:,}"] for k, n in items.most_common()])
                 )
-        cats: Counter[str] = Counter(val.get("categories") or {})
-        if cats:
-            chart = hbars(
-                [(c, float(n), "#D55E00") for c, n in cats.most_common()],
-                title="Mismatched records by category",
-                xlabel="records",
-                integer=True,
-                fmt=lambda v: f"{v:,.0f}",
-            )
-            examples = "".join(
-                self.examples(c, e) for c, e in sorted((val.get("examples") or {}).items())
-            )
-            out += ["<h3>Mismatches</h3>", split(examples or hint("No examples."), chart)]
         return "".join(out)
+
+    def mismatches(self, val: dict[str, Any]) -> str:
+        """The mismatched records by category, with examples; nothing where none mismatched."""
+        cats: Counter[str] = Counter(val.get("categories") or {})
+        if not cats:
+            return ""
+        chart = hbars(
+            [(c, float(n), "#D55E00") for c, n in cats.most_common()],
+            title="Mismatched records by category",
+            xlabel="records",
+            integer=True,
+            fmt=lambda v: f"{v:,.0f}",
+        )
+        examples = "".join(
+            self.examples(c, e) for c, e in sorted((val.get("examples") or {}).items())
+        )
+        return "<h3>Mismatches</h3>" + split(examples or hint("No examples."), chart)
 
     def lossy_labels(self, val: dict[str, Any]) -> str:
         """Each ``lossy:*`` label: the views that carried it and those whose guessed ids

@@ -11,6 +11,7 @@ import math
 import re
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from html import escape
 
 # Okabe-Ito (readable with the common colour-vision deficiencies), then two darker extras.
@@ -97,6 +98,36 @@ def _label_width(labels: Sequence[str]) -> float:
     return min(max((len(s) for s in labels), default=4), 26) * CHAR_W + 16
 
 
+@dataclass(frozen=True)
+class _Frame:
+    """A histogram's plot area in viewBox units, and the values its axes span: x from ``lo``
+    to ``hi``, y from 0 to ``ytop``."""
+
+    w: float
+    h: float
+    left: float
+    right: float
+    top: float
+    bottom: float
+    lo: int
+    hi: int
+    ytop: float
+
+    @property
+    def pw(self) -> float:
+        return self.w - self.left - self.right
+
+    @property
+    def ph(self) -> float:
+        return self.h - self.top - self.bottom
+
+    def sx(self, v: float) -> float:
+        return self.left + (v - self.lo) / (self.hi - self.lo) * self.pw
+
+    def sy(self, v: float) -> float:
+        return self.top + self.ph - v / self.ytop * self.ph
+
+
 def histogram(
     counts: Mapping[int, int],
     edges: Sequence[int],
@@ -109,78 +140,103 @@ def histogram(
 ) -> str:
     """A bar histogram of integer values (``counts``: value -> number of samples) over the
     given bin edges; ``marker`` draws a dashed vertical line with a label (e.g. max_tokens)."""
-    w, h = 400.0, 220.0
-    left, right, top, bottom = 46.0, 16.0, 30.0, 40.0
-    pw, ph = w - left - right, h - top - bottom
+    bins = _bins(counts, edges)
+    ymax = max(bins) if bins and max(bins) > 0 else 1
+    yticks = nice_ticks(ymax, 4, integer=True)
+    f = _Frame(400.0, 220.0, 46.0, 16.0, 30.0, 40.0, edges[0], edges[-1], yticks[-1])
+    body = [_text(f.left, 16, title, font_weight="600", font_size="13")]
+    body += _y_grid(f, yticks)
+    body += _bars(f, bins, edges, fill, ylabel)
+    body += _x_axis(f)
+    if not any(bins):
+        body.append(
+            _text(f.left + f.pw / 2, f.top + f.ph / 2, f"no {ylabel}", "middle", fill=MUTED)
+        )
+    if marker is not None and f.lo <= marker[0] <= f.hi:
+        body += _marker(f, marker)
+    body.append(_text(f.left + f.pw / 2, f.h - 6, xlabel, "middle", fill=MUTED))
+    body.append(
+        _text(
+            12,
+            f.top + f.ph / 2,
+            ylabel,
+            "middle",
+            fill=MUTED,
+            transform=f"rotate(-90 12 {f.top + f.ph / 2})",
+        )
+    )
+    return _svg(f.w, f.h, f"{title}: histogram of {xlabel}", body)
+
+
+def _bins(counts: Mapping[int, int], edges: Sequence[int]) -> list[int]:
+    """The number of samples in each bin; values outside the edges go to the nearest bin."""
     bins = [0] * (len(edges) - 1)
     for value, n in counts.items():
         i = min(max(bisect_right(edges, value) - 1, 0), len(bins) - 1)
         bins[i] += n
-    lo, hi = edges[0], edges[-1]
-    ymax = max(bins) if bins and max(bins) > 0 else 1
-    yticks = nice_ticks(ymax, 4, integer=True)
-    ytop = yticks[-1]
+    return bins
 
-    def sx(v: float) -> float:
-        return left + (v - lo) / (hi - lo) * pw
 
-    def sy(v: float) -> float:
-        return top + ph - v / ytop * ph
-
-    body = [_text(left, 16, title, font_weight="600", font_size="13")]
+def _y_grid(f: _Frame, yticks: Sequence[float]) -> list[str]:
+    """A grid line and a label at each of the y axis's ticks."""
+    body = []
     for t in yticks:
-        y = sy(t)
+        y = f.sy(t)
         body.append(
-            f'<line x1="{left}" x2="{w - right}" y1="{y:.1f}" y2="{y:.1f}" stroke="{GRID}"/>'
+            f'<line x1="{f.left}" x2="{f.w - f.right}" y1="{y:.1f}" y2="{y:.1f}" stroke="{GRID}"/>'
         )
-        body.append(_text(left - 6, y + 4, short_num(t), "end", fill=MUTED))
+        body.append(_text(f.left - 6, y + 4, short_num(t), "end", fill=MUTED))
+    return body
+
+
+def _bars(
+    f: _Frame, bins: Sequence[int], edges: Sequence[int], fill: str, ylabel: str
+) -> list[str]:
+    """A bar for each bin that holds samples, its range and count in its tooltip."""
+    body = []
     for i, n in enumerate(bins):
         if not n:
             continue
-        x0, x1 = sx(edges[i]), sx(edges[i + 1])
-        y = sy(n)
+        x0, x1 = f.sx(edges[i]), f.sx(edges[i + 1])
+        y = f.sy(n)
         tip = f"{edges[i]}–{edges[i + 1] - 1}: {n:,} {ylabel}"
         body.append(
             f'<rect x="{x0 + 0.5:.1f}" y="{y:.1f}" width="{max(x1 - x0 - 1, 0.8):.1f}" '
-            f'height="{top + ph - y:.1f}" fill="{fill}"><title>{esc(tip)}</title></rect>'
+            f'height="{f.top + f.ph - y:.1f}" fill="{fill}"><title>{esc(tip)}</title></rect>'
         )
-    for t in nice_ticks(hi - lo, 6, integer=True):
-        if lo + t > hi:
+    return body
+
+
+def _x_axis(f: _Frame) -> list[str]:
+    """The x axis: its ticks with their labels, then its line."""
+    body = []
+    base = f.top + f.ph
+    for t in nice_ticks(f.hi - f.lo, 6, integer=True):
+        if f.lo + t > f.hi:
             break
-        x = sx(lo + t)
+        x = f.sx(f.lo + t)
         body.append(
-            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top + ph}" y2="{top + ph + 4}" stroke="{AXIS}"/>'
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{base}" y2="{base + 4}" stroke="{AXIS}"/>'
         )
-        body.append(_text(x, top + ph + 16, short_num(lo + t), "middle", fill=MUTED))
+        body.append(_text(x, base + 16, short_num(f.lo + t), "middle", fill=MUTED))
     body.append(
-        f'<line x1="{left}" x2="{w - right}" y1="{top + ph}" y2="{top + ph}" stroke="{AXIS}"/>'
+        f'<line x1="{f.left}" x2="{f.w - f.right}" y1="{base}" y2="{base}" stroke="{AXIS}"/>'
     )
-    if not any(bins):
-        body.append(_text(left + pw / 2, top + ph / 2, f"no {ylabel}", "middle", fill=MUTED))
-    if marker is not None and lo <= marker[0] <= hi:
-        x = sx(marker[0])
-        body.append(
-            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + ph}" stroke="{INK}" '
-            'stroke-dasharray="4 3" stroke-width="1.2"/>'
-        )
-        lx = w - right - len(marker[1]) * CHAR_W
-        body.append(
-            f'<line x1="{lx - 26:.1f}" x2="{lx - 8:.1f}" y1="12" y2="12" stroke="{INK}" '
-            'stroke-dasharray="4 3" stroke-width="1.2"/>'
-        )
-        body.append(_text(w - right, 16, marker[1], "end", fill=MUTED))
-    body.append(_text(left + pw / 2, h - 6, xlabel, "middle", fill=MUTED))
-    body.append(
-        _text(
-            12,
-            top + ph / 2,
-            ylabel,
-            "middle",
-            fill=MUTED,
-            transform=f"rotate(-90 12 {top + ph / 2})",
-        )
-    )
-    return _svg(w, h, f"{title}: histogram of {xlabel}", body)
+    return body
+
+
+def _marker(f: _Frame, marker: tuple[float, str]) -> list[str]:
+    """The marker's dashed vertical line, and its legend (a dashed stroke and the label) at the
+    top right."""
+    x = f.sx(marker[0])
+    lx = f.w - f.right - len(marker[1]) * CHAR_W
+    return [
+        f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{f.top}" y2="{f.top + f.ph}" stroke="{INK}" '
+        'stroke-dasharray="4 3" stroke-width="1.2"/>',
+        f'<line x1="{lx - 26:.1f}" x2="{lx - 8:.1f}" y1="12" y2="12" stroke="{INK}" '
+        'stroke-dasharray="4 3" stroke-width="1.2"/>',
+        _text(f.w - f.right, 16, marker[1], "end", fill=MUTED),
+    ]
 
 
 def hbars(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -216,13 +216,19 @@ def diff_blocks(
     return out
 
 
+#: a candidate preference: (canonical ids, the model's ids, class before, class after)
+Candidate = tuple[Any, ...]
+#: how a learned set of rules is scored on the held-out records (exact-match count)
+Scorer = Callable[[Sequence[Pair], Callable[[str, list[int]], list[int]]], int]
+
+
 def learn(
     tok: Tokenizer,
     pairs: Sequence[Pair],
     *,
     holdout: float = 0.25,
     min_support: int = 3,
-    evaluate: Callable[[Sequence[Pair], Callable[[str, list[int]], list[int]]], int] | None = None,
+    evaluate: Scorer | None = None,
 ) -> SplitPrefs:
     """Learn preferences on part of ``pairs`` and keep each only if exact-match on the held-out
     part does not drop. Pairs are split by ``group`` (one prompt's samples stay together)."""
@@ -231,7 +237,38 @@ def learn(
     cls = Applier([], tok)
 
     # 1. candidates from the differing blocks, at three levels of context
-    cands: Counter[tuple[Any, ...]] = Counter()
+    cands = _candidates(tok, cls, learn_set)
+
+    # 2. count, for each candidate, where canonical C occurs in that context: model wrote E
+    #    (support) or C (against)
+    by_c: dict[tuple[int, ...], list[Candidate]] = defaultdict(list)
+    for key, n in cands.items():
+        if n >= min_support:
+            by_c[key[0]].append(key)
+    counts, groups = _tally(tok, cls, learn_set, by_c)
+    rules = _best_rules(counts, groups, min_support)
+
+    # 3. the held-out check: a rule that lowers exact-match there is never kept
+    score = evaluate or _exact_count
+    base = score(held, Applier([], tok))
+    kept, rejected, current = _held_out_check(tok, held, rules, score, base)
+    prefs = SplitPrefs(tok.sha256, kept)
+    prefs.stats = {
+        "records": len(pairs),
+        "learn_records": len(learn_set),
+        "held_out_records": len(held),
+        "candidates": len(rules),
+        "held_out_exact_before": base,
+        "held_out_exact_after": current,
+        "rejected_by_held_out": rejected,
+    }
+    return prefs
+
+
+def _candidates(tok: Tokenizer, cls: Applier, learn_set: Sequence[Pair]) -> Counter[Candidate]:
+    """Every block where the model's split differs from the canonical one, counted with no
+    context, with each side's class alone and with both."""
+    cands: Counter[Candidate] = Counter()
     for p in learn_set:
         blocks = diff_blocks(tok, p.canonical, p.truth)
         if not blocks:
@@ -242,16 +279,20 @@ def learn(
             after = cls._cls(p.canonical[i1] if i1 < len(p.canonical) else None, False)
             for b_ctx, a_ctx in ((None, None), (None, after), (before, None), (before, after)):
                 cands[(c, e, b_ctx, a_ctx)] += 1
+    return cands
 
-    # 2. count, for each candidate, where canonical C occurs in that context: model wrote E
-    #    (support) or C (against)
-    rules: list[SplitRule] = []
-    by_c: dict[tuple[int, ...], list[tuple[Any, ...]]] = defaultdict(list)
-    for key, n in cands.items():
-        if n >= min_support:
-            by_c[key[0]].append(key)
-    counts: dict[tuple[Any, ...], list[int]] = {k: [0, 0] for ks in by_c.values() for k in ks}
-    groups: dict[tuple[Any, ...], set[str]] = defaultdict(set)
+
+def _tally(
+    tok: Tokenizer,
+    cls: Applier,
+    learn_set: Sequence[Pair],
+    by_c: Mapping[tuple[int, ...], list[Candidate]],
+) -> tuple[dict[Candidate, list[int]], dict[Candidate, set[str]]]:
+    """For each candidate, [support, against] over every place its canonical ids occur in its
+    context with a token boundary of the model's on both sides, and the groups (prompts) that
+    gave the support."""
+    counts: dict[Candidate, list[int]] = {k: [0, 0] for ks in by_c.values() for k in ks}
+    groups: dict[Candidate, set[str]] = defaultdict(set)
     for p in learn_set:
         ob = set(_offsets(tok, p.truth))
         oa = _offsets(tok, p.canonical)
@@ -274,7 +315,14 @@ def learn(
                             groups[key].add(p.group)
                         elif written == c:
                             counts[key][1] += 1
-    best: dict[tuple[Any, ...], SplitRule] = {}
+    return counts, groups
+
+
+def _best_rules(
+    counts: Mapping[Candidate, list[int]], groups: Mapping[Candidate, set[str]], min_support: int
+) -> list[SplitRule]:
+    """The winning rule for each (canonical, model) split, largest net gain first."""
+    best: dict[Candidate, SplitRule] = {}
     for key, (sup, against) in counts.items():
         # support must come from several prompts: one repetitive answer proves nothing
         if len(groups[key]) < min_support or sup <= against:
@@ -289,13 +337,16 @@ def learn(
             cur.support - cur.against,
         ):
             best[slot] = rule
-    rules = sorted(best.values(), key=lambda r: r.support - r.against, reverse=True)
+    return sorted(best.values(), key=lambda r: r.support - r.against, reverse=True)
 
-    # 3. the held-out check: a rule that lowers exact-match there is never kept
+
+def _held_out_check(
+    tok: Tokenizer, held: Sequence[Pair], rules: Sequence[SplitRule], score: Scorer, base: int
+) -> tuple[list[SplitRule], list[dict[str, Any]], int]:
+    """The rules kept (each added only where the held-out score does not drop), the ones
+    rejected with what they cost, and the held-out score with the kept ones."""
     kept: list[SplitRule] = []
     rejected: list[dict[str, Any]] = []
-    score = evaluate or _exact_count
-    base = score(held, Applier([], tok))
     current = base
     for r in rules:
         trial = score(held, Applier([*kept, r], tok))
@@ -310,17 +361,7 @@ def learn(
                     "held_out_exact_delta": trial - current,
                 }
             )
-    prefs = SplitPrefs(tok.sha256, kept)
-    prefs.stats = {
-        "records": len(pairs),
-        "learn_records": len(learn_set),
-        "held_out_records": len(held),
-        "candidates": len(rules),
-        "held_out_exact_before": base,
-        "held_out_exact_after": current,
-        "rejected_by_held_out": rejected,
-    }
-    return prefs
+    return kept, rejected, current
 
 
 def _exact_count(pairs: Iterable[Pair], apply: Callable[[str, list[int]], list[int]]) -> int:

@@ -11,8 +11,8 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import ReconstructError
-from ..formats import BoundFormat, Segment
-from ..records import FINISHED, ApiView, Message
+from ..formats import BoundFormat, ChatFormat, Segment, ThinkGrammar
+from ..records import FINISHED, ApiView, Message, ServerProfile
 from ..records.servers import profile
 
 
@@ -57,68 +57,127 @@ def response_segments(
     if thinking is None:
         thinking = th is not None
     if th is not None:
-        open_t, close_t = fmt.markers[th.open].text, fmt.markers[th.close].text
-        # reasoning left inline in the content is looked for only where the prompt let the
-        # model think: with thinking off, marker text in an answer is the answer's text
-        if thinking and reasoning is None and close_t in content:
-            head, _, content = content.partition(close_t)
-            stripped = head.lstrip()
-            if stripped.startswith(open_t):
-                head = stripped[len(open_t) :]
-            reasoning = head
-            warnings.append("reasoning_inline_in_content")
-        elif thinking and reasoning is None and content.lstrip().startswith(open_t):
-            if view.finish_reason in FINISHED:
-                raise ReconstructError(
-                    f"content opens {open_t} but never closes it although the answer finished",
-                    "unclosed_think",
-                )
-            reasoning, content = content.lstrip()[len(open_t) :], ""
-            warnings.append("reasoning_inline_in_content")
-        if thinking:
-            if reasoning is None or reasoning == "":
-                warnings.append("empty_reasoning")
-            reasoning = reasoning or ""
-        elif reasoning:
-            raise ReconstructError(
-                "the response has reasoning but the prompt was rendered with thinking off; "
-                "rerun with thinking on",
-                "reasoning_with_thinking_off",
-            )
-        else:
-            reasoning = None
-            if th.prompt_opens and not th.open_suffix and content.startswith(" "):
-                # the space a spaced detokenizer joins after the prompt's last marker (Kimi's
-                # grammar writes none there; the model may have, so it is labelled)
-                warnings.append("lossy:special_token_spaces")
-        if reasoning is not None:
-            cut = view.finish_reason == "length" and not content and not view.tool_calls
-            verbatim = _think_verbatim(prof, th, reasoning, content, cut, bool(view.tool_calls))
-            if not verbatim:  # re-written from the grammar: exact only where the model kept to it
-                # (no reasoning at all: the empty block the template itself writes, as before;
-                # it says ``empty_reasoning``)
-                if reasoning and _grammar_newlines(th, cut):
-                    warnings.append("lossy:think_whitespace")
-                if cut and "\n" in th.open_suffix:
-                    # cut inside the reasoning: newlines at the cut are the model's
-                    reasoning = reasoning.lstrip("\n")
-                elif "\n" in th.open_suffix + th.close_prefix:
-                    reasoning = reasoning.strip("\n")
-                if "\n" in th.close_suffix:
-                    content = content.lstrip("\n")
-            elif view.tool_calls and prof.strips_tool_content:
-                content = content.lstrip("\n")  # stripped by the server: the grammar's suffix
-            if _spaced_markers(th, reasoning, content, cut, bool(view.tool_calls)):
-                warnings.append("lossy:special_token_spaces")
-            lost = fmt.think_loss(prof) if reasoning and not cut else None
-            if lost and f"lossy:{lost}" not in warnings:
-                warnings.append(f"lossy:{lost}")
+        content, reasoning, verbatim = _think_block(fmt, th, prof, view, thinking, warnings)
     elif reasoning:
         raise ReconstructError(
             f"format {fmt.name} has no think markers for this tokenizer, but the response has "
             "reasoning; use a tokenizer with <think> tokens or a format that declares them",
             "reasoning_without_think_grammar",
         )
+    _check_tool_calls(fmt, view)
+    warnings += _answer_warnings(bound, view, content, reasoning)
+    # the content before a tool call: exactly the model's text (a verbatim server), or the
+    # grammar's separator added where the text does not already end with it
+    as_is = (verbatim or bool(prof.think_verbatim)) and not prof.strips_tool_content
+    if view.tool_calls:
+        warnings += _tool_call_warnings(fmt, prof, view)
+    segs = fmt.render_response(
+        content=content,
+        reasoning=reasoning,
+        tool_calls=view.tool_calls,
+        finished=view.finish_reason in FINISHED,
+        thinking=bool(thinking) and th is not None,
+        verbatim=verbatim,
+        content_as_is=verbatim and not (view.tool_calls and prof.strips_tool_content),
+        tool_text="as_is" if as_is else "add_missing",
+    )
+    return segs, warnings
+
+
+def _think_block(
+    fmt: ChatFormat,
+    th: ThinkGrammar,
+    prof: ServerProfile,
+    view: ApiView,
+    thinking: bool,
+    warnings: list[str],
+) -> tuple[str, str | None, bool]:
+    """The content and the reasoning either side of the think block (None: no block), and
+    whether they are the server's text verbatim; what was inferred is added to ``warnings``."""
+    content, reasoning = _inline_reasoning(fmt, th, view, thinking, warnings)
+    if thinking:
+        if reasoning is None or reasoning == "":
+            warnings.append("empty_reasoning")
+        return _think_whitespace(fmt, th, prof, view, reasoning or "", content, warnings)
+    if reasoning:
+        raise ReconstructError(
+            "the response has reasoning but the prompt was rendered with thinking off; "
+            "rerun with thinking on",
+            "reasoning_with_thinking_off",
+        )
+    if th.prompt_opens and not th.open_suffix and content.startswith(" "):
+        # the space a spaced detokenizer joins after the prompt's last marker (Kimi's
+        # grammar writes none there; the model may have, so it is labelled)
+        warnings.append("lossy:special_token_spaces")
+    return content, None, False
+
+
+def _inline_reasoning(
+    fmt: ChatFormat, th: ThinkGrammar, view: ApiView, thinking: bool, warnings: list[str]
+) -> tuple[str, str | None]:
+    """The content and the reasoning, with reasoning the server left inline in the content
+    taken out of it. It is looked for only where the prompt let the model think: with thinking
+    off, marker text in an answer is the answer's text."""
+    content, reasoning = view.content or "", view.reasoning
+    open_t, close_t = fmt.markers[th.open].text, fmt.markers[th.close].text
+    if not thinking or reasoning is not None:
+        return content, reasoning
+    if close_t in content:
+        head, _, content = content.partition(close_t)
+        stripped = head.lstrip()
+        if stripped.startswith(open_t):
+            head = stripped[len(open_t) :]
+        warnings.append("reasoning_inline_in_content")
+        return content, head
+    if content.lstrip().startswith(open_t):
+        if view.finish_reason in FINISHED:
+            raise ReconstructError(
+                f"content opens {open_t} but never closes it although the answer finished",
+                "unclosed_think",
+            )
+        warnings.append("reasoning_inline_in_content")
+        return "", content.lstrip()[len(open_t) :]
+    return content, reasoning
+
+
+def _think_whitespace(
+    fmt: ChatFormat,
+    th: ThinkGrammar,
+    prof: ServerProfile,
+    view: ApiView,
+    reasoning: str,
+    content: str,
+    warnings: list[str],
+) -> tuple[str, str, bool]:
+    """The content and reasoning with the whitespace around the think markers kept (a verbatim
+    server) or re-written from the grammar, and whether they are kept verbatim; what may have
+    been lost is added to ``warnings``."""
+    cut = view.finish_reason == "length" and not content and not view.tool_calls
+    verbatim = _think_verbatim(prof, th, reasoning, content, cut, bool(view.tool_calls))
+    if not verbatim:  # re-written from the grammar: exact only where the model kept to it
+        # (no reasoning at all: the empty block the template itself writes, as before;
+        # it says ``empty_reasoning``)
+        if reasoning and _grammar_newlines(th, cut):
+            warnings.append("lossy:think_whitespace")
+        if cut and "\n" in th.open_suffix:
+            # cut inside the reasoning: newlines at the cut are the model's
+            reasoning = reasoning.lstrip("\n")
+        elif "\n" in th.open_suffix + th.close_prefix:
+            reasoning = reasoning.strip("\n")
+        if "\n" in th.close_suffix:
+            content = content.lstrip("\n")
+    elif view.tool_calls and prof.strips_tool_content:
+        content = content.lstrip("\n")  # stripped by the server: the grammar's suffix
+    if _spaced_markers(th, reasoning, content, cut, bool(view.tool_calls)):
+        warnings.append("lossy:special_token_spaces")
+    lost = fmt.think_loss(prof) if reasoning and not cut else None
+    if lost and f"lossy:{lost}" not in warnings:
+        warnings.append(f"lossy:{lost}")
+    return content, reasoning, verbatim
+
+
+def _check_tool_calls(fmt: ChatFormat, view: ApiView) -> None:
+    """Refuses tool calls the format cannot lay out, and a tool-call finish without calls."""
     if view.tool_calls and not fmt.has_tool_grammar:
         raise ReconstructError(
             f"the answer calls tools but format {fmt.name} has no tool-call grammar",
@@ -132,6 +191,13 @@ def response_segments(
             "could not read them); the model's ids for that section are unknown",
             "tool_calls_finish_without_calls",
         )
+
+
+def _answer_warnings(
+    bound: BoundFormat, view: ApiView, content: str, reasoning: str | None
+) -> list[str]:
+    """What the answer's text and its finish say may have been lost or guessed."""
+    warnings = []
     if reasoning and not content.strip() and not view.tool_calls and view.finish_reason in FINISHED:
         # a finished answer that is only reasoning: a parser that cut the reasoning at marker
         # text the model typed returns this (vLLM's Qwen3.5), and so does one that nulls
@@ -144,30 +210,22 @@ def response_segments(
         warnings.append("lossy:control_text_in_answer")
     if view.finish_reason not in FINISHED and view.finish_reason != "length":
         warnings.append(f"finish_reason_{view.finish_reason}")
-    # the content before a tool call: exactly the model's text (a verbatim server), or the
-    # grammar's separator added where the text does not already end with it
-    as_is = (verbatim or bool(prof.think_verbatim)) and not prof.strips_tool_content
-    if view.tool_calls:
-        if prof.strips_tool_content:
-            warnings.append("lossy:content_stripped")
-        if view.finish_reason == "length":
-            # a call cut by max_tokens: the server returned what it could parse, and the
-            # section is closed by the grammar where the model never wrote its end
-            warnings.append("lossy:truncated_tool_call")
-        lost = fmt.tool_call_loss(view.tool_calls, prof)
-        if lost:
-            warnings.append(f"lossy:{lost}")
-    segs = fmt.render_response(
-        content=content,
-        reasoning=reasoning,
-        tool_calls=view.tool_calls,
-        finished=view.finish_reason in FINISHED,
-        thinking=bool(thinking) and th is not None,
-        verbatim=verbatim,
-        content_as_is=verbatim and not (view.tool_calls and prof.strips_tool_content),
-        tool_text="as_is" if as_is else "add_missing",
-    )
-    return segs, warnings
+    return warnings
+
+
+def _tool_call_warnings(fmt: ChatFormat, prof: ServerProfile, view: ApiView) -> list[str]:
+    """What the server's tool parser may have lost of an answer's tool calls."""
+    warnings = []
+    if prof.strips_tool_content:
+        warnings.append("lossy:content_stripped")
+    if view.finish_reason == "length":
+        # a call cut by max_tokens: the server returned what it could parse, and the
+        # section is closed by the grammar where the model never wrote its end
+        warnings.append("lossy:truncated_tool_call")
+    lost = fmt.tool_call_loss(view.tool_calls, prof)
+    if lost:
+        warnings.append(f"lossy:{lost}")
+    return warnings
 
 
 _CONTROL_TEXT: dict[int, tuple[Any, re.Pattern[str] | None]] = {}
