@@ -9,7 +9,7 @@ import json
 import pytest
 
 from conftest import PROMPTS, TOKENIZERS
-from draftdata.tokenizers.fast_bpe import CORPUS
+from draftdata.tokenizers.fast_bpe import CHECKS_VERSION, CORPUS
 from draftdata.tokenizers.hf import HFTokenizer
 
 
@@ -101,7 +101,9 @@ def test_the_verdict_is_cached_by_sha256_and_the_switch_turns_it_off(cache, monk
         e.ids for e in library(spec).encode_batch(batch, add_special_tokens=False)
     ]
     # a cached refusal is taken as it is (the checks are not run again)
-    verdict.write_text(json.dumps({"checks": 1, "fast": False, "reason": "refused earlier"}))
+    verdict.write_text(
+        json.dumps({"checks": CHECKS_VERSION, "fast": False, "reason": "refused earlier"})
+    )
     assert tok_of(spec, "test-cache").encoder == "tokenizers (refused earlier)"
     monkeypatch.setenv("DRAFTDATA_FAST_BPE", "0")
     assert tok_of(spec, "test-off").encoder == "tokenizers (DRAFTDATA_FAST_BPE=0)"

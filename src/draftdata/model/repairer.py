@@ -3,10 +3,10 @@ run's model stage call for each reconstructed sample."""
 
 from __future__ import annotations
 
+from ..formats.segments import TextIds, piece_ids
 from ..measure.repairing import Repaired, Repairer
 from ..records import Decoding, Sample
 from ..tokenizers import Tokenizer
-from ..tokens.reconstruct import TextIds, open_ended_ids
 from .repair import RepairResult, repair_response
 from .rows import TargetScorer
 
@@ -24,8 +24,7 @@ def repair_sample(
     encodes it (open-ended for a truncated answer's last text, learned preferences if given)."""
 
     def encode_rest(text: str, open_end: bool) -> list[int]:
-        ids = open_ended_ids(tok, text) if open_end else tok.encode(text)
-        return text_ids(text, ids) if text_ids is not None else ids
+        return piece_ids(tok, text, open_end, text_ids)
 
     prompt = sample.input_ids[: sample.prompt_len]
     return repair_response(

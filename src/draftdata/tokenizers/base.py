@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
@@ -39,6 +39,8 @@ def encode_threaded(encode: Callable[[str], list[int]], texts: Sequence[str]) ->
     new 8-thread pool and submits every text, which costs more than it saves on short texts)."""
     global _POOL
     total = sum(map(len, texts))
+    if len(texts) <= 1 or total < 2 * SERIAL_CHARS:  # one chunk (os.cpu_count costs µs)
+        return [encode(t) for t in texts]
     n = min(os.cpu_count() or 1, len(texts), total // SERIAL_CHARS)
     if n <= 1:
         return [encode(t) for t in texts]
@@ -89,19 +91,51 @@ class Tokenizer(ABC):
     def _encode_ordinary(self, text: str) -> list[int]:
         """Encode text with no control-token matching at all."""
 
+    def _encode_ordinary_batch(self, texts: Sequence[str]) -> tuple[list[list[int]], Sequence[int]]:
+        """``_encode_ordinary`` over ``texts``, in order, and the positions of the results that
+        did not come from tiktoken's ranks (``_rank_ids``): here, all of them."""
+        return [self._encode_ordinary(t) for t in texts], range(len(texts))
+
+    @property
+    def _rank_ids(self) -> Collection[int]:
+        """Every id tiktoken's ``encode_ordinary`` can give here: the ids of its mergeable ranks
+        (it matches no special token). Empty where no tiktoken encodes."""
+        return ()
+
+    @cached_property
+    def _ranks_hold_control(self) -> bool:
+        return not self.control_ids.isdisjoint(self._rank_ids)
+
     def encode(self, text: str) -> list[int]:
         """Encode ordinary text. Raises if the result would contain a control token."""
-        ids = self._encode_ordinary(text)
-        if not self.control_ids.isdisjoint(ids):
-            bad = sorted(self.control_ids.intersection(ids))
-            raise SpecialTokenInTextError(
-                f"encoding plain text produced control token(s) {bad} with {self.kind}; "
-                "this tokenizer cannot keep that text as text — report it with the text attached"
-            )
-        return ids
+        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
+        """Encode ordinary texts, in order: the one check that text never becomes a control
+        token. A result holding a control id raises ``SpecialTokenInTextError``, naming the first
+        such text. Only the results of tiktoken's ranks go unchecked, and only when no rank's id
+        is a control id (checked once): those cannot hold one."""
+        out, others = self._encode_ordinary_batch(texts)
+        control = self.control_ids
+        for i in range(len(out)) if self._ranks_hold_control else others:
+            if not control.isdisjoint(out[i]):
+                raise self._control_in_text(texts[i], out[i], i, len(texts))
+        return out
+
+    def _control_in_text(
+        self, text: str, ids: Sequence[int], index: int, n: int
+    ) -> SpecialTokenInTextError:
+        control = self.control_ids
+        bad = sorted(control.intersection(ids))
+        names = ", ".join(f"{i} = {self.control_tokens[i].text!r}" for i in bad)
+        k = next(j for j, i in enumerate(ids) if i in control)
+        near = self.decode(ids[max(0, k - 8) : k + 9])
+        where = f"text {index + 1} of {n} in the batch, " if n > 1 else ""
+        return SpecialTokenInTextError(
+            f"encoding plain text produced control token(s) {bad} ({names}) with {self.kind} "
+            f"({where}{len(text)} characters, near {near!r}); this tokenizer cannot keep that "
+            "text as text — report it with the text attached"
+        )
 
     @property
     def encoder(self) -> str:

@@ -48,7 +48,7 @@ from .base import encode_threaded
 log = logging.getLogger("draftdata.tokenizers")
 
 #: bump when the checks change: cached verdicts of older checks are made again
-CHECKS_VERSION = 1
+CHECKS_VERSION = 2
 #: the encoder line of a tokenizer on the verified fast path
 FAST = "tiktoken (verified equal to tokenizers)"
 #: bump when what a snapshot holds changes
@@ -186,6 +186,13 @@ def ranks_of(
             return None, f"merge {n} makes id {t}, listed after a merge that made id {last}"
         last = t
         produced.setdefault(a + b, n)
+    for text, i in vocab.items():
+        if i in control and text in produced:  # left out of the ranks: tiktoken cannot make it
+            return None, (
+                f"control token {i} ({text!r}) is what merge {produced[text]} makes: ordinary "
+                "text can become it, and only tokenizers encodes that text as HF does (and "
+                "Tokenizer.encode_batch refuses it)"
+            )
     if not model.get("ignore_merges"):
         bpe = plain.model
         for text, i in vocab.items():
@@ -277,7 +284,8 @@ class FastBPE:
 
     def encode_batch_marked(self, texts: Sequence[str]) -> tuple[list[list[int]], list[int]]:
         """The ids of ``texts``, and which of them came from ``tokenizers`` (the rest came from
-        ranks that hold no control id: they cannot contain one)."""
+        the ranks, ``ids``: ``Tokenizer.encode_batch`` leaves those unchecked when no rank's id is
+        a control id)."""
         slow = [i for i, t in enumerate(texts) if self._slow(t)]
         enc = self.enc.encode_ordinary
         out = encode_threaded(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -207,20 +207,17 @@ class HFTokenizer(Tokenizer):
             return fast.encode(text)
         return list(self._plain.encode(text, add_special_tokens=False).ids)
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:  # type: ignore[override]
+    def _encode_ordinary_batch(self, texts: Sequence[str]) -> tuple[list[list[int]], Sequence[int]]:
         fast = self._fast_and_why[0]
         if fast is not None:
-            out, from_plain = fast.encode_batch_marked(texts)
-            checked: Iterable[list[int]] = out
-            if self.control_ids.isdisjoint(fast.ids):  # tiktoken's own ids need no check
-                checked = (out[i] for i in from_plain)
-        else:
-            encs = self._plain.encode_batch(list(texts), add_special_tokens=False)
-            checked = out = [list(e.ids) for e in encs]
-        for ids in checked:
-            if not self.control_ids.isdisjoint(ids):
-                return [self.encode(t) for t in texts]  # raises with the precise message
-        return out
+            return fast.encode_batch_marked(texts)
+        encs = self._plain.encode_batch(list(texts), add_special_tokens=False)
+        return [list(e.ids) for e in encs], range(len(texts))
+
+    @property
+    def _rank_ids(self) -> Collection[int]:
+        fast = self._fast_and_why[0]
+        return fast.ids if fast is not None else ()
 
     def encode_as_stock(self, text: str) -> list[int]:
         if self._snap is not None and text in self._snap["stock"]:

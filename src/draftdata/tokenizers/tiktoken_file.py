@@ -14,7 +14,7 @@ from __future__ import annotations
 import binascii
 import json
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -78,6 +78,7 @@ class TiktokenTokenizer(Tokenizer):
         self.chat_template = chat_template
         self._normalize = normalize
         self._specials = specials
+        self._ranks = ranks  # tiktoken keeps them too
         try:
             self._enc = tiktoken.Encoding(
                 name,
@@ -120,8 +121,12 @@ class TiktokenTokenizer(Tokenizer):
     def _encode_ordinary(self, text: str) -> list[int]:
         return self._enc.encode_ordinary(self._prep(text))
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:  # type: ignore[override]
-        return encode_threaded(self._encode_ordinary, texts)
+    def _encode_ordinary_batch(self, texts: Sequence[str]) -> tuple[list[list[int]], Sequence[int]]:
+        return encode_threaded(self._encode_ordinary, texts), ()
+
+    @property
+    def _rank_ids(self) -> Collection[int]:
+        return self._ranks.values()
 
     def encode_as_stock(self, text: str) -> list[int]:
         # Kimi's and Qwen's own code encode with allowed_special="all".

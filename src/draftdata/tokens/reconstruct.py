@@ -8,7 +8,7 @@ carries logprobs with token bytes or ids, those give the ids directly (``token_s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from itertools import islice
@@ -16,14 +16,14 @@ from typing import Any
 
 from .. import __version__
 from ..errors import DraftdataError, FormatError, ReconstructError
-from ..formats import BoundFormat, Segment, Special, Text, merge_text
+from ..formats import BoundFormat, Segment, Special
+from ..formats.segments import Layout, PieceEncoder
+from ..formats.segments import TextIds as TextIds  # the callers' name for it
+from ..formats.segments import open_ended_ids as open_ended_ids
 from ..records import ApiView, Message, Provenance, Sample, TokenSource
 from ..records.servers import profile
-from ..tokenizers import Tokenizer
 from .logprobs import ids_from_logprobs
 from .response import answer_segments
-
-TextIds = Callable[[str, list[int]], list[int]]
 
 
 def check_ids(bound: BoundFormat, ids: Sequence[Any], what: str) -> list[int]:
@@ -48,127 +48,15 @@ def provenance(bound: BoundFormat) -> Provenance:
     return Provenance(bound.tokenizer.sha256, bound.format.name, bound.format.version, __version__)
 
 
-#: what a truncated answer's text is assumed to continue with: a ``length`` cut ends mid-stream, and
-#: the canonical encoder must not treat the cut as the end of the text (a whitespace run at the end
-#: of a string merges differently than one followed by more text)
-OPEN_END_PROBE = "a"
-
-
-def open_ended_ids(tok: Tokenizer, text: str, probe: str = OPEN_END_PROBE) -> list[int]:
-    """Encode ``text`` as the prefix of ``text + probe``: the ids whose bytes end exactly where
-    the text ends. Falls back to the plain encoding when the probe merges into the last token."""
-    cut = _without_probe(tok, tok.encode(text + probe), probe)
-    return list(tok.encode(text)) if cut is None else cut
-
-
-def _without_probe(
-    tok: Tokenizer, ids: Sequence[int], probe: str = OPEN_END_PROBE
-) -> list[int] | None:
-    extra = len(probe.encode())  # walk back from the end over the probe's bytes only
-    k = len(ids)
-    while extra > 0 and k > 0:
-        k -= 1
-        extra -= len(tok.token_bytes(ids[k]))
-    return list(ids[:k]) if extra == 0 else None
-
-
-class PieceEncoder:
-    """Text pieces of many records encoded in one batched call: each distinct piece once (the
-    template's constant pieces recur in every record), a truncated answer's last piece encoded
-    once, open-ended (``text + probe``, the probe cut off).
-
-    The second path from segments to ids beside ``formats.encode_segments``, which encodes one
-    sequence: this one batches a window of records, encodes open-ended, and lets one piece the
-    tokenizer cannot keep as text fail only its own record. tests/test_encode_paths.py checks
-    that the two give the same ids on the ShareGPT benchmark input."""
-
-    def __init__(self, tok: Tokenizer) -> None:
-        self.tok = tok
-        self._index: dict[tuple[str, bool], int] = {}
-        self._todo: list[tuple[str, bool]] = []
-        self._ids: list[list[int] | DraftdataError] = []
-
-    def add(self, text: str, open_end: bool = False) -> int:
-        key = (text, open_end)
-        j = self._index.get(key)
-        if j is None:
-            j = self._index[key] = len(self._todo)
-            self._todo.append(key)
-        return j
-
-    def run(self) -> None:
-        """Encode every piece added since the last run: one batched call, and a second for the
-        open-ended pieces whose probe merged into their last token (those take the plain
-        encoding)."""
-        todo = self._todo[len(self._ids) :]
-        got = self._encode([t + OPEN_END_PROBE if o else t for t, o in todo])
-        merged: list[int] = []
-        for i, ((_, open_end), ids) in enumerate(zip(todo, got, strict=True)):
-            if open_end and not isinstance(ids, DraftdataError):
-                cut = _without_probe(self.tok, ids)
-                if cut is None:
-                    merged.append(i)
-                else:
-                    got[i] = cut
-        for i, ids in zip(merged, self._encode([todo[i][0] for i in merged]), strict=True):
-            got[i] = ids
-        self._ids += got
-
-    def _encode(self, texts: list[str]) -> list[list[int] | DraftdataError]:
-        if not texts:
-            return []
-        try:
-            return list(self.tok.encode_batch(texts))
-        except DraftdataError:  # one piece the tokenizer cannot keep as text: find it
-            out: list[list[int] | DraftdataError] = []
-            for t in texts:
-                try:
-                    out.append(self.tok.encode(t))
-                except DraftdataError as e:
-                    out.append(e)
-            return out
-
-    def text(self, j: int) -> str:
-        return self._todo[j][0]
-
-    def ids(self, j: int) -> list[int]:
-        got = self._ids[j]
-        if isinstance(got, DraftdataError):
-            raise got
-        return got
-
-
 def _layout(
     bound: BoundFormat, segs: Sequence[Segment], enc: PieceEncoder, open_end_last: bool
-) -> list[int | str]:
-    """The merged segments as piece numbers (text) and marker names (control ids)."""
-    merged = merge_text(segs)
-    missing = {s.marker for s in merged if isinstance(s, Special)} - set(bound.ids)
+) -> tuple[Layout, list[bool]]:
+    """The merged segments as piece numbers (text) and marker names (control ids), and each
+    one's trained flag."""
+    missing = {s.marker for s in segs if isinstance(s, Special)} - set(bound.ids)
     if missing:
-        bound.encode(merged)  # raises the MarkerError that names them
-    last = len(merged) - 1 if open_end_last and merged and isinstance(merged[-1], Text) else -1
-    return [
-        enc.add(s.text, i == last) if isinstance(s, Text) else s.marker
-        for i, s in enumerate(merged)
-    ]
-
-
-def _assemble(
-    bound: BoundFormat,
-    layout: Sequence[int | str],
-    enc: PieceEncoder,
-    text_ids: TextIds | None = None,
-) -> list[int]:
-    out: list[int] = []
-    for p in layout:
-        if isinstance(p, str):
-            out.append(bound.ids[p])
-            continue
-        ids = enc.ids(p)
-        if text_ids is not None:
-            ids = text_ids(enc.text(p), ids)
-        out.extend(ids)
-    return out
+        bound.encode(segs)  # raises the MarkerError that names them
+    return enc.layout(segs, open_end_last)
 
 
 def encode_response(
@@ -180,9 +68,9 @@ def encode_response(
     """Response segments -> ids. A truncated answer's final text is encoded open-ended; learned
     split preferences (``text_ids``) then rewrite each text piece."""
     enc = PieceEncoder(bound.tokenizer)
-    layout = _layout(bound, segs, enc, finish_reason == "length")
+    layout, _ = _layout(bound, segs, enc, finish_reason == "length")
     enc.run()
-    return _assemble(bound, layout, enc, text_ids)
+    return enc.assemble(layout, bound.ids, True, text_ids)[0]
 
 
 def prompt_ids_many(
@@ -193,11 +81,11 @@ def prompt_ids_many(
     """The ids of many prompts (messages, tools) in one batched encode: each the same as
     ``bound.prompt_ids``, or the error that stopped that one."""
     enc = PieceEncoder(bound.tokenizer)
-    layouts: list[Sequence[int | str] | DraftdataError] = []
+    layouts: list[Layout | DraftdataError] = []
     for messages, tools in prompts:
         try:
             segs = bound.format.render_prompt(messages, tools, **(prompt_opts or {}))
-            layouts.append(_layout(bound, segs, enc, False))
+            layouts.append(_layout(bound, segs, enc, False)[0])
         except DraftdataError as e:
             layouts.append(e)
         except (TypeError, ValueError, AttributeError) as e:  # a malformed prompt record
@@ -206,7 +94,9 @@ def prompt_ids_many(
     out: list[list[int] | DraftdataError] = []
     for lay in layouts:
         try:
-            out.append(lay if isinstance(lay, DraftdataError) else _assemble(bound, lay, enc))
+            out.append(
+                lay if isinstance(lay, DraftdataError) else enc.assemble(lay, bound.ids, False)[0]
+            )
         except DraftdataError as e:
             out.append(e)
     return out
@@ -301,8 +191,8 @@ def _encoder() -> ThreadPoolExecutor:
 
 @dataclass
 class _Plan:
-    prompt: Sequence[int | str] | None
-    response: Sequence[int | str] | None  # None: ``ids`` came from logprobs
+    prompt: Layout | None
+    response: Layout | None  # None: ``ids`` came from logprobs
     ids: list[int] | None
     source: TokenSource
     warnings: list[str]
@@ -318,19 +208,19 @@ class _Plan:
         prov: Provenance,
     ) -> Sample:
         if self.flags is not None and self.response is not None:
-            ids, mask = self._joined(bound, enc, text_ids, self.response, self.flags)
+            ids, mask = enc.assemble(self.response, bound.ids, self.flags, text_ids)
             prompt_len = mask.index(True) if True in mask else len(ids)
         else:
             prompt = (
                 list(item.prompt_ids)
                 if item.prompt_ids is not None
-                else _assemble(bound, self.prompt or (), enc)
+                else enc.assemble(self.prompt or [], bound.ids, False)[0]
             )
             if item.server_prompt_ids is not None and list(item.server_prompt_ids) != prompt:
                 prompt = list(item.server_prompt_ids)  # what the model saw
                 self.warnings.append("prompt_drift")
             if self.response is not None:
-                response = _assemble(bound, self.response, enc, text_ids)
+                response = enc.assemble(self.response, bound.ids, True, text_ids)[0]
             else:
                 response = self.ids or []
             ids = prompt + response
@@ -348,29 +238,6 @@ class _Plan:
             warnings=tuple(self.warnings),
         )
 
-    def _joined(
-        self,
-        bound: BoundFormat,
-        enc: PieceEncoder,
-        text_ids: TextIds | None,
-        layout: Sequence[int | str],
-        flags: Sequence[bool],
-    ) -> tuple[list[int], list[bool]]:
-        """Ids and mask of a layout whose pieces carry their own trained flags (all turns);
-        split preferences apply to the trained text."""
-        ids: list[int] = []
-        mask: list[bool] = []
-        for p, trained in zip(layout, flags, strict=True):
-            if isinstance(p, str):
-                piece = [bound.ids[p]]
-            else:
-                piece = enc.ids(p)
-                if trained and text_ids is not None:
-                    piece = text_ids(enc.text(p), piece)
-            ids += piece
-            mask += [trained] * len(piece)
-        return ids, mask
-
 
 def _plan(
     bound: BoundFormat,
@@ -384,16 +251,14 @@ def _plan(
         from .turns import joined_turns
 
         segs, warns = joined_turns(bound, item.messages, item.view, item.tools, opts, thinking)
-        merged = merge_text(segs)
-        layout = _layout(bound, merged, enc, item.view.finish_reason == "length")
-        flags = [s.trained for s in merged]
+        layout, flags = _layout(bound, segs, enc, item.view.finish_reason == "length")
         warns = [*warns, *_cut_with_tools(bound, item)]
         return _Plan(None, layout, None, "reconstructed", list(warns), flags)
     prompt = None
     if item.prompt_ids is None:
         prompt = _layout(
             bound, bound.format.render_prompt(item.messages, item.tools, **opts), enc, False
-        )
+        )[0]
     view = item.view
     warnings: list[str] = []
     if item.output_ids is not None and not item.all_turns:
@@ -413,7 +278,7 @@ def _plan(
             warnings.append("tool_call_ids_rebuilt")
     segs, warns = answer_segments(bound, item.messages, view, thinking)
     warnings += warns + _cut_with_tools(bound, item)
-    response = _layout(bound, segs, enc, view.finish_reason == "length")
+    response, _ = _layout(bound, segs, enc, view.finish_reason == "length")
     return _Plan(prompt, response, None, "reconstructed", warnings)
 
 
