@@ -20,15 +20,11 @@ from .jobs import AUTO_BYTES, bound_format, input_bytes, reconstruct_jobs
 from .show import print_validation
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from ..formats.base import BoundFormat
     from ..measure.repairing import Repairer
     from ..measure.validate import ValidationReport
     from ..model.rows import TargetScorer
-
-    #: the split preferences' text -> ids rewrite (``tokens.prefs.applier_for``)
-    TextIds = Callable[[str, list[int]], list[int]]
+    from ..tokens.reconstruct import TextIds
 
 # --- reconstruction ---------------------------------------------------------------------------
 PrefsOpt = Annotated[
