@@ -10,7 +10,8 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, TypeVar
 
 from ..errors import FormatError, MarkerError
-from ..records import FINISHED, Message, ServerProfile, ToolCall
+from ..records import FINISHED, Message, ToolCall
+from ..records.servers import LossPart, ServerLoss
 from ..tokenizers import Tokenizer
 from .markers import MarkerCheck, MarkerSpec, check_marker
 from .segments import Segment, Special, Text, encode_segments, merge_text, segments_text, train
@@ -256,25 +257,35 @@ class ChatFormat:
         or ``as_is`` (an answer exactly as the model wrote it: nothing added)."""
         raise FormatError(f"format {self.name} has no tool-call grammar")
 
-    def with_model_ids(
-        self, calls: Sequence[ToolCall], history: Sequence[Message], server: ServerProfile
+    #: the model family whose answers a server's parsers treat as one (``records.servers``
+    #: keys what a server does to one family's answers only by it); None: no such behaviour
+    family: ClassVar[str | None] = None
+
+    @property
+    def server_losses(self) -> tuple[ServerLoss, ...]:
+        """What server behaviours lose of this format's grammar for good, and the label each
+        gives (the family's declaration, data); ``tokens.response`` reads them."""
+        return ()
+
+    def server_loss(self, part: LossPart, behaviours: frozenset[str]) -> str | None:
+        """The label of the first declared loss on ``part`` that one of ``behaviours`` (what
+        the server does to this family's answers) causes, or None."""
+        for loss in self.server_losses:
+            if loss.part == part and loss.behaviour in behaviours:
+                return loss.label
+        return None
+
+    def model_ids(
+        self, calls: Sequence[ToolCall], history: Sequence[Message], renumbered: bool
     ) -> tuple[tuple[ToolCall, ...], int]:
-        """The calls with the ids the model itself wrote, where a server rewrote them and the
-        model's numbering rule gives them back; and how many were rebuilt."""
+        """The calls with the ids the model itself wrote, where the model's numbering rule gives
+        them back (every id that differs from it where the server ``renumbered`` them, else
+        those not in the model's own form); and how many were rebuilt."""
         return tuple(calls), 0
 
-    def tool_call_loss(self, calls: Sequence[ToolCall], server: ServerProfile) -> str | None:
-        """What a server's tool parser lost of these calls for good (``lossy:<reason>``), or
-        None where the view keeps everything the model wrote."""
-        return None
-
-    def think_loss(self, server: ServerProfile) -> str | None:
-        """What a server's reasoning parser lost of this family's reasoning for good, or None."""
-        return None
-
-    def cut_loss(self, server: ServerProfile) -> str | None:
-        """What a server's tool parser may have dropped of an answer cut by ``max_tokens`` that
-        came back with no call (a section it could not parse), or None."""
+    def tool_call_loss(self, calls: Sequence[ToolCall]) -> str | None:
+        """What these calls lost for good whatever the server (``lossy:<reason>``: arguments a
+        parser cannot have returned as written), or None; checked before ``server_losses``."""
         return None
 
     def parse_tool_calls(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:

@@ -5,14 +5,23 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
-from ..records import Message, ServerProfile, ToolCall
+from ..records import Message, ToolCall
+from ..records.servers import DROPS_CUT_TOOL_SECTIONS, ServerLoss
 from ..tokenizers import Tokenizer
 from ._common import _between, _text
 from .base import ChatFormat, Conversation, ThinkGrammar, version_of
 from .markers import MarkerSpec
 from .segments import Segment, Special, Text
+
+#: what servers' parsers lose of DeepSeek's grammar for good (``ChatFormat.server_losses``)
+SERVER_LOSSES = (
+    # vLLM's DeepSeek tool parsers (and SGLang's _process_tool_calls) drop a tool-call section
+    # cut by max_tokens and return the text before it (R1's close marker went with it): the
+    # view cannot show whether it did
+    ServerLoss(DROPS_CUT_TOOL_SECTIONS, "cut", "truncated_tool_call"),
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -29,10 +38,11 @@ class DeepSeekV3Format(ChatFormat):
     #: earlier answers are shown with only what follows their last ``</think>`` (R1's template)
     drops_history_reasoning: bool = False
 
-    def cut_loss(self, server: ServerProfile) -> str | None:
-        # vLLM's DeepSeek tool parsers drop a tool-call section cut by max_tokens and return the
-        # text before it (R1's close marker went with it): the view cannot show whether it did
-        return "truncated_tool_call" if server.drops_cut_tool_sections else None
+    family: ClassVar[str | None] = "deepseek-v3"
+
+    @property
+    def server_losses(self) -> tuple[ServerLoss, ...]:
+        return SERVER_LOSSES
 
     def parse_tool_calls(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
         calls: list[ToolCall] = []

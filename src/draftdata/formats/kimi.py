@@ -8,7 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from ..records import Message, ServerProfile, ToolCall
+from ..records import Message, ToolCall
+from ..records.servers import (
+    RENUMBERS_TOOL_CALL_IDS,
+    STRIPS_REASONING_END_WHITESPACE,
+    STRIPS_TOOL_CALL_WHITESPACE,
+    ServerLoss,
+)
 from ._common import _between, _text
 from .base import ChatFormat, Conversation, ThinkGrammar, tojson
 from .markers import MarkerSpec
@@ -16,6 +22,18 @@ from .segments import Segment, Special, Text
 
 #: a tool-call id in the model's own form
 _MODEL_ID = re.compile(r"functions\.[^:\s]+:\d+")
+
+#: what servers' parsers lose of Kimi's grammar for good (``ChatFormat.server_losses``)
+SERVER_LOSSES = (
+    # vLLM's and SGLang's Kimi parsers match whitespace around the id and the arguments
+    ServerLoss(STRIPS_TOOL_CALL_WHITESPACE, "tool_calls", "tool_whitespace_stripped"),
+    # vLLM's Kimi parser strips the whitespace that ends the reasoning: `.\n</think>` comes
+    # back as `.</think>`, and the grammar has no whitespace there to restore
+    ServerLoss(STRIPS_REASONING_END_WHITESPACE, "think", "think_whitespace"),
+    # providers rewrite ids (``call_...``) and SGLang numbers them with its own counter: every
+    # id that is not the model's numbering is rebuilt (``model_ids``)
+    ServerLoss(RENUMBERS_TOOL_CALL_IDS, "ids", "tool_call_ids_rebuilt"),
+)
 
 
 @functools.lru_cache(maxsize=256)
@@ -33,6 +51,7 @@ class KimiK2Format(ChatFormat):
     unless they come after the last plain assistant turn (``preserve_thinking`` keeps them all)."""
 
     prompt_options: ClassVar[frozenset[str]] = frozenset({"preserve_thinking"})
+    family: ClassVar[str | None] = "kimi-k2"
 
     def parse_tool_calls(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
         calls: list[ToolCall] = []
@@ -43,31 +62,25 @@ class KimiK2Format(ChatFormat):
                 calls.append(ToolCall(name, args, call_id))
         return tuple(calls)
 
-    def with_model_ids(
-        self, calls: Sequence[ToolCall], history: Sequence[Message], server: ServerProfile
+    @property
+    def server_losses(self) -> tuple[ServerLoss, ...]:
+        return SERVER_LOSSES
+
+    def model_ids(
+        self, calls: Sequence[ToolCall], history: Sequence[Message], renumbered: bool
     ) -> tuple[tuple[ToolCall, ...], int]:
         # Kimi writes ``functions.NAME:N``, N counting the conversation's tool calls from 0
-        # (Moonshot's tool-call guidance); providers rewrite ids (``call_...``) and SGLang
-        # numbers them with its own counter
+        # (Moonshot's tool-call guidance); an id not in that form was rewritten on the way
         n = sum(len(m.tool_calls) for m in history if m.role == "assistant")
         out: list[ToolCall] = []
         rebuilt = 0
         for i, c in enumerate(calls):
             own = f"functions.{c.name}:{n + i}"
-            if c.id != own and (server.renumbers_kimi_ids or not _MODEL_ID.fullmatch(c.id or "")):
+            if c.id != own and (renumbered or not _MODEL_ID.fullmatch(c.id or "")):
                 c = replace(c, id=own)
                 rebuilt += 1
             out.append(c)
         return tuple(out), rebuilt
-
-    def think_loss(self, server: ServerProfile) -> str | None:
-        # vLLM's Kimi parser strips the whitespace that ends the reasoning: `.\n</think>` comes
-        # back as `.</think>`, and the grammar has no whitespace there to restore
-        return "think_whitespace" if server.strips_kimi_reasoning_whitespace else None
-
-    def tool_call_loss(self, calls: Sequence[ToolCall], server: ServerProfile) -> str | None:
-        # vLLM's and SGLang's Kimi parsers match whitespace around the id and the arguments
-        return "tool_whitespace_stripped" if server.strips_kimi_tool_whitespace else None
 
     def render_tool_calls(
         self, calls: Sequence[ToolCall], content: str, tool_text: str = "template"

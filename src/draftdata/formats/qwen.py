@@ -6,10 +6,11 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from ..errors import FormatError
-from ..records import Message, ServerProfile, ToolCall
+from ..records import Message, ToolCall
+from ..records.servers import REDUMPS_JSON_ARGUMENTS, ServerLoss
 from ._common import _between, _text, _unstring
 from .base import ChatFormat, Conversation, ThinkGrammar, separator, tojson
 from .markers import MarkerSpec
@@ -60,12 +61,21 @@ class QwenCalls(Protocol):
 
     def parse(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]: ...
 
-    def loss(self, calls: Sequence[ToolCall], server: ServerProfile) -> str | None: ...
+    def loss(self, calls: Sequence[ToolCall]) -> str | None: ...
+
+    @property
+    def server_losses(self) -> tuple[ServerLoss, ...]: ...
 
 
 @dataclass(frozen=True)
 class JsonCalls:
     """Qwen3's calls: ``<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>``."""
+
+    #: the Hermes-style parsers (vLLM, SGLang) json.loads the call and json.dumps the
+    #: arguments again: the model's own spelling of them is gone
+    server_losses: ClassVar[tuple[ServerLoss, ...]] = (
+        ServerLoss(REDUMPS_JSON_ARGUMENTS, "tool_calls", "arguments_redumped"),
+    )
 
     def parse(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
         calls: list[ToolCall] = []
@@ -84,7 +94,7 @@ class JsonCalls:
             )
         return tuple(calls)
 
-    def loss(self, calls: Sequence[ToolCall], server: ServerProfile) -> str | None:
+    def loss(self, calls: Sequence[ToolCall]) -> str | None:
         # arguments that are not JSON are written as they came, inside the call's JSON
         # (render): labelled, not dropped. A parser that does not re-dump them may
         # pass on the model's own text, and then the splice is exactly what the model wrote
@@ -95,9 +105,7 @@ class JsonCalls:
         # figures and lets a trainer filter it; there is no other rebuild to prefer.
         if any(not _is_json(c.arguments) for c in calls):
             return "arguments_not_json"
-        # the Hermes-style parsers (vLLM, SGLang) json.loads the call and json.dumps the
-        # arguments again: the model's own spelling of them is gone
-        return "arguments_redumped" if server.redumps_json_arguments else None
+        return None
 
     def render(self, calls: Sequence[ToolCall], content: str, tool_text: str) -> list[Segment]:
         out: list[Segment] = []
@@ -119,6 +127,9 @@ class XmlCalls:
     """Qwen3.5's calls: ``<tool_call><function=NAME><parameter=K>V</parameter></function>
     </tool_call>``, one tag a line."""
 
+    #: a server that re-dumps JSON arguments loses nothing here: the model wrote no JSON
+    server_losses: ClassVar[tuple[ServerLoss, ...]] = ()
+
     def parse(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
         calls: list[ToolCall] = []
         for body in _between(segments, "tool_call_open", "tool_call_close"):
@@ -134,7 +145,7 @@ class XmlCalls:
             calls.append(ToolCall(m.group(1), tojson(args), f"call_{len(calls)}"))
         return tuple(calls)
 
-    def loss(self, calls: Sequence[ToolCall], server: ServerProfile) -> str | None:
+    def loss(self, calls: Sequence[ToolCall]) -> str | None:
         # parameters are text between tags; a parser turns them into JSON values by the
         # schema's types (numbers, booleans, objects) and trims the newlines around them: only
         # plain strings without edge newlines come back as the model wrote them
@@ -190,6 +201,7 @@ class Qwen3Format(ChatFormat):
         'arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": '
         '<function-name>, "arguments": <args-json-object>}\n</tool_call>'
     )
+    family: ClassVar[str | None] = "qwen3"
     #: the tool calls' grammar (Qwen3: JSON; Qwen3.5: XML-ish parameters)
     call_grammar: QwenCalls = JsonCalls()
     #: the system prompt follows the tool prompt (Qwen3.5) instead of preceding it (Qwen3)
@@ -311,8 +323,12 @@ class Qwen3Format(ChatFormat):
     def parse_tool_calls(self, segments: Sequence[Segment]) -> tuple[ToolCall, ...]:
         return self.call_grammar.parse(segments)
 
-    def tool_call_loss(self, calls: Sequence[ToolCall], server: ServerProfile) -> str | None:
-        return self.call_grammar.loss(calls, server)
+    def tool_call_loss(self, calls: Sequence[ToolCall]) -> str | None:
+        return self.call_grammar.loss(calls)
+
+    @property
+    def server_losses(self) -> tuple[ServerLoss, ...]:
+        return self.call_grammar.server_losses
 
     def render_tool_calls(
         self, calls: Sequence[ToolCall], content: str, tool_text: str = "template"

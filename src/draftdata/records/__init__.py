@@ -12,6 +12,7 @@ JSON, stored verbatim; everything derived from them is typed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -126,27 +127,24 @@ class Usage:
 
 @dataclass(frozen=True)
 class ServerProfile:
-    """What a server's reasoning and tool parsers do to a model's raw output before we see it
-    (``tokens.servers`` holds one per server); the chat formats read it to say what is lost."""
+    """What a server's reasoning and tool parsers do to a model's raw output before we see it,
+    as data: named behaviours (``records.servers`` names them and holds one profile per server),
+    some done to every model family's answers, some to one family's only. The response grammar
+    (``tokens.response``) reads them; each chat format declares what a behaviour loses of its own
+    grammar (``ChatFormat.server_losses``)."""
 
     name: str
-    #: reasoning and content come back exactly as written around the think markers (None: tell
-    #: from the answer's newlines)
-    think_verbatim: bool | None
-    #: the content before a tool-call section comes back stripped
-    strips_tool_content: bool
-    #: JSON tool-call arguments come back re-serialised (json.dumps of the parsed object)
-    redumps_json_arguments: bool
-    #: whitespace around Kimi tool-call ids and arguments is stripped
-    strips_kimi_tool_whitespace: bool
-    #: Kimi tool-call ids are the server's own numbering, not the model's
-    renumbers_kimi_ids: bool
-    #: the whitespace that ends Kimi's reasoning (before ``</think>``) is stripped
-    strips_kimi_reasoning_whitespace: bool = False
-    #: a tool-call section cut by max_tokens may be dropped (DeepSeek's parsers)
-    drops_cut_tool_sections: bool = False
+    #: what its parsers do to every family's answers
+    does: frozenset[str] = frozenset()
+    #: what they do to one family's answers only: family (``ChatFormat.family``) -> behaviours
+    does_for: Mapping[str, frozenset[str]] = field(default_factory=dict)
     #: request fields that keep the view lossless, asked for by generation
     lossless_request: dict[str, Any] = field(default_factory=dict)
+
+    def behaviours(self, family: str | None) -> frozenset[str]:
+        """What the server does to the answers of a format of ``family`` (None: of no family)."""
+        own = self.does_for.get(family) if family is not None else None
+        return self.does | own if own else self.does
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,15 @@
-"""What parses an answer before we see it: the server profiles.
+"""What parses an answer before we see it: the server profiles, as data.
 
 A server's reasoning parser and tool parser cut the model's raw output into
 ``reasoning_content`` / ``content`` / ``tool_calls``. Each server does it its own way, and some
 of what they do cannot be undone (stripped whitespace, re-serialised arguments). A profile
-names what its server does, so reconstruction either undoes it exactly or labels the sample
-``lossy:<reason>``: a lossy sample may still be right, but nothing proves it, and validation
-never counts it exact.
+names what its server does, as behaviours (below), some of them only to one model family's
+answers; each chat format declares which behaviours lose what of its own grammar
+(``ChatFormat.server_losses``, a ``ServerLoss`` each). The response grammar
+(``tokens.response``) reads both, so reconstruction either undoes what was done exactly or
+labels the sample ``lossy:<label>``: a lossy sample may still be right, but nothing proves it,
+and validation never counts it exact. A new server is one row of ``PROFILES``; a family's
+susceptibility is its format's declaration.
 
 Read from the servers' own parsers (non-streaming paths):
 
@@ -25,52 +29,132 @@ Read from the servers' own parsers (non-streaming paths):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 from . import ServerProfile
 
-__all__ = ["PROFILES", "SERVERS", "ServerProfile", "check_server", "profile"]
+__all__ = [
+    "BEHAVIOURS",
+    "DROPS_CUT_TOOL_SECTIONS",
+    "KEEPS_THINK_VERBATIM",
+    "PROFILES",
+    "REDUMPS_JSON_ARGUMENTS",
+    "RENUMBERS_TOOL_CALL_IDS",
+    "SERVERS",
+    "STRIPS_REASONING_END_WHITESPACE",
+    "STRIPS_TOOL_CALL_WHITESPACE",
+    "STRIPS_TOOL_CONTENT",
+    "LossPart",
+    "ServerLoss",
+    "ServerProfile",
+    "check_server",
+    "profile",
+]
 
+# --- the behaviours: what a server's parsers may do to an answer ------------------------------
+
+#: reasoning and content come back exactly as written around the think markers; a server
+#: without it has the whitespace there told from the answer's newlines
+KEEPS_THINK_VERBATIM = "keeps_think_verbatim"
+#: the content before a tool-call section comes back stripped
+STRIPS_TOOL_CONTENT = "strips_tool_content"
+#: JSON tool-call arguments come back re-serialised (json.dumps of the parsed object)
+REDUMPS_JSON_ARGUMENTS = "redumps_json_arguments"
+#: whitespace around tool-call ids and arguments is stripped
+STRIPS_TOOL_CALL_WHITESPACE = "strips_tool_call_whitespace"
+#: tool-call ids are the server's own numbering, not the model's
+RENUMBERS_TOOL_CALL_IDS = "renumbers_tool_call_ids"
+#: the whitespace that ends the reasoning (before the close marker) is stripped
+STRIPS_REASONING_END_WHITESPACE = "strips_reasoning_end_whitespace"
+#: a tool-call section cut by max_tokens may be dropped (the text before it comes back)
+DROPS_CUT_TOOL_SECTIONS = "drops_cut_tool_sections"
+
+BEHAVIOURS = frozenset(
+    {
+        KEEPS_THINK_VERBATIM,
+        STRIPS_TOOL_CONTENT,
+        REDUMPS_JSON_ARGUMENTS,
+        STRIPS_TOOL_CALL_WHITESPACE,
+        RENUMBERS_TOOL_CALL_IDS,
+        STRIPS_REASONING_END_WHITESPACE,
+        DROPS_CUT_TOOL_SECTIONS,
+    }
+)
+
+#: where in an answer a behaviour loses something: ``think`` (the reasoning), ``tool_calls``
+#: (the calls' text), ``cut`` (an answer cut by max_tokens that came back with no call), ``ids``
+#: (the calls' ids)
+LossPart = Literal["think", "tool_calls", "cut", "ids"]
+
+
+@dataclass(frozen=True)
+class ServerLoss:
+    """What one behaviour loses of a chat format's grammar for good, as the format declares it:
+    a server that does ``behaviour`` to the format's family leaves ``part`` of an answer not
+    knowable, and the sample says so with ``lossy:<label>`` (``ids``: the ids are rebuilt from
+    the model's own numbering rule, ``ChatFormat.model_ids``, and ``label`` is that warning)."""
+
+    behaviour: str
+    part: LossPart
+    label: str
+
+    def __post_init__(self) -> None:
+        if self.behaviour not in BEHAVIOURS:
+            raise ValueError(f"{self.behaviour!r} is not a server behaviour ({sorted(BEHAVIOURS)})")
+
+
+# --- the servers: what each one's parsers do, for every family and per family ----------------
 
 PROFILES: dict[str, ServerProfile] = {
-    "auto": ServerProfile(
-        "auto",
-        think_verbatim=None,
-        strips_tool_content=False,
-        redumps_json_arguments=False,
-        strips_kimi_tool_whitespace=False,
-        renumbers_kimi_ids=False,
-    ),
+    "auto": ServerProfile("auto"),
     "vllm": ServerProfile(
         "vllm",
-        think_verbatim=True,
-        # run, not read (benchmarks/vllm_oracle.py on vLLM 0.34.0): its parser engine strips
-        # the content next to tool calls, and content that is only whitespace becomes null
-        strips_tool_content=True,
-        redumps_json_arguments=True,
-        strips_kimi_tool_whitespace=True,
-        renumbers_kimi_ids=False,
-        strips_kimi_reasoning_whitespace=True,
-        drops_cut_tool_sections=True,
+        does=frozenset(
+            {
+                KEEPS_THINK_VERBATIM,
+                # run, not read (benchmarks/vllm_oracle.py on vLLM 0.34.0): its parser engine
+                # strips the content next to tool calls, and content that is only whitespace
+                # becomes null
+                STRIPS_TOOL_CONTENT,
+                # the Hermes-style tool parser json.loads the call and json.dumps the arguments
+                REDUMPS_JSON_ARGUMENTS,
+            }
+        ),
+        does_for={
+            # the Kimi K2 tool parser matches ``\s*`` around ids and arguments; the Kimi
+            # reasoning parser strips the whitespace that ends the reasoning
+            "kimi-k2": frozenset({STRIPS_TOOL_CALL_WHITESPACE, STRIPS_REASONING_END_WHITESPACE}),
+            # the DeepSeek V3 / V3.1 tool parsers drop a section cut by max_tokens and return
+            # the content before it
+            "deepseek-v3": frozenset({DROPS_CUT_TOOL_SECTIONS}),
+        },
         lossless_request={"skip_special_tokens": False, "spaces_between_special_tokens": False},
     ),
     "sglang": ServerProfile(
         "sglang",
-        think_verbatim=True,
-        strips_tool_content=True,
-        redumps_json_arguments=True,
-        strips_kimi_tool_whitespace=True,
-        renumbers_kimi_ids=True,
-        # run, not read (benchmarks/sglang_oracle.py on SGLang 0.5.23): _process_tool_calls
-        # drops a tool section it cannot parse, one cut by max_tokens included
-        drops_cut_tool_sections=True,
+        does=frozenset(
+            {
+                KEEPS_THINK_VERBATIM,
+                STRIPS_TOOL_CONTENT,
+                REDUMPS_JSON_ARGUMENTS,
+                # run, not read (benchmarks/sglang_oracle.py on SGLang 0.5.23):
+                # _process_tool_calls drops a tool section it cannot parse, one cut by
+                # max_tokens included
+                DROPS_CUT_TOOL_SECTIONS,
+            }
+        ),
+        # the Kimi K2 detector matches whitespace around ids and arguments, and numbers the
+        # ids with SGLang's own counter
+        does_for={"kimi-k2": frozenset({STRIPS_TOOL_CALL_WHITESPACE, RENUMBERS_TOOL_CALL_IDS})},
         lossless_request={"skip_special_tokens": False},
     ),
     "openrouter": ServerProfile(
         "openrouter",
-        think_verbatim=None,
-        strips_tool_content=True,
-        redumps_json_arguments=True,
-        strips_kimi_tool_whitespace=True,
-        renumbers_kimi_ids=True,
+        does=frozenset({STRIPS_TOOL_CONTENT, REDUMPS_JSON_ARGUMENTS}),
+        # the provider's parser is unknown: taken to do what vLLM's and SGLang's Kimi parsers
+        # do, and tool-call ids are often rewritten (``call_``)
+        does_for={"kimi-k2": frozenset({STRIPS_TOOL_CALL_WHITESPACE, RENUMBERS_TOOL_CALL_IDS})},
     ),
 }
 

@@ -21,9 +21,8 @@ from ..formats.segments import Layout, PieceEncoder
 from ..formats.segments import TextIds as TextIds  # the callers' name for it
 from ..formats.segments import open_ended_ids as open_ended_ids
 from ..records import ApiView, Message, Provenance, Sample, TokenSource
-from ..records.servers import profile
 from .logprobs import ids_from_logprobs
-from .response import answer_segments
+from .response import answer_segments, cut_loss, model_tool_calls
 
 
 def check_ids(bound: BoundFormat, ids: Sequence[Any], what: str) -> list[int]:
@@ -270,9 +269,7 @@ def _plan(
             return _Plan(prompt, None, ids, "logprobs", warnings)
         warnings.append(f"logprob_fallback:{reason}")
     if view.tool_calls:
-        calls, rebuilt = bound.format.with_model_ids(
-            view.tool_calls, item.messages, profile(view.server)
-        )
+        calls, rebuilt = model_tool_calls(bound.format, view, item.messages)
         if rebuilt:
             view = replace(view, tool_calls=calls)
             warnings.append("tool_call_ids_rebuilt")
@@ -289,7 +286,7 @@ def _cut_with_tools(bound: BoundFormat, item: Item) -> list[str]:
     v = item.view
     if v.finish_reason != "length" or v.tool_calls or not bound.format.has_tool_grammar:
         return []
-    lost = "truncated_tool_call" if item.tools else bound.format.cut_loss(profile(v.server))
+    lost = "truncated_tool_call" if item.tools else cut_loss(bound.format, v)
     return [f"lossy:{lost}"] if lost else []
 
 

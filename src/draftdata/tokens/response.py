@@ -1,7 +1,9 @@
 """A server's view of one answer -> the segments the model generated: reasoning found where the
 server left it, the think block's whitespace kept or re-written (and labelled where it cannot
 be known), the tool-call section, the end of turn. What each server did to the text is its
-profile's business (``records.servers``)."""
+profile's business (``records.servers``): this module is the one place that reads a server's
+behaviours for the answer's family and asks the format which of them lose what of its grammar
+(``ChatFormat.server_losses``)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ from typing import Any
 
 from ..errors import ReconstructError
 from ..formats import BoundFormat, ChatFormat, Segment, ThinkGrammar
-from ..records import FINISHED, ApiView, Message, ServerProfile
-from ..records.servers import profile
+from ..records import FINISHED, ApiView, Message, ToolCall
+from ..records.servers import KEEPS_THINK_VERBATIM, STRIPS_TOOL_CONTENT, profile
 
 
 def answer_segments(
@@ -42,6 +44,28 @@ def answer_segments(
     return segs, warnings + warns
 
 
+def server_behaviours(fmt: ChatFormat, view: ApiView) -> frozenset[str]:
+    """What the parsers of the server that returned ``view`` do to answers of ``fmt``'s family
+    (``records.servers``): the one place a server's behaviour is read."""
+    return profile(view.server).behaviours(fmt.family)
+
+
+def model_tool_calls(
+    fmt: ChatFormat, view: ApiView, history: Sequence[Message]
+) -> tuple[tuple[ToolCall, ...], int]:
+    """The view's tool calls with the ids the model itself wrote, where the server numbered
+    them itself (the format's declared ``ids`` loss) or they are not in the model's own form;
+    and how many were rebuilt."""
+    renumbered = fmt.server_loss("ids", server_behaviours(fmt, view)) is not None
+    return fmt.model_ids(view.tool_calls, history, renumbered)
+
+
+def cut_loss(fmt: ChatFormat, view: ApiView) -> str | None:
+    """What the server's tool parser may have dropped of an answer cut by ``max_tokens`` that
+    came back with no call (the format's declared ``cut`` loss), or None."""
+    return fmt.server_loss("cut", server_behaviours(fmt, view))
+
+
 def response_segments(
     bound: BoundFormat, view: ApiView, *, thinking: bool | None = None
 ) -> tuple[list[Segment], list[str]]:
@@ -49,7 +73,7 @@ def response_segments(
     inferred (reasoning found inline, an empty think block rendered, ...)."""
     fmt = bound.format
     th = fmt.think
-    prof = profile(view.server)
+    does = server_behaviours(fmt, view)
     warnings: list[str] = []
     content = view.content or ""
     reasoning = view.reasoning
@@ -57,7 +81,7 @@ def response_segments(
     if thinking is None:
         thinking = th is not None
     if th is not None:
-        content, reasoning, verbatim = _think_block(fmt, th, prof, view, thinking, warnings)
+        content, reasoning, verbatim = _think_block(fmt, th, does, view, thinking, warnings)
     elif reasoning:
         raise ReconstructError(
             f"format {fmt.name} has no think markers for this tokenizer, but the response has "
@@ -68,9 +92,10 @@ def response_segments(
     warnings += _answer_warnings(bound, view, content, reasoning)
     # the content before a tool call: exactly the model's text (a verbatim server), or the
     # grammar's separator added where the text does not already end with it
-    as_is = (verbatim or bool(prof.think_verbatim)) and not prof.strips_tool_content
+    stripped = STRIPS_TOOL_CONTENT in does
+    as_is = (verbatim or KEEPS_THINK_VERBATIM in does) and not stripped
     if view.tool_calls:
-        warnings += _tool_call_warnings(fmt, prof, view)
+        warnings += _tool_call_warnings(fmt, does, view)
     segs = fmt.render_response(
         content=content,
         reasoning=reasoning,
@@ -78,7 +103,7 @@ def response_segments(
         finished=view.finish_reason in FINISHED,
         thinking=bool(thinking) and th is not None,
         verbatim=verbatim,
-        content_as_is=verbatim and not (view.tool_calls and prof.strips_tool_content),
+        content_as_is=verbatim and not (view.tool_calls and stripped),
         tool_text="as_is" if as_is else "add_missing",
     )
     return segs, warnings
@@ -87,7 +112,7 @@ def response_segments(
 def _think_block(
     fmt: ChatFormat,
     th: ThinkGrammar,
-    prof: ServerProfile,
+    does: frozenset[str],
     view: ApiView,
     thinking: bool,
     warnings: list[str],
@@ -98,7 +123,7 @@ def _think_block(
     if thinking:
         if reasoning is None or reasoning == "":
             warnings.append("empty_reasoning")
-        return _think_whitespace(fmt, th, prof, view, reasoning or "", content, warnings)
+        return _think_whitespace(fmt, th, does, view, reasoning or "", content, warnings)
     if reasoning:
         raise ReconstructError(
             "the response has reasoning but the prompt was rendered with thinking off; "
@@ -143,7 +168,7 @@ def _inline_reasoning(
 def _think_whitespace(
     fmt: ChatFormat,
     th: ThinkGrammar,
-    prof: ServerProfile,
+    does: frozenset[str],
     view: ApiView,
     reasoning: str,
     content: str,
@@ -153,7 +178,7 @@ def _think_whitespace(
     server) or re-written from the grammar, and whether they are kept verbatim; what may have
     been lost is added to ``warnings``."""
     cut = view.finish_reason == "length" and not content and not view.tool_calls
-    verbatim = _think_verbatim(prof, th, reasoning, content, cut, bool(view.tool_calls))
+    verbatim = _think_verbatim(does, th, reasoning, content, cut, bool(view.tool_calls))
     if not verbatim:  # re-written from the grammar: exact only where the model kept to it
         # (no reasoning at all: the empty block the template itself writes, as before;
         # it says ``empty_reasoning``)
@@ -166,11 +191,11 @@ def _think_whitespace(
             reasoning = reasoning.strip("\n")
         if "\n" in th.close_suffix:
             content = content.lstrip("\n")
-    elif view.tool_calls and prof.strips_tool_content:
+    elif view.tool_calls and STRIPS_TOOL_CONTENT in does:
         content = content.lstrip("\n")  # stripped by the server: the grammar's suffix
     if _spaced_markers(th, reasoning, content, cut, bool(view.tool_calls)):
         warnings.append("lossy:special_token_spaces")
-    lost = fmt.think_loss(prof) if reasoning and not cut else None
+    lost = fmt.server_loss("think", does) if reasoning and not cut else None
     if lost and f"lossy:{lost}" not in warnings:
         warnings.append(f"lossy:{lost}")
     return content, reasoning, verbatim
@@ -213,16 +238,17 @@ def _answer_warnings(
     return warnings
 
 
-def _tool_call_warnings(fmt: ChatFormat, prof: ServerProfile, view: ApiView) -> list[str]:
-    """What the server's tool parser may have lost of an answer's tool calls."""
+def _tool_call_warnings(fmt: ChatFormat, does: frozenset[str], view: ApiView) -> list[str]:
+    """What the server's tool parser may have lost of an answer's tool calls: what any parser
+    loses of them, else what the server's behaviours (``does``) lose of the format's grammar."""
     warnings = []
-    if prof.strips_tool_content:
+    if STRIPS_TOOL_CONTENT in does:
         warnings.append("lossy:content_stripped")
     if view.finish_reason == "length":
         # a call cut by max_tokens: the server returned what it could parse, and the
         # section is closed by the grammar where the model never wrote its end
         warnings.append("lossy:truncated_tool_call")
-    lost = fmt.tool_call_loss(view.tool_calls, prof)
+    lost = fmt.tool_call_loss(view.tool_calls) or fmt.server_loss("tool_calls", does)
     if lost:
         warnings.append(f"lossy:{lost}")
     return warnings
@@ -267,12 +293,12 @@ def _grammar_newlines(th: Any, cut: bool) -> bool:
 
 
 def _think_verbatim(
-    prof: Any, th: Any, reasoning: str, content: str, cut: bool, tools: bool
+    does: frozenset[str], th: Any, reasoning: str, content: str, cut: bool, tools: bool
 ) -> bool:
     """Whether reasoning and content are exactly the text around the think markers: the
     server's profile says so, or (unknown server) every newline the grammar puts there is there."""
-    if prof.think_verbatim is not None:
-        return bool(prof.think_verbatim)
+    if KEEPS_THINK_VERBATIM in does:
+        return True
     checks = []
     if th.open_suffix and not th.prompt_opens:
         checks.append(reasoning.startswith(th.open_suffix))
