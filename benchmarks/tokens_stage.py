@@ -52,7 +52,7 @@ def main() -> None:
             for jobs in args.jobs:
                 for d in m.datasets:
                     with led.tx():
-                        led.forget_tokens(led.sample_keys(d.name))
+                        led.samples.forget(led.samples.keys(d.name))
                         led.db.execute("DELETE FROM drops WHERE stage='tokens'")
                 t = time.perf_counter()
                 n = sum(sum(runner.make_samples(d, jobs=jobs).samples.values()) for d in m.datasets)

@@ -512,7 +512,7 @@ def write_run_preview(run_dir: Path) -> Path:
     runner = Runner(m, quiet=True)
     try:
         first = {
-            d.name: list(islice(runner.ledger.samples(d.name), PER_DATASET)) for d in m.datasets
+            d.name: list(islice(runner.ledger.samples.of(d.name), PER_DATASET)) for d in m.datasets
         }
         return write_preview(first, runner.bound.tokenizer, run_dir / "export")
     finally:

@@ -268,10 +268,10 @@ def test_joined_turns_train_every_answer_in_one_sequence(tmp_path):
     from draftdata.store.ledger import Ledger
 
     led = Ledger.read(tmp_path / "run" / "ledger.sqlite")
-    text_of = {p.id: p.messages[0].content for p in led.prompts("gt")}
-    samples = {text_of[s.key.prompt_id]: s for s in led.samples("gt")}
+    text_of = {p.id: p.messages[0].content for p in led.prompts.of("gt")}
+    samples = {text_of[s.key.prompt_id]: s for s in led.samples.of("gt")}
     # earlier turns have no sample of their own: one per conversation, keyed by its last turn
-    assert len(samples) == len(list(led.samples("gt")))
+    assert len(samples) == len(list(led.samples.of("gt")))
     checked = exact = truncated = 0
     for text, t2 in second.items():
         t1 = first.get(text)
@@ -314,11 +314,11 @@ def test_the_tokens_stage_over_two_workers_stores_what_one_process_stores(tmp_pa
     runner = Runner(load_manifest(m), quiet=True)
     try:
         d = runner.m.datasets[0]
-        keys = runner.ledger.sample_keys(d.name)
+        keys = runner.ledger.samples.keys(d.name)
         got = {}
         for jobs in (1, 2):
             with runner.ledger.tx():
-                runner.ledger.forget_tokens(list(keys))
+                runner.ledger.samples.forget(list(keys))
             made = runner.make_samples(d, jobs=jobs, window=16)
             db = sqlite3.connect(db_path)
             got[jobs] = (

@@ -151,11 +151,12 @@ def test_export_reads_a_run_beside_its_writer_and_leaves_its_record(exported):
     one that made the run stays that command (export wrote its own argv over it)."""
     from draftdata.store.ledger import Ledger
     from draftdata.store.lock import RunLock
+    from draftdata.store.meta import COMMAND_LINE
 
     def made_by() -> list[str]:
         led = Ledger(exported / "ledger.sqlite")
         try:
-            return led.get_meta("command_line")
+            return led.meta.get(COMMAND_LINE) or []
         finally:
             led.close()
 

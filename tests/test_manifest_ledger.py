@@ -108,22 +108,22 @@ def _answer(cost_usd: float = 0.0) -> Completion:
 def test_ledger_stores_once_and_counts(tmp_path):
     led = Ledger(tmp_path / "l.sqlite")
     p = Prompt("p1", "d", (Message("user", "hi"),))
-    led.add_prompts("d", [p], samples=2, turns=lambda _: 1)
+    led.prompts.add("d", [p], samples=2, turns=lambda _: 1)
     k = Key("d", "p1", 0, 0)
-    led.record_failure(
+    led.answers.record_failure(
         k, "api", FailedAttempt("http_429", 429, {"x": 1}, "slow down", 0, 0.1, final=False)
     )
     answer = _answer(cost_usd=0.5)
-    led.record_answer(k, "api", answer, [1, 2, 3])
+    led.answers.record_one(k, "api", answer, [1, 2, 3])
     st = status(led).dataset("d")
     assert (st.total, st.done, st.pending, st.failed) == (2, 1, 1, 0)
     assert st.errors == {"http_429": 1} and st.duplicates == 0
     assert status(led).cost_usd == 0.5
     # a second success for the same key is an attempt (counted as a duplicate), never a 2nd row
-    led.record_answer(k, "api", answer, [1, 2, 3])
+    led.answers.record_one(k, "api", answer, [1, 2, 3])
     assert status(led).dataset("d").duplicates == 1
-    assert len(led.responses("d")) == 1
-    assert led.responses("d")[k].our_prompt_ids == (1, 2, 3)
+    assert len(led.answers.of("d")) == 1
+    assert led.answers.of("d")[k].our_prompt_ids == (1, 2, 3)
     led.close()
     assert (
         sqlite3.connect(tmp_path / "l.sqlite").execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -192,11 +192,11 @@ def test_answers_are_committed_in_groups_and_each_is_durable_before_it_returns(t
 
     led = Ledger(tmp_path / "l.sqlite")
     ps = [Prompt(f"p{i}", "d", (Message("user", f"q{i}"),)) for i in range(64)]
-    led.add_prompts("d", ps, samples=1, turns=lambda _: 1)
+    led.prompts.add("d", ps, samples=1, turns=lambda _: 1)
     answer = _answer()
     commits = []
-    real = led.record_answers
-    led.record_answers = lambda group: (commits.append(len(group)), real(group))[1]  # type: ignore[method-assign]
+    real = led.answers.record
+    led.answers.record = lambda group: (commits.append(len(group)), real(group))[1]  # type: ignore[method-assign]
     other = sqlite3.connect(tmp_path / "l.sqlite")
 
     def done(pid: str) -> bool:
@@ -222,7 +222,7 @@ def test_answers_are_committed_in_groups_and_each_is_durable_before_it_returns(t
     def broken(group):
         raise LedgerError("the disk is full")
 
-    led.record_answers = broken  # type: ignore[method-assign]
+    led.answers.record = broken  # type: ignore[method-assign]
 
     async def failing() -> list[BaseException | None]:
         g = GroupCommit(led)
@@ -243,21 +243,21 @@ def test_pending_conversations_page_through_the_dataset_in_source_order(tmp_path
     led = Ledger(tmp_path / "l.sqlite")
     ids = [f"p{(i * 7) % 20:02d}" for i in range(20)]  # source order is not id order
     ps = [Prompt(pid, "d", (Message("user", pid),)) for pid in ids]
-    n = led.add_prompts("d", iter(ps), samples=2, turns=lambda _: 2)
-    assert n == 20 and led.count_prompts("d") == 20
+    n = led.prompts.add("d", iter(ps), samples=2, turns=lambda _: 2)
+    assert n == 20 and led.prompts.count("d") == 20
     answer = _answer()
     # conversation (p00, 0) finished; (p07, 1) half done
-    led.record_answers(
+    led.answers.record(
         [
             (Key("d", "p00", 0, 0), "api", answer, [1]),
             (Key("d", "p00", 0, 1), "api", answer, [1]),
             (Key("d", "p07", 1, 0), "api", answer, [1]),
         ]
     )
-    assert led.work_counts("d") == (80, 77)
+    assert led.prompts.work_counts("d") == (80, 77)
     got, after = [], -1
     while True:
-        page = led.pending_chains("d", after, 7)
+        page = led.prompts.pending_chains("d", after, 7)
         if page.next_after is None:
             break
         got += [(c.prompt.id, c.sample, c.answered) for c in page.chains]
@@ -266,4 +266,98 @@ def test_pending_conversations_page_through_the_dataset_in_source_order(tmp_path
     assert [(pid, s) for pid, s, _ in got] == want
     assert [k for pid, s, k in got if (pid, s) == ("p07", 1)] == [1]
     assert sum(k for *_, k in got) == 1
-    assert set(led.chain_responses("d", "p07", 1)) == {0}
+    assert set(led.answers.of_chain("d", "p07", 1)) == {0}
+
+
+def _meta_key(name: str):
+    """The declared record of a meta row, by its stored key."""
+    from draftdata.store import meta
+
+    fixed = (
+        meta.SCHEMA_VERSION,
+        meta.MIGRATED_FROM,
+        meta.MANIFEST,
+        meta.MANIFEST_BASE_DIR,
+        meta.COMMAND_LINE,
+        meta.GATE,
+    )
+    per = (meta.SETTINGS, meta.LIMIT, meta.READ_DROPS, meta.CONTAMINATION, meta.USAGE_NOTES)
+    prefix, _, dataset = name.partition(":")
+    if dataset:
+        return next(p for p in per if p.prefix == prefix).of(dataset)
+    return next(k for k in fixed if k.key == name)
+
+
+@pytest.mark.parametrize("run", ["v2", "v3"])
+def test_meta_records_of_older_ledgers_read_typed_and_write_back_the_same_text(tmp_path, run):
+    """Every meta row of a ledger written by an earlier draftdata (tests/data) reads as its
+    typed record, and that record written again is the very text the old draftdata wrote."""
+    import json
+    import shutil
+
+    from conftest import ROOT
+
+    shutil.copy(ROOT / "tests" / "data" / f"ledger-{run}.sqlite", tmp_path / "l.sqlite")
+    db = sqlite3.connect(tmp_path / "l.sqlite")
+    rows = db.execute("SELECT key, value FROM meta").fetchall()
+    db.close()
+    assert {k.partition(":")[0] for k, _ in rows} >= {"schema_version", "manifest", "gate"}
+    for key, text in rows:
+        k = _meta_key(key)
+        assert json.dumps(k.dump(k.load(json.loads(text)))) == text, key
+    led = Ledger.read(tmp_path / "l.sqlite")
+    try:  # read through the part as the stages read them
+        from draftdata.store.meta import GATE, MANIFEST, READ_DROPS
+
+        gate = led.meta.get(GATE)
+        assert gate is not None and gate.passed and gate.evidence is None
+        assert led.meta.get(READ_DROPS.of("truth"), {"missing": 1}) == {}
+        assert (led.meta.get(MANIFEST) or {})["run"]["name"] == run
+    finally:
+        led.close()
+
+
+def test_meta_records_are_the_json_the_stages_wrote_before_they_were_typed(tmp_path):
+    """The gate and the contamination tally a stage records are stored as the JSON it wrote
+    before (``Gate.to_json``; the tally's old ``to_json``, spelled out here), key order
+    included; a meta value that is not its record is one LedgerError naming the key."""
+    import json
+
+    from draftdata.measure.contamination import Match, Tally
+    from draftdata.measure.gate import Gate
+    from draftdata.store.ledger import LedgerError
+    from draftdata.store.meta import CONTAMINATION, GATE, contamination_json, gate_json
+
+    for g in (Gate(0.9, 0.95, True, reason="r", evidence="ground truth"), Gate(0.9, None, False)):
+        assert json.dumps(gate_json(g.record())) == json.dumps(g.to_json())
+    t = Tally()
+    t.add("p1", Match("mt-bench", "81", 0.876543, 7, 8, "ngram", True))
+    t.add("p2", None)
+    want = {
+        "checked": 2,
+        "flagged": 1,
+        "by_set": {"mt-bench": 1},
+        "first": [
+            {
+                "prompt_id": "p1",
+                "eval_set": "mt-bench",
+                "eval_id": "81",
+                "score": 0.8765,
+                "rule": "ngram",
+            }
+        ],
+    }
+    assert json.dumps(contamination_json(t.record())) == json.dumps(want)
+    assert Tally.of_record(t.record()).record() == t.record()
+    led = Ledger(tmp_path / "l.sqlite")
+    try:
+        led.meta.put(CONTAMINATION.of("d"), t.record())
+        led.meta.put(GATE, Gate(0.9, 0.95, True).record())
+        (text,) = led.db.execute("SELECT value FROM meta WHERE key='contamination:d'").fetchone()
+        assert text == json.dumps(want)
+        assert led.meta.get(CONTAMINATION.of("d")) == t.record()
+        led.db.execute("UPDATE meta SET value='\"passed\"' WHERE key='gate'")
+        with pytest.raises(LedgerError, match="'gate'"):
+            led.meta.get(GATE)
+    finally:
+        led.close()

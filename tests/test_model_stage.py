@@ -349,10 +349,11 @@ def test_run_with_model_repair_exports_the_engine_ids(tmp_path):
     assert "Loading weights" not in r.stderr  # nothing left to score: the model is not loaded
     # score writes the run's scores but is not the run's command: the report still names `run`
     from draftdata.store.ledger import Ledger
+    from draftdata.store.meta import COMMAND_LINE
 
     led = Ledger(tmp_path / "run" / "ledger.sqlite")
     try:
-        assert led.get_meta("command_line")[:2] == ["draftdata", "run"]
+        assert (led.meta.get(COMMAND_LINE) or [])[:2] == ["draftdata", "run"]
     finally:
         led.close()
 

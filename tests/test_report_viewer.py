@@ -34,6 +34,7 @@ from draftdata.report.style import CSS, TRAINED_BG
 from draftdata.report.viewer import sample_card, tomlish
 from draftdata.store import stats
 from draftdata.store.ledger import Ledger
+from draftdata.store.meta import COMMAND_LINE, MANIFEST
 from draftdata.tokenizers import load_tokenizer
 from shared import EVIL, PASSED, chromium, export_only, make_run, run
 
@@ -182,7 +183,7 @@ def test_viewer_escapes_and_says_when_there_is_no_preview(run_dir: Path, tmp_pat
 # --- command line and manifest ------------------------------------------------------------------
 def test_command_line_and_manifest(run_dir: Path, tmp_path: Path) -> None:
     led = Ledger.read(run_dir / "ledger.sqlite")
-    cfg, argv = led.get_meta("manifest"), led.get_meta("command_line")
+    cfg, argv = led.meta.get(MANIFEST), led.meta.get(COMMAND_LINE) or []
     led.close()
     assert argv[:2] == ["draftdata", "generate"] and argv[2].endswith("manifest.toml")
     page = build_report(run_dir).read_text()

@@ -318,8 +318,8 @@ def test_a_schema_3_ledger_is_read_in_place_then_converted(tmp_path):
     led = Ledger.read(run_dir / "ledger.sqlite")  # what status, report and plan open
     try:
         doc = status(led).to_json()["datasets"]
-        old_samples = sorted((s.id, s.input_ids, s.loss_mask) for s in led.samples("truth"))
-        old_answers = led.responses("paid")
+        old_samples = sorted((s.id, s.input_ids, s.loss_mask) for s in led.samples.of("truth"))
+        old_answers = led.answers.of("paid")
     finally:
         led.close()
     assert (doc["truth"]["samples"], doc["paid"]["samples"]) == (2, 2)
@@ -347,8 +347,10 @@ def test_a_schema_3_ledger_is_read_in_place_then_converted(tmp_path):
     db.close()
     led = Ledger(run_dir / "ledger.sqlite")
     try:  # what the old columns read as, read-only, is what the converted ones hold
-        assert sorted((s.id, s.input_ids, s.loss_mask) for s in led.samples("truth")) == old_samples
-        assert led.responses("paid") == old_answers
+        assert (
+            sorted((s.id, s.input_ids, s.loss_mask) for s in led.samples.of("truth")) == old_samples
+        )
+        assert led.answers.of("paid") == old_answers
     finally:
         led.close()
     # the export above equals the old draftdata's own, a regression guard only: both could be

@@ -24,6 +24,7 @@ from .measure.validate import ValidationReport, validate
 from .progress import Ticker
 from .records import GroundTruth
 from .session import RunSession, Tokenization
+from .store.meta import GATE
 from .tokens.reconstruct import check_ids
 from .tokens.run_samples import Tokenized
 from .tokens.stage import TokensStage
@@ -221,13 +222,13 @@ def gate_stage(
     gate = gate_on(m.run.min_exact, validation, gated=gated).on(", ".join(said))
     if gated and not gate.passed:
         if not force:
-            session.ledger.set_meta("gate", gate.to_json())
+            session.ledger.meta.put(GATE, gate.record())
             raise GateError(
                 f"gate failed before any paid request: {gate.reason}; fix the format or "
                 "learn split preferences (`draftdata learn`), or pass --force to override"
             )
         gate = gate.force()
-    session.ledger.set_meta("gate", gate.to_json())
+    session.ledger.meta.put(GATE, gate.record())
     return gate
 
 

@@ -53,6 +53,7 @@ def contamination(
     """Flag training prompts that hold an evaluation prompt (>= 70% of its word 8-grams; a
     prompt under 8 words only verbatim), per dataset: how many, and the first matches."""
     from ..measure.contamination import Tally, detector_for
+    from ..store.meta import contamination_json
 
     if not source.exists():
         raise InputError(f"{source}: no such manifest, export folder or shard file")
@@ -73,7 +74,7 @@ def contamination(
         "datasets": {},
     }
     for name, t in tallies.items():
-        doc["datasets"][name] = t.to_json()
+        doc["datasets"][name] = contamination_json(t.record())
     if json_out:
         sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
         return

@@ -27,6 +27,7 @@ def read_status(
     drops when read added, and (with ``failed``) every key that failed, with why."""
     from ..store.guard import reading
     from ..store.ledger import Ledger
+    from ..store.meta import READ_DROPS
     from ..store.stats import status as ledger_status
 
     ledger = Ledger.read(path)
@@ -35,8 +36,8 @@ def read_status(
             run_status = ledger_status(ledger)
             st = run_status.to_json()
             for name, d in st["datasets"].items():  # dropped when read (contaminated, ...)
-                d["read_drops"] = ledger.get_meta(f"read_drops:{name}", {})
-            bad = ledger.failed() if failed else []
+                d["read_drops"] = ledger.meta.get(READ_DROPS.of(name), {})
+            bad = ledger.answers.failed() if failed else []
     finally:
         ledger.close()
     return run_status, st, bad

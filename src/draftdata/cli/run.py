@@ -89,7 +89,7 @@ def generate(
     try:
         rep = asyncio.run(runner.run(dataset))
         st = ledger_status(runner.ledger)
-        failed = runner.ledger.failed()
+        failed = runner.ledger.answers.failed()
     finally:
         runner.close()
     if json_out:
@@ -276,7 +276,7 @@ def _ledger_outcome(path: Path) -> tuple[RunStatus, list[tuple[Key, str, str]]]:
     led = Ledger.read(path)
     try:
         st = ledger_status(led)
-        failed = led.failed()
+        failed = led.answers.failed()
     finally:
         led.close()
     return st, failed

@@ -22,6 +22,7 @@ from ..measure.gate import Gate
 from ..measure.validate import ValidationReport
 from ..records import Answered, Sample
 from ..records.export import DatasetExport, ExportManifest, FormatPin, TokenizerPin
+from ..store.meta import GATE, READ_DROPS, gate_json
 from ..store.stats import status
 from ..tokens.run_samples import RunTokens
 from .filters import CONTAMINATED, SampleFilter
@@ -92,7 +93,7 @@ class RunSamples:
 
     def __iter__(self) -> Iterator[Sample]:
         for name in self.datasets:
-            for s, meta in self.ledger.samples_with_metadata(name, metadata=self.with_metadata):
+            for s, meta in self.ledger.samples.with_metadata(name, metadata=self.with_metadata):
                 self._last = (s, meta)
                 yield s
 
@@ -152,10 +153,11 @@ def run_manifest(
             samples_per_prompt=d.samples_per_prompt,
             turns=d.turns,
             drops=drops,
-            read_drops=led.get_meta(f"read_drops:{d.name}", {}),
+            read_drops=led.meta.get(READ_DROPS.of(d.name), {}),
             cost_usd=ds.cost_usd,
         )
     tok, fmt = bound.tokenizer, bound.format
+    kept = led.meta.get(GATE) if gate is None else None  # the gate the run decided
     return ExportManifest(
         run=m.run.name,
         tokenizer=TokenizerPin(str(tok.path), tok.sha256, tok.chat_template_sha256),
@@ -163,7 +165,7 @@ def run_manifest(
         draftdata_version=__version__,
         datasets=datasets,
         validation=validation.to_json() if validation is not None else None,
-        gate=gate.to_json() if gate is not None else led.get_meta("gate"),
+        gate=gate.to_json() if gate is not None else gate_json(kept) if kept else None,
         cost_usd=st.cost_usd,
     )
 
@@ -175,7 +177,7 @@ def contaminated_prompts(ledger: Ledger, m: Manifest) -> frozenset[tuple[str, st
 
     det = detector_for(m.run.decontaminate or BUILTIN_SETS, m.base_dir)
     return frozenset(
-        (d.name, p.id) for d in m.datasets for p, _ in det.scan(ledger.prompts(d.name))
+        (d.name, p.id) for d in m.datasets for p, _ in det.scan(ledger.prompts.of(d.name))
     )
 
 
@@ -231,7 +233,7 @@ def run_conversations(
     flt = _filter(ledger, m, drop)
     stage = RunTokens(ledger, m, bound)
     for d in m.datasets:
-        have = {s.key for s in flt(ledger.samples(d.name))}
+        have = {s.key for s in flt(ledger.samples.of(d.name))}
         yield from (a for a in stage.conversations(d) if a.key in have)
 
 

@@ -30,7 +30,7 @@ class GroupCommit:
 
     async def begin(self, key: Key, backend: str, estimate: float) -> int:
         """Write that a request is about to be sent, and wait until that is durable: a request
-        in flight when the process dies is then known (``Ledger.settle_interrupted``). The
+        in flight when the process dies is then known (``Ledger.answers.settle_interrupted``). The
         requests queued in one turn of the event loop are written in one transaction on the
         next (waiting the answers' 5 ms would hold every request back by it); returns the
         row's id for the outcome to close."""
@@ -47,7 +47,7 @@ class GroupCommit:
         if not intents:
             return
         try:
-            ids = self.ledger.begin([i for i, _ in intents])
+            ids = self.ledger.answers.begin([i for i, _ in intents])
         except Exception as e:
             for _, started in intents:
                 if not started.done():
@@ -75,7 +75,7 @@ class GroupCommit:
         """A batch that is already grouped (a local engine's): committed at once, with anything
         queued before it."""
         self.flush()
-        self.ledger.record_answers(answers)
+        self.ledger.answers.record(answers)
 
     def flush(self) -> None:
         """Commit what is queued. Also called when the run stops (Ctrl-C, an error): an answer
@@ -88,7 +88,7 @@ class GroupCommit:
         if not group:
             return
         try:
-            self.ledger.record_answers([a for a, _ in group])
+            self.ledger.answers.record([a for a, _ in group])
         except Exception as e:
             waiting = [done for _, done in group if not done.done()]
             for done in waiting:

@@ -12,6 +12,7 @@ from rich.text import Text
 from ..config import DatasetCfg, Manifest
 from ..measure.contamination import Detector, Tally, detector_for
 from ..store.ledger import Ledger
+from ..store.meta import CONTAMINATION
 
 
 class DecontaminateMixin:
@@ -35,7 +36,7 @@ class DecontaminateMixin:
         the report, with a line saying what was dropped."""
         if not checked:
             return
-        self.ledger.set_meta(f"contamination:{d.name}", tally.to_json())
+        self.ledger.meta.put(CONTAMINATION.of(d.name), tally.record())
         if tally.total and not self.quiet:
             by = ", ".join(f"{k}: {v}" for k, v in sorted(tally.flagged.items()))
             self.console.print(

@@ -22,6 +22,7 @@ from ..formats import BoundFormat
 from ..measure.contamination import Tally
 from ..records import ApiView, Completion, FailedAttempt, Key, Message, Prompt, StoredResponse
 from ..session import RunSession
+from ..store.meta import COMMAND_LINE, LIMIT, MANIFEST, MANIFEST_BASE_DIR, READ_DROPS, SETTINGS
 from ..store.stats import status
 from ..tokens.conversation import answer_message, n_turns, turn_messages
 from ..tokens.run_samples import RunTokens, Tokenized, stored_view
@@ -103,7 +104,7 @@ class Runner(DecontaminateMixin):
         self.checks = self.session.checks
         # requests in flight when the last writer was killed or interrupted: possibly paid,
         # so counted against the budget, and asked again
-        interrupted, usd = self.ledger.settle_interrupted()
+        interrupted, usd = self.ledger.answers.settle_interrupted()
         if interrupted and not quiet:
             self.console.print(
                 Text(
@@ -111,29 +112,24 @@ class Runner(DecontaminateMixin):
                     f"counted as possibly paid (up to ${usd:,.4f}) and asked again"
                 )
             )
-        spent = status(self.ledger).cost_usd + self.ledger.possibly_paid()
+        spent = status(self.ledger).cost_usd + self.ledger.answers.possibly_paid()
         self.budget = Budget(manifest.run.budget_usd, spent=spent)
         self.extend = extend
         #: datasets whose source file changed since the run began: read again
         self.reread: set[str] = set()
+        meta = self.ledger.meta
         if check_settings:  # a writer that would add answers; export only reads them back
             for d in manifest.datasets:
                 now = settings_of(manifest, d, self.bound)
-                if check(
-                    manifest,
-                    d,
-                    now,
-                    self.ledger.get_meta(f"settings:{d.name}"),
-                    self.ledger.get_meta(f"limit:{d.name}", d.limit),
-                    extend,
-                ):
+                was, limit = meta.get(SETTINGS.of(d.name)), meta.get(LIMIT.of(d.name), d.limit)
+                if check(manifest, d, now, was, limit, extend):
                     self.reread.add(d.name)
-                self.ledger.set_meta(f"settings:{d.name}", now)
-                self.ledger.set_meta(f"limit:{d.name}", d.limit)
-        self.ledger.set_meta("manifest", stored_manifest(manifest))
-        self.ledger.set_meta("manifest_base_dir", str(manifest.base_dir))
+                meta.put(SETTINGS.of(d.name), now)
+                meta.put(LIMIT.of(d.name), d.limit)
+        meta.put(MANIFEST, stored_manifest(manifest))
+        meta.put(MANIFEST_BASE_DIR, str(manifest.base_dir))
         if command_line is not None:  # what the report shows as the command that made the run
-            self.ledger.set_meta("command_line", command_line)
+            meta.put(COMMAND_LINE, command_line)
 
     def close(self) -> None:
         """Close the ledger and free the run folder for the next writer (where the Runner opened
@@ -177,13 +173,13 @@ class Runner(DecontaminateMixin):
     def prompts(self, d: DatasetCfg) -> int:
         """The dataset's prompts into the ledger (read from its source the first time, streamed:
         memory holds one prompt); returns how many the ledger holds."""
-        stored = self.ledger.count_prompts(d.name)
+        stored = self.ledger.prompts.count(d.name)
         fresh = d.name in self.reread
         if stored and not fresh and not (self.extend and (d.limit is None or d.limit > stored)):
             return stored
         drops: Counter[str] = Counter()
         # a prompt already in an earlier dataset of this run is dropped here, and counted
-        earlier = self.ledger.prompt_ids(exclude=d.name)
+        earlier = self.ledger.prompts.ids(exclude=d.name)
         dups: set[str] = set()
 
         det = self.decontaminator()
@@ -201,7 +197,7 @@ class Runner(DecontaminateMixin):
 
         turns = lambda p: n_turns(p, d.turns)  # noqa: E731
         if fresh:  # the source changed: answered prompts stay, unanswered ones follow the file
-            n_kept, gone, added = self.ledger.replace_unanswered(
+            n_kept, gone, added = self.ledger.prompts.replace_unanswered(
                 d.name, list(kept(iter_dataset(self.m, d, drops))), d.samples_per_prompt, turns
             )
             self.reread.discard(d.name)
@@ -212,13 +208,13 @@ class Runner(DecontaminateMixin):
                     "prompts kept"
                 )
             )
-            self.ledger.set_meta(f"read_drops:{d.name}", dict(drops))
+            self.ledger.meta.put(READ_DROPS.of(d.name), dict(drops))
             self.record_contamination(d, tally, det is not None)
-            return self.ledger.count_prompts(d.name)
+            return self.ledger.prompts.count(d.name)
         # --extend: the prompts already there keep their place; new ones follow
-        have = self.ledger.prompt_ids_of(d.name) if stored else set()
+        have = self.ledger.prompts.ids_of(d.name) if stored else set()
         new = (p for p in kept(iter_dataset(self.m, d, drops)) if p.id not in have)
-        added = self.ledger.add_prompts(d.name, new, d.samples_per_prompt, turns, start=stored)
+        added = self.ledger.prompts.add(d.name, new, d.samples_per_prompt, turns, start=stored)
         if not stored + added:
             # every prompt already under a dataset the manifest no longer names: renamed, most
             # likely (a dataset of the manifest that holds them is a plain duplicate)
@@ -226,7 +222,7 @@ class Runner(DecontaminateMixin):
             held = [
                 n
                 for n in sorted(status(self.ledger).datasets)
-                if n not in named and dups & self.ledger.prompt_ids_of(n)
+                if n not in named and dups & self.ledger.prompts.ids_of(n)
             ]
             if held:
                 under = ", ".join(f'"{n}"' for n in held)
@@ -240,7 +236,7 @@ class Runner(DecontaminateMixin):
             raise GenerateError(
                 f"dataset {d.name}: {d.source} gave no prompts (skipped: {dict(drops)})"
             )
-        self.ledger.set_meta(f"read_drops:{d.name}", dict(drops))
+        self.ledger.meta.put(READ_DROPS.of(d.name), dict(drops))
         self.record_contamination(d, tally, det is not None)
         return stored + added
 
@@ -279,12 +275,12 @@ class Runner(DecontaminateMixin):
             return self.request(d, p, s, turn, msgs, prompt_ids)
         except (DraftdataError, TypeError, ValueError, AttributeError) as e:
             why = f"unrenderable_prompt: {type(e).__name__}: {e}"
-            self.ledger.quarantine(Key(d.name, p.id, s, turn), why[:500])
+            self.ledger.answers.quarantine(Key(d.name, p.id, s, turn), why[:500])
             return None
 
     # --- recording -----------------------------------------------------------------------------
     def on_failure(self, bars: Bars, req: GenRequest, f: FailedAttempt, backend: str) -> None:
-        self.ledger.record_failure(req.key, backend, f)
+        self.ledger.answers.record_failure(req.key, backend, f)
         # the capability probe's expected refusal is recorded, but it is not an error
         bars.update(req.key.dataset, errors=int(f.reason != PROBE_REFUSED), done=int(f.final))
         if f.asked_s is not None and f.asked_s >= LONG_WAIT_S:
@@ -338,7 +334,7 @@ class Runner(DecontaminateMixin):
 
     async def run_dataset(self, d: DatasetCfg, bars: Bars) -> None:
         self.prompts(d)
-        total, todo = self.ledger.work_counts(d.name)
+        total, todo = self.ledger.prompts.work_counts(d.name)
         backend = self.backend(d.backend) if todo else None  # refuses a bad config first
         bars.add(d.name, total, total - todo)
         if backend is None:
@@ -372,7 +368,7 @@ class Runner(DecontaminateMixin):
         rendering, on a sample of the prompts still to ask (``contract.check_dataset``)."""
         if d.name not in self.contract_checked and self.serving.renders(d):
             self.contract_checked.add(d.name)
-            page = self.ledger.pending_chains(d.name, -1, PROMPT_WINDOW)
+            page = self.ledger.prompts.pending_chains(d.name, -1, PROMPT_WINDOW)
             line = check_dataset(self.serving, d, self.bound, (c.prompt for c in page.chains))
             if line and not self.quiet:
                 self.console.print(Text(line))
@@ -382,7 +378,7 @@ class Runner(DecontaminateMixin):
         over_context: never sent, never paid, counted with the reason."""
         why = over_context(self.serving.context(d), len(req.prompt_ids), req.sampling.max_tokens)
         if why is not None:
-            self.ledger.quarantine(req.key, why)
+            self.ledger.answers.quarantine(req.key, why)
         return why is None
 
     def pages(self, d: DatasetCfg) -> Iterator[list[Chain]]:
@@ -390,7 +386,7 @@ class Runner(DecontaminateMixin):
         with its stored answers where it has some (a resumed conversation)."""
         after = -1
         while True:
-            page = self.ledger.pending_chains(d.name, after, PROMPT_WINDOW)
+            page = self.ledger.prompts.pending_chains(d.name, after, PROMPT_WINDOW)
             if page.next_after is None:
                 return
             after = page.next_after
@@ -399,7 +395,7 @@ class Runner(DecontaminateMixin):
                     Chain(
                         c.prompt,
                         c.sample,
-                        self.ledger.chain_responses(d.name, c.prompt.id, c.sample)
+                        self.ledger.answers.of_chain(d.name, c.prompt.id, c.sample)
                         if c.answered
                         else {},
                     )

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..config import DatasetCfg, Manifest, redact_url
 from ..errors import DraftdataError
 from ..formats import BoundFormat
+from ..records.meta import DatasetSettings
 
 
 class SettingsChangedError(DraftdataError):
@@ -36,7 +38,7 @@ def source_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def settings_of(m: Manifest, d: DatasetCfg, bound: BoundFormat) -> dict[str, Any]:
+def settings_of(m: Manifest, d: DatasetCfg, bound: BoundFormat) -> DatasetSettings:
     cfg = m.backends[d.backend]
     src = m.resolve(d.source)
     return {
@@ -69,7 +71,7 @@ def settings_of(m: Manifest, d: DatasetCfg, bound: BoundFormat) -> dict[str, Any
 _WHOLE = frozenset({"columns", "extra_body"})
 
 
-def _flat(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def _flat(doc: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in doc.items():
         if isinstance(v, dict) and k not in _WHOLE:
@@ -82,9 +84,9 @@ def _flat(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def check(
     m: Manifest,
     d: DatasetCfg,
-    now: dict[str, Any],
-    stored: dict[str, Any] | None,
-    stored_limit: Any,
+    now: DatasetSettings,
+    stored: DatasetSettings | None,
+    stored_limit: int | None,
     extend: bool,
 ) -> bool:
     """Raise SettingsChangedError naming what changed and the two ways forward; True when only

@@ -43,10 +43,11 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from ..errors import InputError
 from ..records import Prompt
+from ..records.meta import Contamination, FlaggedPrompt
 from ..records.wire import messages_of
 from ..sources import iter_json_records, read_prompts
 
@@ -374,37 +375,24 @@ class Tally:
         if len(self.first) < self.keep:
             self.first.append((prompt_id, m))
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "checked": self.checked,
-            "flagged": self.total,
-            "by_set": dict(self.flagged),
-            "first": [
-                {
-                    "prompt_id": pid,
-                    "eval_set": m.eval_set,
-                    "eval_id": m.eval_id,
-                    "score": round(m.score, 4),
-                    "rule": m.rule,
-                }
+    def record(self) -> Contamination:
+        """The tally as the ledger keeps it (``store.meta.CONTAMINATION``) and ``draftdata
+        contamination --json`` prints it."""
+        return Contamination(
+            self.checked,
+            self.total,
+            dict(self.flagged),
+            tuple(
+                FlaggedPrompt(pid, m.eval_set, m.eval_id, round(m.score, 4), m.rule)
                 for pid, m in self.first
-            ],
-        }
+            ),
+        )
 
     @classmethod
-    def from_json(cls, doc: object) -> Tally:
-        """A tally back from ``to_json`` (what cannot be read is left out, never raised)."""
-        t = cls()
-        if not isinstance(doc, dict):
-            return t
-        t.checked = int(doc.get("checked") or 0)
-        by = doc.get("by_set")
-        if isinstance(by, dict):
-            t.flagged.update({str(k): int(v) for k, v in by.items() if isinstance(v, int)})
-        for f in doc.get("first") or []:
-            if isinstance(f, dict):
-                score = float(f.get("score") or 0.0)
-                rule: Literal["ngram", "exact"] = "exact" if f.get("rule") == "exact" else "ngram"
-                m = Match(str(f.get("eval_set")), str(f.get("eval_id")), score, 0, 0, rule, True)
-                t.first.append((str(f.get("prompt_id")), m))
+    def of_record(cls, c: Contamination) -> Tally:
+        """A tally back from its record (a match's n-gram counts are not kept: 0)."""
+        t = cls(checked=c.checked)
+        t.flagged.update(c.by_set)
+        for f in c.first:
+            t.first.append((f.prompt_id, Match(f.eval_set, f.eval_id, f.score, 0, 0, f.rule, True)))
         return t

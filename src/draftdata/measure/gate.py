@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DraftdataError
+from ..records.meta import GateRecord
 
 if TYPE_CHECKING:  # the gate itself stays light: `validate --min-exact` decides with it
     from .validate import ValidationReport
@@ -39,6 +40,19 @@ class Gate:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def record(self) -> GateRecord:
+        """The gate as the ledger keeps it (``store.meta.GATE``)."""
+        return GateRecord(
+            self.min_exact,
+            self.exact_match_rate,
+            self.passed,
+            self.forced,
+            self.reason,
+            self.gated,
+            self.unmeasured,
+            self.evidence,
+        )
 
     def force(self) -> Gate:
         return replace(self, forced=True)

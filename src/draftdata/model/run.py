@@ -62,14 +62,14 @@ def score_run(
     model = _key(scorer)
     scored = repaired = 0
     for d in datasets:
-        done = ledger.scored(d.name, model)
+        done = ledger.scores.scored(d.name, model)
         # keys first: the samples are read one by one while repaired ones are written back
-        keys = [k for k in ledger.sample_keys(d.name) if k not in done]
+        keys = [k for k in ledger.samples.keys(d.name) if k not in done]
         if not keys:
             continue
         if isinstance(scorer, tuple):
             scorer = scorer[1]()  # the first dataset with something to score loads the model
-        todo = ledger.samples_for(keys)
+        todo = ledger.samples.of_keys(keys)
         batch: list[Scored] = []
         dec = d.decoding
 
@@ -105,9 +105,9 @@ def _keep(ledger: Ledger, model: str, threshold: float, batch: list[Scored]) -> 
             if key is None:
                 continue
             if r.changed:
-                ledger.put_sample(key, r.sample)
+                ledger.samples.put(key, r.sample)
                 n += 1
-            ledger.put_score(key, model, threshold, r.score, r.repairs)
+            ledger.scores.put(key, model, threshold, r.score, r.repairs)
     return n
 
 
@@ -115,15 +115,15 @@ def unscored(ledger: Ledger, scorer: ScorerSource, datasets: Sequence[str]) -> i
     """How many samples of ``datasets`` the scorer's model has not scored yet."""
     n, model = 0, _key(scorer)
     for name in datasets:
-        done = ledger.scored(name, model)
-        n += sum(k not in done for k in ledger.sample_keys(name))
+        done = ledger.scores.scored(name, model)
+        n += sum(k not in done for k in ledger.samples.keys(name))
     return n
 
 
 def run_report(ledger: Ledger, model: str | None = None) -> ScoreReport | None:
     """The stored scores added up per dataset and token source (``None`` when there are none)."""
     rep: ScoreReport | None = None
-    for stored in ledger.scores():
+    for stored in ledger.scores.all():
         if model is not None and stored.model != model:
             continue
         if rep is None:

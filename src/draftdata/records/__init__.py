@@ -6,8 +6,10 @@ The flow, and the record each stage hands to the next::
     ground truth (files, or a run's exact answers) -> GroundTruth -> measure -> ValidationResult
 
 Two serialisers exist for these records: ``records.wire`` (the OpenAI wire format, both ways) and
-the ledger's own (``store.codec``). Raw API payloads (``Completion.response``) stay the provider's
-JSON, stored verbatim; everything derived from them is typed.
+the ledger's own (``store.codec`` for its tables; ``store.meta`` for the records of
+``records.meta`` that one stage leaves another in its meta table). Raw API payloads
+(``Completion.response``) stay the provider's JSON, stored verbatim; everything derived from
+them is typed.
 """
 
 from __future__ import annotations
@@ -178,7 +180,7 @@ class Completion:
     usage_note: str | None = None
     #: the answer's tokens by draftdata's own count (what it was charged for at least)
     counted_tokens: int | None = None
-    #: the ledger row written before the request was sent (``Ledger.begin``)
+    #: the ledger row written before the request was sent (``Ledger.answers.begin``)
     intent: int | None = None
 
 
@@ -196,7 +198,7 @@ class FailedAttempt:
     #: how long the client waits before the next attempt, and what the server asked for
     wait_s: float = 0.0
     asked_s: float | None = None
-    #: the ledger row written before the request was sent (``Ledger.begin``)
+    #: the ledger row written before the request was sent (``Ledger.answers.begin``)
     intent: int | None = None
     #: the server's own words for a refusal (its error message), one line; "" where none
     detail: str = ""

@@ -7,7 +7,7 @@ sequence, not by the number of rows), so a report over millions of samples holds
 quality table's examples are the exception, and bounded: the first ``EXAMPLES_PER_CHECK`` rows of
 each dataset and check, each the last ``EXAMPLE_IDS`` ids of its answer, decoded with the
 tokenizer the manifest pins (where its file is at hand). Contamination tallies come from the
-ledger's ``contamination:<dataset>`` meta."""
+ledger's meta (``store.meta.CONTAMINATION``)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from ..measure.contamination import Tally
 from ..records.export import ExportManifest
 from ..store.guard import reading
 from ..store.ledger import Ledger, LedgerError
+from ..store.meta import COMMAND_LINE, CONTAMINATION, MANIFEST
 from ..store.stats import Throughput, throughput, work_datasets
 from ..tokens.quality import QUALITY_CHECKS
 
@@ -312,9 +313,9 @@ def decode_examples(
 def _contamination(led: Ledger, names: list[str]) -> dict[str, Tally]:
     out = {}
     for name in names:
-        doc = led.get_meta(f"contamination:{name}")
-        if doc is not None:
-            out[name] = Tally.from_json(doc)
+        kept = led.meta.get(CONTAMINATION.of(name))
+        if kept is not None:
+            out[name] = Tally.of_record(kept)
     return out
 
 
@@ -336,13 +337,13 @@ def read_ledger(run_dir: Path) -> LedgerFigures | None:
         try:
             with reading(path):  # a damaged page the open did not touch
                 per = {name: throughput(led, name) for name in work_datasets(led)}
-                cfg, argv = led.get_meta("manifest"), led.get_meta("command_line")
+                cfg, argv = led.meta.get(MANIFEST), led.meta.get(COMMAND_LINE)
                 names = list(dict.fromkeys([*per, *_manifest_datasets(cfg)]))
                 return LedgerFigures(
                     per,
                     throughput(led, None),
-                    cfg if isinstance(cfg, dict) else None,
-                    [str(a) for a in argv] if isinstance(argv, list) else None,
+                    cfg,
+                    argv,
                     _contamination(led, names),
                 )
         finally:

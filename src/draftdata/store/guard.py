@@ -1,5 +1,6 @@
 """Ledger errors as one line that names the fix: a full disk, a damaged page, a file that is
-not a ledger. Every ``Ledger`` method that touches the file is wrapped with ``guarded``."""
+not a ledger. Every method of a ledger's parts that touches the file is wrapped with
+``guarded``."""
 
 from __future__ import annotations
 
@@ -8,9 +9,20 @@ import functools
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 from ..errors import DraftdataError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class _OnFile(Protocol):
+    @property
+    def path(self) -> Path: ...
+
+
+S = TypeVar("S", bound=_OnFile)
 
 
 class LedgerError(DraftdataError):
@@ -33,11 +45,12 @@ def explain(path: Path, e: sqlite3.Error) -> str:
     return f"{path}: the ledger cannot be written ({text}); check the disk and rerun"
 
 
-def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` (a ledger method) with every sqlite error turned into one LedgerError line."""
+def guarded(fn: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
+    """``fn`` (a method of a ledger part) with every sqlite error turned into one LedgerError
+    line."""
 
     @functools.wraps(fn)
-    def inner(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def inner(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(self, *args, **kwargs)
         except sqlite3.Error as e:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .ledger import Ledger
+from .meta import USAGE_NOTES
+from .part import has_table
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,7 @@ def status(led: Ledger) -> RunStatus:
     ):
         if checked:
             d(dataset)["template_drift"] = (checked, bad)
-    if led._has_table("inflight"):  # a ledger of an older draftdata, read-only, has none
+    if has_table(db, "inflight"):  # a ledger of an older draftdata, read-only, has none
         for dataset, state, n, usd in db.execute(
             "SELECT dataset, state, count(*), sum(estimate_usd) FROM inflight "
             "GROUP BY dataset, state"
@@ -157,9 +159,9 @@ def status(led: Ledger) -> RunStatus:
                 d(dataset)["interrupted"] = n
                 d(dataset)["possibly_paid_usd"] = round(usd or 0.0, 6)
     for dataset in ds:
-        notes = led.get_meta(f"usage_notes:{dataset}")
+        notes = led.meta.get(USAGE_NOTES.of(dataset))
         if notes:
-            d(dataset)["usage_notes"] = dict(notes)
+            d(dataset)["usage_notes"] = notes
     for dataset in ds:
         opts = server_options(db, dataset)
         if opts.asked or opts.refused:

@@ -100,7 +100,7 @@ class RunTokens:
     def conversations(self, d: DatasetCfg) -> Iterator[Answered]:
         """Every stored answer with the conversation it answered (on-policy history rebuilt),
         streamed from the ledger a conversation at a time."""
-        for chain in self.ledger.iter_chains(d.name):
+        for chain in self.ledger.answers.chains(d.name):
             p, s = chain.prompt, chain.sample
             turns = {r.key.turn: r for r in chain.responses}
             own: list[Message] = []
@@ -132,10 +132,10 @@ class RunTokens:
             last = turns[-1]
             if last.key in done:  # decided in an earlier pass (export's only_missing)
                 continue
-            self.ledger.forget_tokens([a.key for a in turns[:-1]])
+            self.ledger.samples.forget([a.key for a in turns[:-1]])
             if any(a.stored.finish_reason == "length" for a in turns[:-1]):
                 drops["history_truncated"] += 1
-                self.ledger.put_drop(last.key, "tokens", "history_truncated")
+                self.ledger.samples.drop(last.key, "tokens", "history_truncated")
                 continue
             yield last
 
@@ -148,11 +148,11 @@ class RunTokens:
         thousand answers or more, ``tokens.parallel``); the ledger ends the same either way."""
         counts: Counter[str] = Counter()
         drops: Counter[str] = Counter()
-        todo = self.ledger.untokenized(d.name) if only_missing else None
+        todo = self.ledger.samples.undecided(d.name) if only_missing else None
         if todo == 0:
             return Tokenized({}, {})  # every answer has its sample or drop: nothing to walk
         stage = self.stage
-        done = self.ledger.tokenized(d.name) if only_missing else set()
+        done = self.ledger.samples.decided(d.name) if only_missing else set()
         joined = d.turns == "joined"
         if joined:
             stage = replace(stage, joined=True)
@@ -164,7 +164,7 @@ class RunTokens:
             if a.key not in done
         )
         made: list[tuple[Key, tuple[Any, ...]]] = []
-        n_jobs = jobs_for(todo if todo is not None else self.ledger.count_responses(d.name), jobs)
+        n_jobs = jobs_for(todo if todo is not None else self.ledger.answers.count(d.name), jobs)
         checks = self.checks
         loaded = checks.load_s is not None
         pending: dict[Key, Answered] = {}  # answers out to the workers (two windows each)
@@ -181,14 +181,14 @@ class RunTokens:
                     got = quality(checks, a, got)
                 if isinstance(got, Drop):
                     drops[got.reason] += 1
-                    self.ledger.put_drop(got.key, "tokens", got.reason)
+                    self.ledger.samples.drop(got.key, "tokens", got.reason)
                 else:
                     counts[got.token_source] += 1
                     made.append((got.key, got.row))
                     if len(made) >= SAMPLE_WRITES:
-                        self.ledger.put_sample_rows(made)
+                        self.ledger.samples.put_rows(made)
                         made.clear()
-            self.ledger.put_sample_rows(made)
+            self.ledger.samples.put_rows(made)
         if not loaded and checks.load_s is not None and self.console is not None:
             self.console.print(
                 Text(f"language check: py3langid loaded in {checks.load_s:.1f} s (once per run)")
