@@ -161,8 +161,8 @@ def main() -> None:
     args = ap.parse_args()
     from draftdata.hidden.capture import Capturer, n_layers_of
     from draftdata.hidden.engine import open_engine
+    from draftdata.hidden.export_capture import capture_to
     from draftdata.hidden.layers import parse_layers
-    from draftdata.hidden.run import capture_to
     from draftdata.model.load import load_causal_lm
 
     tmp = Path(tempfile.mkdtemp(prefix="engine-capture-"))

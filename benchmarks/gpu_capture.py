@@ -108,8 +108,8 @@ def main() -> int:
     import pyarrow.parquet as pq
     import torch
 
+    from draftdata.hidden.export_capture import capture_to
     from draftdata.hidden.layers import parse_layers
-    from draftdata.hidden.run import capture_to
     from draftdata.model.score import Scorer
 
     device = args.device or ("cpu" if args.tiny else "cuda")

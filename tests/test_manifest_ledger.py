@@ -12,7 +12,7 @@ from draftdata.generate.backends.retry import backoff, retry_after, retry_delay,
 from draftdata.records import ApiView, Completion, FailedAttempt, Key, Message, Prompt
 from draftdata.store.ledger import Ledger
 from draftdata.store.stats import status
-from draftdata.tokens.conversation import turn_messages
+from draftdata.tokens.history import turn_messages
 
 GOOD = """
 [run]

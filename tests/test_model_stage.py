@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from draftdata.formats import derive_view, get_format  # noqa: E402
 from draftdata.measure.validate import validate  # noqa: E402
 from draftdata.model.flags import flags_of  # noqa: E402
-from draftdata.model.repairer import repair_sample, sample_repairer  # noqa: E402
+from draftdata.model.sample_repair import repair_sample, sample_repairer  # noqa: E402
 from draftdata.model.score import load_scorer  # noqa: E402
 from draftdata.records.wire import ground_truth_of  # noqa: E402
 from draftdata.tokenizers import load_tokenizer  # noqa: E402
@@ -105,7 +105,7 @@ def test_repair_gives_the_engine_ids_and_breaks_no_exact_record(scorer, bound):
     assert doc["token_sources"] == {"repaired": len(NEEDS_REPAIR), "reconstructed": 2}
     assert doc["by_decoding"]["greedy"]["exact"] == 4 and doc["by_decoding"]["sampled"]["n"] == 2
     # an answer that needs no repair costs one forward pass; a repair re-runs only the tail
-    from draftdata.model.repairer import repair_sample
+    from draftdata.model.sample_repair import repair_sample
 
     exact = _sample(bound, "mtbench-27-greedy")
     r = repair_sample(
@@ -125,7 +125,7 @@ def test_a_switch_between_two_drawable_spellings_is_counted_as_a_bet(scorer, bou
     """sharegpt-98-sample's text rebuilds wrong in two places where the canonical spelling could
     have been drawn too: the repair takes the likelier path each time (the engine's ids say it
     was right) and reports both as bets with their odds; a forced change is no bet."""
-    from draftdata.model.repair import PATH_MARGIN
+    from draftdata.model.repair_walk import PATH_MARGIN
 
     gt = ground_truth_of(RAW["sharegpt-98-sample"])
     rep = validate(bound, [gt], repairer=sample_repairer(scorer, bound.tokenizer))

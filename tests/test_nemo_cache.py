@@ -31,9 +31,9 @@ import torch  # noqa: E402
 
 from draftdata.export.trainers.settings import NEMO_RECIPE  # noqa: E402
 from draftdata.hidden.capture import n_layers_of  # noqa: E402
+from draftdata.hidden.export_capture import capture_to  # noqa: E402
 from draftdata.hidden.layers import parse_layers  # noqa: E402
 from draftdata.hidden.nemo_cache import EMBEDDINGS, NEMO_MANIFEST, shard_name  # noqa: E402
-from draftdata.hidden.run import capture_to  # noqa: E402
 from draftdata.model.load import load_causal_lm  # noqa: E402
 
 #: a whole-distribution cache (fp32, a 2,048-id draft vocabulary, 2 samples a shard) and a top-k

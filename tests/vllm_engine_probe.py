@@ -17,12 +17,12 @@ from pathlib import Path
 from draftdata.config import load_manifest
 from draftdata.generate.backends.base import GenRequest
 from draftdata.generate.backends.engines import VLLMBackend
-from draftdata.generate.conversation import sample_seed
 from draftdata.generate.inputs import read_dataset
+from draftdata.generate.requests import sample_seed
 from draftdata.records import Key
 from draftdata.session import bind_target
-from draftdata.tokens.conversation import turn_messages
-from draftdata.tokens.stage import TokensStage
+from draftdata.tokens.history import turn_messages
+from draftdata.tokens.sample_maker import TokensStage
 
 
 def main() -> None:

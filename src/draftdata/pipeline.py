@@ -16,7 +16,7 @@ from rich.console import Console
 
 from .config import DatasetCfg, Manifest, ModelCfg
 from .errors import ReconstructError
-from .export.run import export_run
+from .export.run_export import export_run
 from .files import write_json
 from .generate.runner import Runner
 from .measure.gate import Gate, GateError, gate_on
@@ -27,7 +27,7 @@ from .session import RunSession, Tokenization
 from .store.meta import GATE
 from .tokens.reconstruct import check_ids
 from .tokens.run_samples import Tokenized
-from .tokens.stage import TokensStage
+from .tokens.sample_maker import TokensStage
 
 
 @dataclass
@@ -249,7 +249,7 @@ def model_stage(
     session: RunSession, tok: Tokenization, scorer: Any, cfg: ModelCfg, shown: Shown
 ) -> dict[str, Any]:
     """Score (and repair) every sample of the run not yet scored; RUN/scores.json."""
-    from .model.run import score_run_to_file, unscored
+    from .model.run_scores import score_run_to_file, unscored
 
     m, ledger = session.manifest, session.ledger
     tick = None
@@ -294,7 +294,7 @@ def measure(
     repairer = None
     tick: Callable[[Any], None] | None = None
     if scorer is not None and m.model is not None and m.model.repair:
-        from .model.repairer import sample_repairer
+        from .model.sample_repair import sample_repairer
 
         repairer = sample_repairer(scorer, bound.tokenizer, tok.text_ids)
         if not shown.quiet:

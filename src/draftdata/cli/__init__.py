@@ -24,7 +24,7 @@ from . import (  # noqa: F401  (registers the commands)
     hidden,
     model,
     plan,
-    run,
+    run_job,
     tokens,
 )
 from .app import app, err, say

@@ -333,8 +333,8 @@ def _capture_ray(c: _Capture, trainer: Trainer, device: str, plan: _RayPlan) -> 
 def _capture_here(c: _Capture, device: str) -> dict[str, Any]:
     """The capture in this process, the model loaded on ``device``."""
     from ..hidden.capture import n_layers_of
+    from ..hidden.export_capture import capture_to
     from ..hidden.layers import n_layers_in, parse_layers
-    from ..hidden.run import capture_to
     from ..model.load import load_causal_lm, model_folder
 
     parse_layers(c.layers, n_layers_in(model_folder(c.model)[0]))  # a bad --layers: before the load
@@ -374,8 +374,8 @@ def _progress() -> Callable[[int, int], None]:
 def _capture_server(c: _Capture, server: str) -> dict[str, Any]:
     """``--server``: the capture through a vLLM server's engine (``hidden.engine``)."""
     from ..hidden.engine import open_engine
+    from ..hidden.export_capture import capture_to
     from ..hidden.layers import n_layers_in, parse_layers
-    from ..hidden.run import capture_to
     from ..model.load import model_folder
 
     folder = model_folder(c.model)[0]

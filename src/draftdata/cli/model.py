@@ -103,7 +103,7 @@ def score(
 
 
 def _score_run(run: Path, load: Any, threshold: float, repair: bool) -> dict[str, Any]:
-    from ..model.run import score_run_to_file, unscored
+    from ..model.run_scores import score_run_to_file, unscored
     from ..session import RunSession
     from ..store.runs import manifest_of_run
 
@@ -144,7 +144,7 @@ def _score_files(
 ) -> dict[str, Any]:
     from ..export.shards import read_samples, write_samples
     from ..model.flags import ScoreReport
-    from ..model.stage import score_samples
+    from ..model.sample_scores import score_samples
     from ..records import Decoding
     from ..tokenizers import load_tokenizer
 

@@ -16,7 +16,7 @@ from ..errors import InputError
 from ..records import GroundTruth
 from ..records.servers import SERVERS
 from .app import DeviceOpt, FormatOpt, Ticker, TokenizerOpt, app, err, example, out, read_jsonl, say
-from .jobs import AUTO_BYTES, bound_format, input_bytes, reconstruct_jobs
+from .reconstruct_jobs import AUTO_BYTES, bound_format, input_bytes, reconstruct_jobs
 from .show import print_validation
 
 if TYPE_CHECKING:
@@ -306,7 +306,7 @@ def _open_repair(
 ) -> _Repair:
     """The target model ``model`` loaded (or reached) to repair each of ``n`` records."""
     from ..generate.scoring import open_scorer
-    from ..model.repairer import sample_repairer
+    from ..model.sample_repair import sample_repairer
 
     scorer = open_scorer(model, device=device)
     repairer = sample_repairer(scorer, bound.tokenizer, text_ids)

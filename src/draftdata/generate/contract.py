@@ -22,8 +22,8 @@ from ..errors import DraftdataError
 from ..formats import BoundFormat
 from ..records import Prompt
 from ..records.wire import messages_to_wire
-from ..tokens.conversation import n_turns, stand_in_answers, turn_messages
-from ..tokens.stage import TokensStage
+from ..tokens.history import n_turns, stand_in_answers, turn_messages
+from ..tokens.sample_maker import TokensStage
 from .backends.serving import ENGINES, Served, auth_headers, served, tokenize_chat
 
 #: prompts compared with the server's rendering, per dataset

@@ -11,7 +11,7 @@ from ..config import DatasetCfg, Manifest
 from ..measure.contamination import Detector, Tally
 from ..records import Prompt
 from ..sources import iter_prompts
-from .conversation import tools_as_system, with_system
+from .requests import tools_as_system, with_system
 
 
 def read_dataset(m: Manifest, d: DatasetCfg) -> tuple[list[Prompt], Counter[str]]:

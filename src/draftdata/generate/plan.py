@@ -20,8 +20,8 @@ from ..measure.contamination import Detector, detector_for
 from ..records import Prompt
 from ..session import bind_target
 from ..store.ledger import Ledger
-from ..tokens.conversation import n_turns, stand_in_answers, turn_messages
-from ..tokens.stage import TokensStage
+from ..tokens.history import n_turns, stand_in_answers, turn_messages
+from ..tokens.sample_maker import TokensStage
 from .backends import backend_class
 from .contract import Serving, ServingContractError, check_dataset, over_context
 from .inputs import drop_reason, read_dataset

@@ -24,9 +24,9 @@ from ..records import ApiView, Completion, FailedAttempt, Key, Message, Prompt, 
 from ..session import RunSession
 from ..store.meta import COMMAND_LINE, LIMIT, MANIFEST, MANIFEST_BASE_DIR, READ_DROPS, SETTINGS
 from ..store.stats import status
-from ..tokens.conversation import answer_message, n_turns, turn_messages
+from ..tokens.history import answer_message, n_turns, turn_messages
 from ..tokens.run_samples import RunTokens, Tokenized, stored_view
-from ..tokens.stage import TokensStage
+from ..tokens.sample_maker import TokensStage
 from .backends import make_backend
 from .backends.base import Backend, GenRequest
 from .backends.retry import PROBE_REFUSED
@@ -34,9 +34,9 @@ from .budget import Budget
 from .commits import GroupCommit
 from .contaminated import DecontaminateMixin
 from .contract import Serving, check_dataset, over_context
-from .conversation import sample_seed
 from .inputs import DUPLICATE, drop_reason, iter_dataset
 from .progress import Bars
+from .requests import sample_seed
 from .settings import check, settings_of, stored_manifest
 
 #: a Retry-After this long is said in the progress output

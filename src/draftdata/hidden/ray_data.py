@@ -25,9 +25,9 @@ import pyarrow.parquet as pq
 from ..errors import InputError
 from ..model.flags import ScoreReport
 from ..records import Flag, SampleScore
+from .export_capture import CHUNK, Pass, manifest
 from .items import Item, iter_items
 from .layers import n_layers_in, parse_layers
-from .run import CHUNK, Pass, manifest
 
 __all__ = ["capture_ray"]
 

@@ -24,7 +24,7 @@ class Repaired(NamedTuple):
 
 
 #: ``repairer(sample, decoding) -> Repaired``: the target model's repair of one reconstructed
-#: sample (``model.repairer.sample_repairer``), injected so measuring stays free of torch
+#: sample (``model.sample_repair.sample_repairer``), injected so measuring stays free of torch
 Repairer = Callable[[Sample, Decoding], Repaired]
 #: a record, its reconstructed sample, and the sample measured against the record's ids
 Measured = tuple[GroundTruth, Sample, ValidationResult]

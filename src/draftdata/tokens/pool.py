@@ -2,7 +2,7 @@
 their results come back in.
 
 Both users go through here: ``draftdata reconstruct --jobs`` (chunks of an input file, each
-worker loading the tokenizer itself) and a run's tokens stage (``tokens.parallel``, the stage
+worker loading the tokenizer itself) and a run's tokens stage (``tokens.run_workers``, the stage
 travelling to the workers by fork). Results come back in submission order whatever the workers'
 speed, so the output is the same for any number of workers; at most two tasks per worker are in
 flight, so memory holds those and the one result being used."""

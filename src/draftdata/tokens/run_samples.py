@@ -4,7 +4,7 @@ on-policy history rebuilt from the model's own answers), made into a sample or a
 A stage over what it reads: the run's ledger, its manifest (the datasets' turns, the backends'
 servers, ``[run] drop``, the target's thinking), the bound format, and the learned split
 preferences where there are some. Generation (``generate.runner.Runner``) and the export
-(``export.run``) both call it; neither hands it the other."""
+(``export.run_export``) both call it; neither hands it the other."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ from ..records.wire import view_from_record
 from ..store import codec
 from ..store.ledger import Ledger
 from .checks import RunChecks
-from .conversation import answer_message, n_turns, turn_messages
-from .parallel import jobs_for, outcomes
+from .history import answer_message, n_turns, turn_messages
 from .reconstruct import WINDOW, TextIds
-from .stage import TokensStage
+from .run_workers import jobs_for, outcomes
+from .sample_maker import TokensStage
 
 #: samples written per statement by the tokens stage
 SAMPLE_WRITES = 512
@@ -145,7 +145,7 @@ class RunTokens:
         """Every stored answer through the tokens stage: a sample, or a drop with its reason.
         ``only_missing`` keeps the samples and drops already made (export uses it, so a sample
         keeps the provenance it was made under). ``jobs`` workers (0: one per core for a few
-        thousand answers or more, ``tokens.parallel``); the ledger ends the same either way."""
+        thousand answers or more, ``tokens.run_workers``); the ledger ends the same either way."""
         counts: Counter[str] = Counter()
         drops: Counter[str] = Counter()
         todo = self.ledger.samples.undecided(d.name) if only_missing else None

@@ -19,7 +19,7 @@ from ..records import Answered, Drop, Sample, SampleRow
 from . import pool
 from .pool import AUTO_ANSWERS, jobs_for
 from .reconstruct import WINDOW
-from .stage import TokensStage
+from .sample_maker import TokensStage
 
 __all__ = ["AUTO_ANSWERS", "Outcome", "jobs_for", "outcomes"]
 

@@ -405,7 +405,7 @@ def export(
         verify_export_cmd(run, json_out)
         return
     from ..export.filters import parse_drop
-    from ..export.run import StoredValidation, export_as, export_run
+    from ..export.run_export import StoredValidation, export_as, export_run
     from ..export.trainers.settings import export_notes
     from ..export.write import read_export_manifest
     from ..session import RunSession

@@ -1,6 +1,6 @@
 """Conversations as generation asks them: tool schemas written into the system prompt for
 formats without a tool prompt, and each request's sampling seed. The turns a prompt has and the
-messages each is answered with are ``tokens.conversation``'s (the run's tokens stage rebuilds
+messages each is answered with are ``tokens.history``'s (the run's tokens stage rebuilds
 them too)."""
 
 from __future__ import annotations

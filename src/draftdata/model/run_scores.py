@@ -20,7 +20,7 @@ from ..tokenizers import Tokenizer
 from ..tokens.reconstruct import TextIds
 from .flags import ScoreReport
 from .rows import TargetScorer
-from .stage import CHUNK, Scored, score_samples
+from .sample_scores import CHUNK, Scored, score_samples
 
 __all__ = [
     "DatasetDecoding",

@@ -7,7 +7,7 @@ from ..formats.segments import TextIds, piece_ids
 from ..measure.repairing import Repaired, Repairer
 from ..records import Decoding, Sample
 from ..tokenizers import Tokenizer
-from .repair import RepairResult, repair_response
+from .repair_walk import RepairResult, repair_response
 from .rows import TargetScorer
 
 __all__ = ["repair_sample", "sample_repairer"]

@@ -3,7 +3,7 @@ reconstructed ones. Engine and logprob samples are scored, never changed.
 
 Samples are taken in chunks: the ones only scored go through one batched forward pass per chunk
 (``Scorer.logprobs``; through a server, concurrent requests); a repaired one gets its own pass
-with a KV cache (``model.repair``; through a server, its own requests, the chunk's repairs
+with a KV cache (``model.repair_walk``; through a server, its own requests, the chunk's repairs
 concurrently), and its score comes from that same pass.
 """
 
@@ -18,9 +18,9 @@ from ..records import Decoding, Sample
 from ..tokenizers import Tokenizer
 from ..tokens.reconstruct import TextIds
 from .flags import SampleScore, score_of
-from .repair import Repair, RepairResult
-from .repairer import repair_sample
+from .repair_walk import Repair, RepairResult
 from .rows import TargetScorer
+from .sample_repair import repair_sample
 
 __all__ = ["Scored", "score_samples"]
 
