@@ -20,7 +20,8 @@ from .export.run_export import export_run
 from .files import write_json
 from .generate.runner import Runner
 from .measure.gate import Gate, GateError, gate_on
-from .measure.validate import ValidationReport, validate
+from .measure.validate import ValidationReport
+from .model.sample_repair import validate_repaired
 from .progress import Ticker
 from .records import GroundTruth
 from .session import RunSession, Tokenization
@@ -249,26 +250,17 @@ def model_stage(
     session: RunSession, tok: Tokenization, scorer: Any, cfg: ModelCfg, shown: Shown
 ) -> dict[str, Any]:
     """Score (and repair) every sample of the run not yet scored; RUN/scores.json."""
-    from .model.run_scores import score_run_to_file, unscored
+    from .model.run_scores import score_stage
 
-    m, ledger = session.manifest, session.ledger
-    tick = None
-    if not shown.quiet:
-        what = "model stage: scoring and repairing" if cfg.repair else "model stage: scoring"
-        todo = unscored(ledger, scorer, [d.name for d in m.datasets])
-        tick = Ticker(what, todo, shown.every, shown.console, "samples").tick if todo else None
-    doc = score_run_to_file(
-        ledger,
-        scorer,
-        tok.tokenizer,
-        m,
-        threshold=cfg.threshold,
-        repair=cfg.repair,
-        text_ids=tok.text_ids,
-        out=m.output_dir / "scores.json",
-        extra={"model": cfg.path},
-        on_sample=tick,
-    )
+    what = "model stage: scoring and repairing" if cfg.repair else "model stage: scoring"
+
+    def progress(todo: int) -> Callable[[object], None] | None:
+        return Ticker(what, todo, shown.every, shown.console, "samples").tick if todo else None
+
+    doc = score_stage(
+        session, tok, scorer, threshold=cfg.threshold, repair=cfg.repair,
+        extra={"model": cfg.path}, progress=None if shown.quiet else progress,
+    )  # fmt: skip
     scored, repaired = doc["scored_now"], doc["repaired_now"]
     if not shown.quiet:
         shown.console.print(
@@ -291,29 +283,19 @@ def measure(
     them); repaired by the target model first when the manifest's [model] asks for repair, with
     a progress line (the repair forwards the model, minutes on a CPU)."""
     m, bound = session.manifest, tok.bound
-    repairer = None
+    repairing = scorer is not None and m.model is not None and m.model.repair
     tick: Callable[[Any], None] | None = None
-    if scorer is not None and m.model is not None and m.model.repair:
-        from .model.sample_repair import sample_repairer
-
-        repairer = sample_repairer(scorer, bound.tokenizer, tok.text_ids)
-        if not shown.quiet:
-            what = "gate: repairing and measuring"
-            tick = Ticker(what, len(records), shown.every, shown.console).tick
-    # a server repairs several samples at once, within its concurrency
-    conc = getattr(scorer, "concurrency", 1) if repairer is not None else 1
+    if repairing and not shown.quiet:
+        what = "gate: repairing and measuring"
+        tick = Ticker(what, len(records), shown.every, shown.console).tick
+    with_model = scorer if repairing else None
     if m.run.learn_prefs and records:
-        report, tok = learn_and_validate(session, tok, records, repairer, tick, conc)
+        report, tok = learn_and_validate(session, tok, records, with_model, tick)
     else:
-        report = validate(
-            bound,
-            records,
-            text_ids=tok.text_ids,
-            thinking=m.target.thinking,
-            repairer=repairer,
+        report = validate_repaired(
+            bound, records, with_model, text_ids=tok.text_ids, thinking=m.target.thinking,
             on_result=tick,
-            concurrency=conc,
-        )
+        )  # fmt: skip
     report.meta = {
         **report.meta,
         "format": bound.format.name,
@@ -328,9 +310,8 @@ def learn_and_validate(
     session: RunSession,
     tok: Tokenization,
     records: list[GroundTruth],
-    repairer: Any = None,
+    scorer: Any = None,
     tick: Callable[[Any], None] | None = None,
-    concurrency: int = 1,
 ) -> tuple[ValidationReport, Tokenization]:
     """Learn split preferences from the run's own ground truth. The figure the gate sees is
     cross-validated: preferences learned on one half of the prompts are measured on the other,
@@ -356,15 +337,10 @@ def learn_and_validate(
             continue
         pairs, _ = learning_pairs(bound, learn_on, thinking)
         applier = learn(bound.tokenizer, pairs).applier(bound.tokenizer) if pairs else None
-        inner = validate(
-            bound,
-            measure_on,
-            text_ids=applier,
-            thinking=thinking,
-            on_result=on_result,
-            repairer=repairer,
-            concurrency=concurrency,
-        )
+        inner = validate_repaired(
+            bound, measure_on, scorer, text_ids=applier, thinking=thinking,
+            on_result=on_result, repair_text_ids=tok.text_ids,
+        )  # fmt: skip
         report.drops.update(inner.drops)
         report.warnings.update(inner.warnings)
     pairs, _ = learning_pairs(bound, records, thinking)

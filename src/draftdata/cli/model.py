@@ -103,7 +103,7 @@ def score(
 
 
 def _score_run(run: Path, load: Any, threshold: float, repair: bool) -> dict[str, Any]:
-    from ..model.run_scores import score_run_to_file, unscored
+    from ..model.run_scores import score_stage
     from ..session import RunSession
     from ..store.runs import manifest_of_run
 
@@ -112,21 +112,10 @@ def _score_run(run: Path, load: Any, threshold: float, repair: bool) -> dict[str
     # it writes the run's scores, so it holds the folder, but it is not the run's command: the
     # run's command line, manifest and requests in flight stay as they were
     with RunSession.open(m, write=True, what=" ".join(command_line())) as s:
-        led = s.ledger
-        todo = unscored(led, load, [d.name for d in m.datasets])  # a rerun goes on from there
-        ticker = Ticker("score", todo, unit="samples")
-        doc = score_run_to_file(
-            led,
-            load,
-            s.tokenization.tokenizer,
-            m,
-            threshold=threshold,
-            repair=repair,
-            text_ids=s.tokenization.text_ids,
-            out=run / "scores.json",
-            extra={"run": str(run)},
-            on_sample=lambda _r: ticker.tick(),
-        )
+        doc = score_stage(
+            s, s.tokenization, load, threshold=threshold, repair=repair,
+            extra={"run": str(run)}, progress=lambda todo: Ticker("score", todo, unit="samples").tick,
+        )  # fmt: skip
     if doc["repaired_now"]:
         doc["next"] = f"draftdata export {run}"
     return doc

@@ -21,7 +21,6 @@ from .show import print_validation
 
 if TYPE_CHECKING:
     from ..formats.base import BoundFormat
-    from ..measure.repairing import Repairer
     from ..measure.validate import ValidationReport
     from ..model.rows import TargetScorer
     from ..tokens.reconstruct import TextIds
@@ -261,7 +260,7 @@ def validate(
         ]
     repair = None
     if repair_with is not None:
-        repair = _open_repair(repair_with, device, bound, text_ids, len(records))
+        repair = _open_repair(repair_with, device, len(records))
     rep = _measure(bound, records, text_ids, thinking, repair)
     rep.meta = {
         "input": str(input),
@@ -284,10 +283,9 @@ def validate(
 
 
 class _Repair(NamedTuple):
-    """``--repair-with``: the target model, the repairer over it, and the progress line."""
+    """``--repair-with``: the target model and the progress line."""
 
     scorer: TargetScorer
-    repairer: Repairer
     ticker: Ticker
 
 
@@ -301,16 +299,11 @@ def _warn_marker_problems(bound: BoundFormat) -> None:
             )
 
 
-def _open_repair(
-    model: str, device: str, bound: BoundFormat, text_ids: TextIds | None, n: int
-) -> _Repair:
+def _open_repair(model: str, device: str, n: int) -> _Repair:
     """The target model ``model`` loaded (or reached) to repair each of ``n`` records."""
     from ..generate.scoring import open_scorer
-    from ..model.sample_repair import sample_repairer
 
-    scorer = open_scorer(model, device=device)
-    repairer = sample_repairer(scorer, bound.tokenizer, text_ids)
-    return _Repair(scorer, repairer, Ticker("validate --repair-with", n))
+    return _Repair(open_scorer(model, device=device), Ticker("validate --repair-with", n))
 
 
 def _measure(
@@ -320,17 +313,17 @@ def _measure(
     thinking: bool | None,
     repair: _Repair | None,
 ) -> ValidationReport:
-    """Every record reconstructed and compared, repaired first where --repair-with says."""
-    from ..measure.validate import validate as run
+    """Every record reconstructed and compared, repaired first where --repair-with says: the
+    gate's own measure (``model.sample_repair.validate_repaired``)."""
+    from ..model.sample_repair import validate_repaired
 
-    return run(
+    return validate_repaired(
         bound,
         records,
+        repair.scorer if repair is not None else None,
         text_ids=text_ids,
         thinking=thinking,
-        repairer=repair.repairer if repair is not None else None,
         on_result=repair.ticker.tick if repair is not None else None,
-        concurrency=repair.scorer.concurrency if repair is not None else 1,
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from ..config import Manifest
 from ..files import write_text
 from ..records import Decoding, Sample
+from ..session import RunSession, Tokenization
 from ..store.ledger import Ledger
 from ..tokenizers import Tokenizer
 from ..tokens.reconstruct import TextIds
@@ -188,3 +189,35 @@ def score_run_to_file(
     )
     write_text(out, json.dumps(doc, indent=2) + "\n")  # atomic: a reader never sees half of it
     return doc
+
+
+def score_stage(
+    session: RunSession,
+    tok: Tokenization,
+    scorer: ScorerSource,
+    *,
+    threshold: float,
+    repair: bool,
+    extra: dict[str, Any],
+    progress: Callable[[int], Callable[[object], None] | None] | None = None,
+) -> dict[str, Any]:
+    """The model stage of a run opened to write: every sample not yet scored by this model
+    scored (and the reconstructed ones repaired where ``repair``), RUN/scores.json written and
+    returned. ``progress``: given how many samples are left, what each one scored calls (a
+    progress line). ``run``'s model stage and ``draftdata score RUN`` both call it."""
+    m, ledger = session.manifest, session.ledger
+    tick = None
+    if progress is not None:
+        tick = progress(unscored(ledger, scorer, [d.name for d in m.datasets]))
+    return score_run_to_file(
+        ledger,
+        scorer,
+        tok.tokenizer,
+        m,
+        threshold=threshold,
+        repair=repair,
+        text_ids=tok.text_ids,
+        out=m.output_dir / "scores.json",
+        extra=extra,
+        on_sample=tick,
+    )
