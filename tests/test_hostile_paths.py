@@ -6,6 +6,7 @@ guards."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -23,21 +24,73 @@ from shared import SMOLLM2, UNIQUE, one_line_exit_2, run, write_prompts
 GT_LINES = GROUNDTRUTH.read_text().splitlines(keepends=True)
 
 
+#: run inside a user and mount namespace of its own: ``$2`` (an empty folder) becomes a read-only
+#: bind mount of ``$1`` (exit 97 where it cannot be made), the Python ``$4`` checks with the probe
+#: ``$3`` that a file written there fails with EROFS even for the namespace's root (exit 96 where
+#: it does not), then the arguments from ``$4`` on run
+IN_READ_ONLY = """
+src=$1 ro=$2 probe=$3
+shift 3
+mount --bind "$src" "$ro" || exit 97
+mount -o remount,ro,bind "$ro" || exit 97
+"$1" -c "$probe" "$ro" || exit 96
+exec "$@"
+"""
+
+#: the probe: a new file in ``argv[1]`` must be refused as a read-only filesystem
+EROFS_PROBE = """
+import errno, os, sys
+path = os.path.join(sys.argv[1], ".draftdata-read-only-probe")
+try:
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+except OSError as e:
+    if e.errno != errno.EROFS:
+        sys.exit(f"a write to the read-only mount failed with {e!r}, not EROFS")
+else:
+    os.remove(path)
+    sys.exit("a write to the read-only mount went through")
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadOnly:
+    """``folder`` as a container mounts a volume ``:ro`` (root ignores file modes, so a chmod
+    would not do), seen at ``path``: the bind mount exists only in the namespace ``run`` makes,
+    outside it ``path`` is an empty folder."""
+
+    folder: Path
+    path: Path
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``draftdata args`` as shared.run runs it, with ``path`` the read-only ``folder``.
+        The mount is made in a user and mount namespace of its own (``unshare``, util-linux),
+        so no root is needed; a machine that cannot make one fails, naming why."""
+        unshare = shutil.which("unshare")
+        assert unshare, "the read-only tests need util-linux's `unshare` to bind-mount a folder"
+        namespace = [unshare, "--user", "--map-root-user", "--mount"]
+        script = [IN_READ_ONLY, "sh", str(self.folder), str(self.path), EROFS_PROBE]
+        r = subprocess.run(
+            [*namespace, "sh", "-c", *script, sys.executable, "-m", "draftdata", *args],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        why = "this kernel or container refuses user namespaces, or bind mounts in them"
+        assert r.returncode != 97 and not r.stderr.startswith("unshare:"), (
+            f"could not bind-mount {self.folder} read-only in a namespace of its own ({why}): "
+            f"{r.stderr}"
+        )
+        assert r.returncode != 96, f"{self.path} is not read-only in the namespace: {r.stderr}"
+        return r
+
+
 @contextlib.contextmanager
-def read_only(folder: Path) -> Iterator[Path]:
-    """``folder`` bind-mounted read-only beside itself (as a container mounts a volume ``:ro``;
-    root ignores file modes, so a chmod would not do). Skips where mounting is not allowed."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("a read-only bind mount needs root")
+def read_only(folder: Path) -> Iterator[ReadOnly]:
+    """``folder`` read-only at an empty folder made beside it, removed afterwards."""
     ro = Path(tempfile.mkdtemp(prefix=folder.name + "-ro", dir=folder.parent))
-    if subprocess.run(["mount", "--bind", str(folder), str(ro)]).returncode:
-        pytest.skip("bind mounts are not allowed here")
     try:
-        if subprocess.run(["mount", "-o", "remount,ro,bind", str(ro)]).returncode:
-            pytest.skip("a read-only remount is not allowed here")
-        yield ro
+        yield ReadOnly(folder, ro)
     finally:
-        subprocess.run(["umount", str(ro)])
         ro.rmdir()
 
 
@@ -67,9 +120,11 @@ def test_reconstruct_into_a_read_only_folder_is_one_line(suffix, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     with read_only(out) as ro:
-        r = run("reconstruct", str(src), "-t", SMOLLM2, "-f", "chatml", "-o", f"{ro}/o.{suffix}")
-        line = one_line_exit_2(r)
-        assert str(ro) in line and "read-only" in line
+        o = f"{ro.path}/o.{suffix}"
+        line = one_line_exit_2(
+            ro.run("reconstruct", str(src), "-t", SMOLLM2, "-f", "chatml", "-o", o)
+        )
+        assert str(ro.path) in line and "read-only" in line
     assert list(out.iterdir()) == []
 
 
@@ -79,10 +134,10 @@ def test_a_writer_on_a_read_only_run_is_one_line(cmd, finished_run, tmp_path):
     before = snapshot(run_dir)
     with read_only(run_dir) as ro:
         m2 = tmp_path / "manifest.toml"
-        m2.write_text(m.read_text().replace(f'output = "{run_dir}"', f'output = "{ro}"'))
-        args = [str(ro)] if cmd == "export" else [str(m2), "--quiet"]
-        line = one_line_exit_2(run(cmd, *args))
-        assert str(ro) in line and "read-only" in line and "Errno" not in line
+        m2.write_text(m.read_text().replace(f'output = "{run_dir}"', f'output = "{ro.path}"'))
+        args = [str(ro.path)] if cmd == "export" else [str(m2), "--quiet"]
+        line = one_line_exit_2(ro.run(cmd, *args))
+        assert str(ro.path) in line and "read-only" in line and "Errno" not in line
     assert snapshot(run_dir) == before
 
 
@@ -92,9 +147,10 @@ def test_a_new_run_under_a_read_only_folder_is_one_line(tmp_path):
     parent.mkdir()
     m = manifest(tmp_path, "http://127.0.0.1:9/v1", src, limit=2)
     with read_only(parent) as ro:
-        m.write_text(m.read_text().replace(f'output = "{tmp_path / "run"}"', f'output = "{ro}/r"'))
-        line = one_line_exit_2(run("generate", str(m), "--quiet"))
-        assert str(ro) in line and "read-only" in line
+        output = f'output = "{tmp_path / "run"}"'
+        m.write_text(m.read_text().replace(output, f'output = "{ro.path}/r"'))
+        line = one_line_exit_2(ro.run("generate", str(m), "--quiet"))
+        assert str(ro.path) in line and "read-only" in line
 
 
 def test_status_reads_a_read_only_run(finished_run, tmp_path):
@@ -104,8 +160,8 @@ def test_status_reads_a_read_only_run(finished_run, tmp_path):
     assert not (run_dir / "ledger.sqlite-shm").exists()
     with read_only(run_dir) as ro:
         m2 = tmp_path / "manifest.toml"
-        m2.write_text(m.read_text().replace(f'output = "{run_dir}"', f'output = "{ro}"'))
-        r = run("status", str(m2))
+        m2.write_text(m.read_text().replace(f'output = "{run_dir}"', f'output = "{ro.path}"'))
+        r = ro.run("status", str(m2))
         assert r.returncode == 0, r.stderr
         assert "not a readable" not in r.stdout + r.stderr
         assert "12" in r.stdout
