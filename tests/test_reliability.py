@@ -321,6 +321,36 @@ def test_the_budget_holds_against_a_server_that_omits_usage(tmp_path):
     assert _server_cost(run_dir, 2.0, 6.0) <= cap
 
 
+def test_a_capped_run_goes_one_at_a_time_only_until_its_first_answer(tmp_path):
+    """With a budget the first request goes alone (what the server really charges is not known
+    before it); once it is answered, the requests already waiting go out together, up to the
+    backend's concurrency. They queued on the first request's lock and went one by one, each
+    holding it through its whole answer: the 10k rehearsal of issue 40 had 64 requests in
+    flight only 241 s into its run, and the same again after its resume."""
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:8])
+    with replay_server(GROUNDTRUTH, "--faults", "slow=1.0", "--slow-seconds", "0.5") as url:
+        m = manifest(
+            tmp_path,
+            url,
+            src,
+            limit=8,
+            turns="first",
+            budget="budget_usd = 10.0",
+            extra_backend="price_in_per_mtok = 2.0\nprice_out_per_mtok = 6.0",
+        )
+        r = run("generate", str(m), "--quiet")
+    assert r.returncode == 0, r.stderr
+    db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
+    spans = [
+        (a, a + t) for a, t in db.execute("SELECT started_at, latency_s FROM attempts WHERE ok=1")
+    ]
+    db.close()
+    assert len(spans) == 8
+    # the most answered requests in flight at once (concurrency 8: the first alone, then 7)
+    most = max(sum(1 for a, b in spans if a <= start < b) for start, _ in spans)
+    assert most >= 5, f"at most {most} requests were in flight at once"
+
+
 def test_a_server_that_writes_past_max_tokens_is_stopped_at_its_first_answer(tmp_path):
     """An answer far past max_tokens means no reservation bounds what the server costs: the
     backend stops with one line, the answer is stored and quarantined as runaway. The replay

@@ -41,8 +41,6 @@ from .settings import check, settings_of, stored_manifest
 
 #: a Retry-After this long is said in the progress output
 LONG_WAIT_S = 10.0
-
-
 #: conversations whose first prompts are rendered in one batched encode
 PROMPT_WINDOW = 512
 
@@ -428,16 +426,23 @@ class Runner(DecontaminateMixin):
             req = self.safe_request(d, p, s, t, own, c.first_ids if t == 0 else None)
             if req is None or not self.fits(d, req):
                 return  # quarantined: later turns cannot be asked without this one
-            estimate = backend.max_cost(req)
-            serial = self.budget.serial_lock(estimate, backend.concurrency)
-            if serial is not None:
-                async with serial:  # first answers, and the last before the cap, go one by one
-                    got = await self.ask(bars, req, backend, estimate)
-            else:
-                got = await self.ask(bars, req, backend, estimate)
+            got = await self.within_budget(bars, req, backend)
             if got is None:
                 return  # failed (recorded) or over budget: later turns wait for this one
             own.append(answer_message(got.view))
+
+    async def within_budget(
+        self, bars: Bars, req: GenRequest, backend: Backend
+    ) -> Completion | None:
+        """``ask``, alone while the budget says so (a capped run's first answer, the last before
+        the cap); one that waited looks again: the first answer frees the wave queued behind."""
+        estimate = backend.max_cost(req)
+        serial = self.budget.serial_lock(estimate, backend.concurrency)
+        if serial is not None:
+            async with serial:
+                if self.budget.serial_lock(estimate, backend.concurrency) is not None:
+                    return await self.ask(bars, req, backend, estimate)
+        return await self.ask(bars, req, backend, estimate)
 
     async def ask(
         self, bars: Bars, req: GenRequest, backend: Backend, estimate: float
