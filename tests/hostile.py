@@ -266,6 +266,12 @@ class Hostile:
             ready.set()
             loop.run_forever()
             self._server.close()
+            # the connections still open (keep-alive, or held) end here, not in a finaliser
+            # later: a task destroyed pending logs from whatever thread collects it
+            conns = asyncio.all_tasks(loop)
+            for task in conns:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*conns, return_exceptions=True))
             loop.run_until_complete(self._server.wait_closed())
             loop.close()
 

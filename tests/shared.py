@@ -603,3 +603,64 @@ async def aiohttp_get(url: str) -> tuple[int, bytes]:
 
     async with aiohttp.ClientSession() as s, s.post(url, data=BODY) as r:
         return r.status, await r.read()
+
+
+# --- hidden states: bf16 files against a float32 forward ---------------------------------------
+def forward_states(model: Any, ids: list[int], threads: int | None = None) -> list[Any]:
+    """Every hidden state of a plain transformers forward over ``ids`` (``[-1]`` after the final
+    norm), on ``threads`` torch threads (default: as set)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        with torch.inference_mode():
+            out = model(torch.tensor([ids]), output_hidden_states=True)
+    finally:
+        torch.set_num_threads(before)
+    return [h[0].clone() for h in out.hidden_states]
+
+
+def float32_noise(model: Any, ids: list[int], states: list[Any]) -> list[float]:
+    """Per layer, how far two float32 forwards over the same ids are apart when only the order
+    of their sums differs (1 thread against ``states``' 2 or more, or 2 against 1): what a
+    capture in another process (other threads, another GEMM split) may differ by before it
+    rounds."""
+    import torch
+
+    other = 1 if torch.get_num_threads() > 1 else 2
+    again = forward_states(model, ids, other)
+    return [float((a - b).abs().max()) for a, b in zip(states, again, strict=True)]
+
+
+def assert_bf16_of(got: Any, ref: Any, noise: Any) -> None:
+    """``got`` (bf16) is ``ref`` (float32) rounded to bf16 once, up to float32 noise.
+
+    - At least 99.5% of the elements are within one bf16 step at their value (rounded up or
+      down) plus 8x ``noise`` (per element or one number; ``float32_noise``).
+    - Every element is within that plus 2^-16 of the tensor's largest magnitude: float32 sums
+      that met SmolLM2's massive activations (~2.5e4) leave noise ~1e-2 on elements near zero,
+      which a forward on other threads does not always show (0.3% of elements off by up to
+      0.0137 in one suite run, none in a repeat).
+
+    A wrong layer, token or shift is off by the states' own size in ~99% of the elements, and so
+    is a coarser rounding (fp8, or 1% off); torch's default bf16 tolerance (atol 1e-5) failed the
+    noise above."""
+    import torch
+
+    assert got.dtype == torch.bfloat16, got.dtype
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    mag = ref.abs().clamp_min(torch.finfo(torch.bfloat16).tiny)
+    step = torch.finfo(torch.bfloat16).eps * torch.exp2(torch.floor(torch.log2(mag)))
+    near = step + 8 * torch.as_tensor(noise)
+    err = (got.float() - ref).abs()
+    within = float((err <= near).float().mean())
+    far = err > near + 2.0**-16 * float(ref.abs().max())
+    if within < 0.995 or far.any():
+        at = tuple(int(i) for i in torch.nonzero(err > near)[0])
+        raise AssertionError(
+            f"not the float32 state rounded to bf16: {within:.2%} of {err.numel()} elements "
+            f"within a bf16 step, {int(far.sum())} beyond the noise bound; first at {at}: "
+            f"{float(got[at])} against {float(ref[at])} (greatest difference "
+            f"{float(err.max()):.4g})"
+        )

