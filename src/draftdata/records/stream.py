@@ -7,7 +7,8 @@ with a whole-body answer every token of it is paid before a byte arrives. Stream
 sees the answer grow and hangs up at the token that passes its limit.
 
 What is put back together, per choice: the delta's ``content``, ``reasoning`` /
-``reasoning_content`` and ``refusal`` (text, joined), ``reasoning_details`` (lists, joined),
+``reasoning_content`` and ``refusal`` (text, joined), ``reasoning_details`` (lists, joined; an
+entry streamed a piece per event is joined back into one, ``_join_details``),
 ``tool_calls`` (by ``index``: id, type and name as first given, ``arguments`` joined),
 the choice's ``token_ids`` / ``response_token_ids`` and ``logprobs.content`` (joined), its
 last ``finish_reason``, ``stop_reason`` and ``matched_stop``; at the top level the first ``id``, ``model``,
@@ -52,6 +53,39 @@ class _Choice:
     #: fields kept as the last event gives them, null included (vLLM's ``stop_reason``)
     last: dict[str, Any] = field(default_factory=dict)
     prompt_token_ids: Any = None
+
+
+#: the text field a streamed ``reasoning_details`` entry of each type grows by
+DETAIL_TEXT = {"reasoning.text": "text", "reasoning.summary": "summary"}
+
+
+def _join_details(have: list[Any], new: list[Any]) -> list[Any]:
+    """``have`` with the entries of one event's ``reasoning_details`` added. OpenRouter streams an
+    entry a token at a time: each event repeats its ``type``, ``index`` and ``format`` with the
+    next piece of its text. A piece that continues the last entry (same type and numbered
+    index, no field that disagrees) is joined to it, so the answer holds the entry once, as a
+    whole answer does; anything else (encrypted data, a new index) is an entry of its own."""
+    for d in new:
+        last = have[-1] if have else None
+        kind = d.get("type") if isinstance(d, dict) else None
+        key = DETAIL_TEXT.get(kind) if isinstance(kind, str) else None
+        if (
+            key is not None
+            and isinstance(last, dict)
+            and last.get("type") == d["type"]
+            and isinstance(d.get("index"), int)
+            and last.get("index") == d["index"]
+            and isinstance(last.get(key), str)
+            and isinstance(d.get(key), str)
+            and all(v is None or last.get(k) in (None, v) for k, v in d.items() if k != key)
+        ):
+            last[key] += d[key]
+            for k, v in d.items():
+                if v is not None and last.get(k) is None:
+                    last[k] = v
+        else:
+            have.append(dict(d) if isinstance(d, dict) else d)
+    return have
 
 
 class StreamAssembly:
@@ -175,7 +209,7 @@ class StreamAssembly:
         if details is not None:
             if not isinstance(details, list):
                 raise TypeError("delta.reasoning_details is not a list")
-            c.details = (c.details or []) + details
+            c.details = _join_details(c.details or [], details)
         calls = delta.get("tool_calls")
         if calls is not None:
             if not isinstance(calls, list):
