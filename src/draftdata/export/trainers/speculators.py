@@ -66,49 +66,103 @@ def _datasets() -> Any:
     return datasets
 
 
+#: a batch of rows is written once it holds this many tokens (or 1,024 rows): ~50 bytes of
+#: Python per token while it is built, so ~13 MB, whatever the answers' lengths
+BATCH_TOKENS = 1 << 18
+#: a shard file is closed past this many bytes (``save_to_disk``'s default size)
+SHARD_BYTES = 500 << 20
+
+
 def write_dataset(samples: Iterable[Sample], out: Path, keep: tuple[str, ...] = ()) -> Path:
-    """``out`` as a ``datasets.save_to_disk`` folder, streamed through an Arrow cache beside it
-    (bounded memory). Without ``keep`` the folder is swapped in whole; with it, the entries of
-    ``out`` named in ``keep`` (the hidden states beside the dataset) stay and the rest is
-    replaced entry by entry (``draftdata.files.swap_dir``)."""
+    """``out`` as a ``datasets.save_to_disk`` folder, its Arrow shards written by ``datasets``'
+    own ``ArrowWriter`` batch by batch as the samples come (bounded memory: no row is kept,
+    and no file is read back: ``save_to_disk`` reads a memory-mapped source whole, whose pages
+    counted ~800 MB of the export's peak RSS at 13k Kimi answers). ``state.json`` and
+    ``dataset_info.json`` are what ``save_to_disk`` itself writes for these features and this
+    format, with the shards' names. Without ``keep`` the folder is swapped in whole; with it,
+    the entries of ``out`` named in ``keep`` (the hidden states beside the dataset) stay and the
+    rest is replaced entry by entry (``draftdata.files.swap_dir``)."""
     ds_mod = _datasets()
     ds_mod.disable_progress_bars()
-    import pyarrow as pa
-
-    schema = pa.schema(
-        [
-            ("id", pa.string()),
-            ("input_ids", pa.list_(pa.int64())),
-            ("loss_mask", pa.list_(pa.int64())),
-            ("seq_len", pa.int64()),
-        ]
+    features = ds_mod.Features(
+        {
+            "id": ds_mod.Value("string"),
+            "input_ids": ds_mod.List(ds_mod.Value("int64")),
+            "loss_mask": ds_mod.List(ds_mod.Value("int64")),
+            "seq_len": ds_mod.Value("int64"),
+        }
     )
-    # the Arrow stream `datasets` maps is scratch, in a staging folder of its own: not in the
-    # dataset's, since `save_to_disk` refuses to write a dataset into the folder of its source
-    scratch, staged = stage_dir(out), stage_dir(out)
-    arrow = scratch / "rows.arrow"
+    staged = stage_dir(out)
     try:
-        # an Arrow stream written batch by batch, then memory-mapped by `datasets`: the rows
-        # are never all in memory
-        with pa.OSFile(str(arrow), "wb") as sink, pa.ipc.new_stream(sink, schema) as w:
-            batch: list[dict[str, Any]] = []
-            for s in samples:
-                r = pretokenized_row(s)
-                r["seq_len"] = len(s.input_ids)
-                batch.append(r)
-                if len(batch) >= 1024:
-                    w.write_batch(pa.RecordBatch.from_pylist(batch, schema=schema))
-                    batch = []
-            # the last rows (an empty batch keeps an empty export loadable)
-            w.write_batch(pa.RecordBatch.from_pylist(batch, schema=schema))
-        ds = ds_mod.Dataset.from_file(str(arrow))
-        ds.set_format(
-            type="torch", columns=["input_ids", "loss_mask", "seq_len"], output_all_columns=True
-        )
-        ds.save_to_disk(str(staged))
-        del ds
+        shards = _write_shards(samples, staged, features)
+        _write_state(ds_mod, features, staged, shards)
         swap_dir(staged, out, keep=keep)
     finally:
-        discard_dir(scratch)
         discard_dir(staged)  # not swapped in: an error came first
     return out
+
+
+def _write_shards(samples: Iterable[Sample], folder: Path, features: Any) -> list[str]:
+    """The rows in Arrow stream files of at most ``SHARD_BYTES`` each (at least one, so an empty
+    export loads), named as ``save_to_disk`` names them; returns the names."""
+    import pyarrow as pa
+    from datasets.arrow_writer import ArrowWriter
+
+    schema = features.arrow_schema
+    paths: list[Path] = []
+    writer: Any = None
+
+    def flush(batch: list[dict[str, Any]]) -> None:
+        nonlocal writer
+        if writer is None:
+            paths.append(folder / f"shard-{len(paths)}.arrow")
+            writer = ArrowWriter(features=features, path=str(paths[-1]))
+        writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+        if writer.stream.tell() >= SHARD_BYTES:
+            writer.finalize()
+            writer.close()
+            writer = None
+
+    batch: list[dict[str, Any]] = []
+    tokens = 0
+    for s in samples:
+        r = pretokenized_row(s)
+        r["seq_len"] = len(s.input_ids)
+        batch.append(r)
+        tokens += len(s.input_ids)
+        if tokens >= BATCH_TOKENS or len(batch) >= 1024:
+            flush(batch)
+            batch, tokens = [], 0
+    if batch or not paths:
+        flush(batch)
+    if writer is not None:
+        writer.finalize()
+        writer.close()
+    names = [f"data-{i:05d}-of-{len(paths):05d}.arrow" for i in range(len(paths))]
+    for p, name in zip(paths, names, strict=True):
+        p.rename(folder / name)
+    return names
+
+
+def _write_state(ds_mod: Any, features: Any, folder: Path, shards: list[str]) -> None:
+    """``state.json`` and ``dataset_info.json`` as ``save_to_disk`` writes them for an empty
+    dataset of ``features`` in the trainer's format (``datasets`` decides every field), with
+    ``shards`` as its data files and a fingerprint of their names and sizes."""
+    import hashlib
+
+    empty = ds_mod.Dataset.from_dict({k: [] for k in features}, features=features)
+    empty.set_format(
+        type="torch", columns=["input_ids", "loss_mask", "seq_len"], output_all_columns=True
+    )
+    template = stage_dir(folder.parent / f"{folder.name}.state")
+    try:
+        empty.save_to_disk(str(template))
+        state = json.loads((template / "state.json").read_text())
+        info = (template / "dataset_info.json").read_bytes()
+    finally:
+        discard_dir(template)
+    sizes = ",".join(f"{n}:{(folder / n).stat().st_size}" for n in shards)
+    state["_data_files"] = [{"filename": n} for n in shards]
+    state["_fingerprint"] = hashlib.sha256(sizes.encode()).hexdigest()[:16]
+    (folder / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
+    (folder / "dataset_info.json").write_bytes(info)
