@@ -89,6 +89,13 @@ def honest(content: str = ANSWER, prompt_tokens: int = 30) -> dict[str, Any]:
     )
 
 
+async def _end(tasks: set[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` and wait until they are done."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class Hostile:
     """``token_s``: the time a token takes to decode. A whole answer is sent after all its
     tokens' time; a request asking ``stream: true`` is answered as server-sent events, one per
@@ -131,8 +138,8 @@ class Hostile:
                 self.served.requests += 1
                 if not await self._answer(json.loads(raw), w):
                     return
-        except (ConnectionError, asyncio.IncompleteReadError):
-            return
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            return  # cancelled: the server is stopping (``running``)
         finally:
             w.close()
 
@@ -268,10 +275,7 @@ class Hostile:
             self._server.close()
             # the connections still open (keep-alive, or held) end here, not in a finaliser
             # later: a task destroyed pending logs from whatever thread collects it
-            conns = asyncio.all_tasks(loop)
-            for task in conns:
-                task.cancel()
-            loop.run_until_complete(asyncio.gather(*conns, return_exceptions=True))
+            loop.run_until_complete(_end(asyncio.all_tasks(loop)))
             loop.run_until_complete(self._server.wait_closed())
             loop.close()
 

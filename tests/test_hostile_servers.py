@@ -433,6 +433,21 @@ def test_a_huge_body_is_cut_while_reading_and_memory_stays_flat(tmp_path, shape)
 # --- requests in flight at an interrupt -------------------------------------------------------
 
 
+def stopped(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """``proc`` ends within ``timeout``; else it fails with the stack of every thread of it
+    (draftdata prints them on SIGUSR1), then kills it."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        _, stderr = proc.communicate()
+        raise AssertionError(
+            f"still running {timeout} s after the signal:\n{stderr.decode(errors='replace')}"
+        ) from None
+
+
 def test_requests_in_flight_at_ctrl_c_or_kill_9_are_counted_and_asked_again(tmp_path):
     server = Hostile(lambda req, i, n: honest())
     src = prompts(tmp_path / "p.jsonl", 30)
@@ -455,7 +470,7 @@ def test_requests_in_flight_at_ctrl_c_or_kill_9_are_counted_and_asked_again(tmp_
                 assert time.monotonic() < deadline, "the run never had 8 requests in flight"
                 time.sleep(0.05)
             os.kill(proc.pid, sig)
-            proc.wait(timeout=120)
+            stopped(proc, 120)
             server.hold.clear()
             while server.served.held:  # the dead run's requests are let go before the next
                 time.sleep(0.02)

@@ -7,9 +7,11 @@ own exit code, a usage error (exit 2) naming the fix, Ctrl-C (exit 130) saying w
 from __future__ import annotations
 
 import errno
+import faulthandler
 import gc
 import os
 import re
+import signal
 import sys
 import types
 from pathlib import Path
@@ -128,6 +130,8 @@ GC_THRESHOLD = (50_000, 20, 100)
 
 def main() -> None:
     gc.set_threshold(*GC_THRESHOLD)
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID`: every thread's stack on stderr
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         rv = app(standalone_mode=False, prog_name="draftdata")
     except DraftdataError as e:
