@@ -1,6 +1,7 @@
 """The spending cap: each request reserves the most it can cost before it is sent, and is
-charged what it cost when it is answered. Scheduling stops as soon as spent plus reserved plus
-the next reservation could pass the cap.
+charged what it cost when it is answered. A reservation that could pass the cap waits for the
+requests in flight to be charged (each usually costs far less than it reserved); scheduling
+stops when it could pass the cap with nothing in flight.
 
 A server can cost more than a reservation: it may ignore ``max_tokens``, or send no ``usage``
 (the answer is then charged at the larger of the reservation and its own length). So every
@@ -27,19 +28,32 @@ class Budget:
     #: an answer has been charged: until then requests of a capped run go one at a time
     calibrated: bool = False
     _first: asyncio.Lock | None = field(default=None, repr=False)
+    #: set when a reservation is released (``reserve_when_free`` waits on it)
+    _freed: asyncio.Event | None = field(default=None, repr=False)
 
-    def reserve(self, estimate: float) -> float | None:
-        """Reserve ``estimate`` (scaled by the overspend seen); None (and ``hit``) when it
-        could pass the cap. Returns what was reserved, to release later."""
-        amount = estimate * self.overspend
-        if self.cap_usd is not None and self.spent + self.reserved + amount > self.cap_usd:
-            self.hit = True
-            return None
-        self.reserved += amount
-        return amount
+    async def reserve_when_free(self, estimate: float) -> float | None:
+        """``reserve``, waiting while what is in flight holds the room it needs: an answer is
+        charged what it cost, usually far less than its reservation (the most it could cost).
+        None (and ``hit``) only when it could pass the cap with nothing in flight: refusing at
+        once stopped a run at 61% of its cap when its answers came back slowly (more of them
+        reserved at once)."""
+        while True:
+            amount = estimate * self.overspend
+            if self.cap_usd is None or self.spent + self.reserved + amount <= self.cap_usd:
+                self.reserved += amount
+                return amount
+            if self.reserved <= 1e-12 or self.hit:
+                self.hit = True
+                return None
+            if self._freed is None:
+                self._freed = asyncio.Event()
+            self._freed.clear()
+            await self._freed.wait()
 
     def release(self, amount: float) -> None:
         self.reserved -= amount
+        if self._freed is not None:
+            self._freed.set()
 
     def charge(self, cost: float, estimate: float | None = None) -> None:
         self.spent += cost

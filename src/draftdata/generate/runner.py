@@ -448,7 +448,7 @@ class Runner(DecontaminateMixin):
         self, bars: Bars, req: GenRequest, backend: Backend, estimate: float
     ) -> Completion | None:
         """One request within the budget: ``estimate`` reserved before, charged after."""
-        held = self.budget.reserve(estimate)
+        held = await self.budget.reserve_when_free(estimate)
         if held is None:
             return None  # scheduling stops before the budget could be passed
         try:
