@@ -94,16 +94,18 @@ test:
 	$(MAKE) --no-print-directory test-run; rc=$$?; \
 	echo "make test: $$(( $$(date +%s) - t0 )) s wall time, install included (exit $$rc)"; exit $$rc
 
-# Two pytest workers, one test file each at a time, in collection order (tests/conftest.py puts the
-# longest files first; xdist would otherwise start the files with most tests first, and the
-# real-server files, few long tests each, ran last on one worker): the suite's CPU is busy on ~1.1 of 2 cores
-# when run serially (servers, subprocesses and model loads waiting on each other); on a slow
-# machine this took it from 705 to 562 s. The model cache is filled first so that no two workers
-# convert the same model (tests/prepare_cache.py).
+# Three pytest workers on 2 cores, one test file each at a time, in collection order
+# (tests/conftest.py puts the longest files first; xdist would otherwise start the files with most
+# tests first, and the real-server files, few long tests each, ran last on one worker): the
+# suite's CPU is busy on ~1.1 of 2 cores when run serially (servers, subprocesses and model loads
+# waiting on each other); 2 workers took a slow machine from 705 to 562 s, and with OpenMP threads
+# that sleep when they wait (tests/conftest.py) 3 workers took it from 817 s (2 workers, one
+# 120 s timeout in it) to 628 s. The model cache is filled first so that no two workers convert
+# the same model (tests/prepare_cache.py).
 test-run: install
 	$(COMPILE)
 	$(BIN)/python tests/prepare_cache.py
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=12
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=12
 
 lint: install
 	$(BIN)/ruff check src tests
