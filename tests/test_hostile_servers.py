@@ -463,7 +463,14 @@ def test_requests_in_flight_at_ctrl_c_or_kill_9_are_counted_and_asked_again(tmp_
         cmd = [sys.executable, "-m", "draftdata", "generate", str(m), "--quiet"]
         for sig in (signal.SIGINT, signal.SIGKILL, signal.SIGINT):
             server.hold.set()
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            proc = subprocess.Popen(
+                cmd,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                # a shell that starts tests in the background ignores SIGINT for its children
+                # (and Python keeps it ignored): every suite started with `&` failed here
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            )
             deadline = time.monotonic() + 300
             while server.served.held < 8:  # every worker has a request in the server's hands
                 assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
