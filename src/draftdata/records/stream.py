@@ -59,33 +59,57 @@ class _Choice:
 DETAIL_TEXT = {"reasoning.text": "text", "reasoning.summary": "summary"}
 
 
+@dataclass
+class _Detail:
+    """A ``reasoning_details`` entry being put back together: its fields as first sent, and the
+    pieces of its text field ``key`` (joined once, in ``whole``: joining at every event copied
+    the block so far each time)."""
+
+    entry: dict[str, Any]
+    key: str
+    parts: list[str]
+
+    def continued_by(self, d: dict[str, Any]) -> bool:
+        return (
+            d.get("type") == self.entry["type"]
+            and isinstance(d.get("index"), int)
+            and d["index"] == self.entry.get("index")
+            and isinstance(d.get(self.key), str)
+            and all(
+                v is None or self.entry.get(k) in (None, v) for k, v in d.items() if k != self.key
+            )
+        )
+
+    def whole(self) -> dict[str, Any]:
+        return {**self.entry, self.key: "".join(self.parts)}
+
+
 def _join_details(have: list[Any], new: list[Any]) -> list[Any]:
     """``have`` with the entries of one event's ``reasoning_details`` added. OpenRouter streams an
     entry a token at a time: each event repeats its ``type``, ``index`` and ``format`` with the
     next piece of its text. A piece that continues the last entry (same type and numbered
     index, no field that disagrees) is joined to it, so the answer holds the entry once, as a
-    whole answer does; anything else (encrypted data, a new index) is an entry of its own."""
+    whole answer does; anything else (encrypted data, a new index) is an entry of its own.
+    Entries still growing are ``_Detail``s (``_details_out`` gives the answer's list)."""
     for d in new:
         last = have[-1] if have else None
+        if isinstance(d, dict) and isinstance(last, _Detail) and last.continued_by(d):
+            last.parts.append(d[last.key])
+            for k, v in d.items():
+                if v is not None and last.entry.get(k) is None:
+                    last.entry[k] = v
+            continue
         kind = d.get("type") if isinstance(d, dict) else None
         key = DETAIL_TEXT.get(kind) if isinstance(kind, str) else None
-        if (
-            key is not None
-            and isinstance(last, dict)
-            and last.get("type") == d["type"]
-            and isinstance(d.get("index"), int)
-            and last.get("index") == d["index"]
-            and isinstance(last.get(key), str)
-            and isinstance(d.get(key), str)
-            and all(v is None or last.get(k) in (None, v) for k, v in d.items() if k != key)
-        ):
-            last[key] += d[key]
-            for k, v in d.items():
-                if v is not None and last.get(k) is None:
-                    last[k] = v
+        if key is not None and isinstance(d.get(key), str):
+            have.append(_Detail(dict(d), key, [d[key]]))
         else:
             have.append(dict(d) if isinstance(d, dict) else d)
     return have
+
+
+def _details_out(have: list[Any]) -> list[Any]:
+    return [x.whole() if isinstance(x, _Detail) else x for x in have]
 
 
 class StreamAssembly:
@@ -293,7 +317,7 @@ class StreamAssembly:
             if k in c.texts:
                 msg[k] = "".join(c.texts[k])
         if c.details is not None:
-            msg["reasoning_details"] = c.details
+            msg["reasoning_details"] = _details_out(c.details)
         if c.calls:
             msg["tool_calls"] = [
                 {
