@@ -82,6 +82,16 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def sigint_default() -> None:
+    """``preexec_fn`` for a process a test sends SIGINT: its SIGINT at the default. A shell that
+    starts tests in the background (``make test &``) hands SIGINT down ignored, Python keeps an
+    ignored SIGINT ignored, and ``asyncio.run`` then installs no handler: the process would go
+    on after the signal."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def one_line_exit_2(r: subprocess.CompletedProcess[str]) -> str:
     """The single error line of a refused command (exit 2, no traceback, no internal error)."""
     assert r.returncode == 2, r.stdout + r.stderr

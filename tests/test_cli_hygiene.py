@@ -17,7 +17,7 @@ import pytest
 
 from conftest import GROUNDTRUTH, ROOT, TOKENIZERS
 from servers import free_port, manifest, replay_server, stats
-from shared import run
+from shared import run, sigint_default
 
 GT = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
 #: every command and a minimal valid invocation's positional arguments (none: it needs none)
@@ -319,8 +319,7 @@ def test_ctrl_c_stops_at_once_and_keeps_what_is_stored(tmp_path):
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            # a shell that starts tests in the background ignores SIGINT for its children
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            preexec_fn=sigint_default,
         )
         ledger = tmp_path / "run" / "ledger.sqlite"
         deadline = time.time() + 300

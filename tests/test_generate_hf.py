@@ -7,7 +7,7 @@ import sqlite3
 
 from conftest import GROUNDTRUTH, TOKENIZERS, require
 from draftdata.store import codec
-from shared import run
+from shared import run, sigint_default
 
 require("torch")  # from `make install`: missing fails, not skips
 
@@ -88,8 +88,7 @@ def test_ctrl_c_stops_the_hf_engine_between_decode_steps(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        # a shell that starts tests in the background ignores SIGINT for its children
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=sigint_default,
     )
     assert proc.stderr is not None
     for line in proc.stderr:  # the model is loaded once the dataset's first progress line shows

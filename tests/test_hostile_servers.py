@@ -21,7 +21,7 @@ from conftest import GROUNDTRUTH, TOKENIZERS
 from draftdata.store import codec
 from hostile import ANSWER, Hostile, Stream, completion, honest, tokens
 from servers import peak_generate
-from shared import run
+from shared import run, sigint_default
 
 GT = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
 QUESTIONS = list(
@@ -467,9 +467,7 @@ def test_requests_in_flight_at_ctrl_c_or_kill_9_are_counted_and_asked_again(tmp_
                 cmd,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
-                # a shell that starts tests in the background ignores SIGINT for its children
-                # (and Python keeps it ignored): every suite started with `&` failed here
-                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                preexec_fn=sigint_default,
             )
             deadline = time.monotonic() + 300
             while server.served.held < 8:  # every worker has a request in the server's hands

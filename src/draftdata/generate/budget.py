@@ -32,7 +32,8 @@ class Budget:
     _freed: asyncio.Event | None = field(default=None, repr=False)
 
     async def reserve_when_free(self, estimate: float) -> float | None:
-        """``reserve``, waiting while what is in flight holds the room it needs: an answer is
+        """Reserve ``estimate`` (scaled by the overspend seen) and return what was reserved, to
+        release later; wait while what is in flight holds the room it needs: an answer is
         charged what it cost, usually far less than its reservation (the most it could cost).
         None (and ``hit``) only when it could pass the cap with nothing in flight: refusing at
         once stopped a run at 61% of its cap when its answers came back slowly (more of them
