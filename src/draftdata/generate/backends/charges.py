@@ -4,22 +4,50 @@ whatever the server's ``usage`` says, and the server's figure only where it is m
 from __future__ import annotations
 
 from ...config import OpenAIBackendCfg
+from ...records import ApiView
 from ...records.wire import WireAnswer
+from ...tokenizers.base import Tokenizer
 
 #: ``usage.completion_tokens`` below this share of our own count is counted as under-reported
 UNDER_REPORT = 0.9
 
 
+#: a server's ``usage.completion_tokens`` is taken as plausible for an answer of B UTF-8 bytes
+#: when it is at least B / this (English is ~4 bytes a token, code ~3, CJK 1.5-3); below it the
+#: answer is counted by us. A token covers at least one byte, so the real count is at most B:
+#: a server trusted this way can hide no more than this factor of what it wrote.
+PLAUSIBLE_BYTES_PER_TOKEN = 8
+
+
+def answer_tokens(
+    tok: Tokenizer, view: ApiView, *, priced: bool, most: float, reported: int | None
+) -> int | None:
+    """An answer's tokens by our own count (its texts in the target's tokens), or None where
+    nothing depends on it, which spares an encode of every answer on the request path. Where
+    there is no output price the count cannot change what is charged, and the runaway limit
+    (``most`` tokens) is settled without it when the text's UTF-8 bytes are too few to pass it
+    (a token covers at least one byte; one more per text for a tokenizer that marks its start),
+    or when the server's own count ``reported`` is plausible for those bytes. Not counted,
+    ``usage`` is not checked for ``under`` either."""
+    texts = [view.reasoning or "", view.content or ""]
+    texts += [c.name + c.arguments for c in view.tool_calls]
+    if not priced:
+        size = sum(len(t.encode("utf-8", "surrogatepass")) + 1 for t in texts)
+        if size <= most or (reported is not None and reported * PLAUSIBLE_BYTES_PER_TOKEN >= size):
+            return None
+    return sum(len(tok.encode(t)) for t in texts if t)
+
+
 def charge(
-    cfg: OpenAIBackendCfg, prompt_n: int, counted: int, got: WireAnswer, reserved: float
+    cfg: OpenAIBackendCfg, prompt_n: int, counted: int | None, got: WireAnswer, reserved: float
 ) -> tuple[float, str | None]:
     """The answer's cost in USD, and the note on its ``usage`` (``invalid:FIELDS``, ``under``,
     None where it agrees): ``prompt_n`` prompt tokens (our rendering) and ``counted`` answer
-    tokens (the ids, or the text in the target's tokens); an answer with no usage at all is
-    charged what was ``reserved`` for it."""
+    tokens (the ids, or the text in the target's tokens; None: not counted, see
+    ``answer_tokens``); an answer with no usage at all is charged what was ``reserved`` for it."""
     usage = got.usage
     pin, pout = cfg.price_in_per_mtok, cfg.price_out_per_mtok
-    cost = (prompt_n * pin + counted * pout) / 1e6
+    cost = (prompt_n * pin + (counted or 0) * pout) / 1e6
     ct, pt = usage.completion_tokens, usage.prompt_tokens
     if usage.cost is not None:
         cost = max(cost, usage.cost)
@@ -30,6 +58,6 @@ def charge(
     note = None
     if got.usage_invalid:
         note = "invalid:" + ",".join(got.usage_invalid)
-    elif ct is not None and ct < counted * UNDER_REPORT - 4:
+    elif ct is not None and counted is not None and ct < counted * UNDER_REPORT - 4:
         note = "under"
     return cost, note

@@ -30,7 +30,7 @@ from ...records.servers import profile as server_profile
 from ...records.wire import WireAnswer, ids_field, messages_to_wire, parse_answer
 from .aio import AiohttpClient, RateLimiter
 from .base import Backend, Completion, FailedAttempt, GenRequest, OnFailure
-from .charges import charge
+from .charges import answer_tokens, charge
 from .http11 import LeanHttp, Reply, TransportError
 from .reach import reachable
 from .retry import (
@@ -415,12 +415,18 @@ class OpenAIBackend(Backend):
                 counted = req.sampling.max_tokens
             elif got.output_ids is not None:
                 counted = len(got.output_ids)
-            else:
-                counted = self._count(view)
+            else:  # None where nothing depends on it
+                counted = answer_tokens(
+                    self.bound.tokenizer,
+                    view,
+                    priced=self.cfg.price_out_per_mtok > 0,
+                    most=RUNAWAY_FACTOR * req.sampling.max_tokens + RUNAWAY_SLACK,
+                    reported=usage.completion_tokens,
+                )
         cost, note = charge(self.cfg, len(req.prompt_ids), counted, got, self.max_cost(req))
         ct, pt = usage.completion_tokens, usage.prompt_tokens
         limit = req.sampling.max_tokens
-        written = max(counted, ct or 0)
+        written = max(counted or 0, ct or 0)
         if written > RUNAWAY_FACTOR * limit + RUNAWAY_SLACK:
             problem = problem or f"runaway: {written:,} tokens for max_tokens = {limit:,}"
             self.fatal = (
@@ -448,13 +454,6 @@ class OpenAIBackend(Backend):
             usage_note=note,
             counted_tokens=counted,
         )
-
-    def _count(self, view: ApiView) -> int:
-        """An answer's tokens by our own count: its text in the target's tokens."""
-        tok = self.bound.tokenizer
-        n = len(tok.encode(view.reasoning)) if view.reasoning else 0
-        n += len(tok.encode(view.content)) if view.content else 0
-        return n + sum(len(tok.encode(c.name + c.arguments)) for c in view.tool_calls)
 
     def _watch(self, req: GenRequest) -> StreamWatch:
         """The reader of one streamed attempt: it hangs up past the runaway limit."""
