@@ -69,6 +69,14 @@ _LAZY: dict[str, Callable[[], Any]] = {
 }
 
 
+#: a response's prompt as the run rendered it, in SQL over ``responses r``: a first turn's ids are
+#: kept once, with its prompt (``prompts.first_ids``), where they are the same
+OUR_PROMPT_IDS = (
+    "coalesce(r.our_prompt_ids, (SELECT first_ids FROM prompts p WHERE r.turn = 0 AND "
+    "p.dataset = r.dataset AND p.prompt_id = r.prompt_id))"
+)
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return _LAZY[name]()

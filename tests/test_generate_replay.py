@@ -96,6 +96,31 @@ def test_on_policy_multi_turn(tmp_path):
     )
     assert d["done"] == expected, r.stderr
     assert d["errors"].get("http_404", 0) == d["failed"]
+    # our prompt ids, against the engine's own: a first turn's are kept once, with its prompt
+    # (rendered as the prompts were stored); a second turn's, which hold the first answer,
+    # with the answer
+    from draftdata.store.ledger import Ledger
+
+    engine = {json.dumps(g["messages"]): g["prompt_ids"] for g in GT}
+    led = Ledger.read(tmp_path / "run" / "ledger.sqlite")
+    try:
+        answers = led.answers.of("gt")
+        chains = {c.prompt.id: c for c in led.answers.chains("gt")}
+    finally:
+        led.close()
+    assert {k.turn for k in answers} == {0, 1}
+    for k, a in answers.items():
+        chain = chains[k.prompt_id]
+        asked = [{"role": "user", "content": chain.prompt.messages[0].content}]
+        if k.turn == 1:
+            first = chain.responses[0].response["choices"][0]["message"]["content"]
+            asked += [{"role": "assistant", "content": first}]
+            asked += [{"role": "user", "content": chain.prompt.messages[-1].content}]
+        assert list(a.our_prompt_ids or ()) == engine[json.dumps(asked)], k
+    db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
+    stored = dict(db.execute("SELECT turn, count(our_prompt_ids) FROM responses GROUP BY turn"))
+    db.close()
+    assert stored == {0: 0, 1: sum(k.turn == 1 for k in answers)}
 
 
 def done_count(ledger):

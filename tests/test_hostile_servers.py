@@ -21,7 +21,7 @@ from conftest import GROUNDTRUTH, TOKENIZERS
 from draftdata.store import codec
 from hostile import ANSWER, Hostile, Stream, completion, honest, tokens
 from servers import peak_generate
-from shared import run, sigint_default
+from shared import OUR_PROMPT_IDS, run, sigint_default
 
 GT = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
 QUESTIONS = list(
@@ -178,15 +178,9 @@ def test_absurd_values_are_bounded_at_the_wire_and_block_nothing(tmp_path):
         assert notes[tag] == {"invalid": N * HIT}, (tag, notes[tag])
     # the bytes that were not UTF-8 are stored as they came
     db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
-    blobs = [zlib_raw(b) for (b,) in db.execute("SELECT response FROM attempts WHERE ok=1")]
+    blobs = [codec.decompress(b) for (b,) in db.execute("SELECT response FROM attempts WHERE ok=1")]
     db.close()
     assert sum(b"Par\xffis" in b for b in blobs) == N * HIT
-
-
-def zlib_raw(blob: bytes) -> bytes:
-    import zlib
-
-    return zlib.decompress(blob)
 
 
 # --- the budget against usage that lies ---------------------------------------------------------
@@ -225,7 +219,7 @@ def real_spend(run_dir: Path) -> tuple[float, int]:
     prompt_len = {
         tuple(k): len(codec.unpack_ids(ids) or ())
         for *k, ids in db.execute(
-            "SELECT dataset, prompt_id, sample_idx, turn, our_prompt_ids FROM responses"
+            f"SELECT dataset, prompt_id, sample_idx, turn, {OUR_PROMPT_IDS} FROM responses r"
         )
     }
     total, answer_tokens = 0.0, 0
@@ -247,7 +241,7 @@ def billed(run_dir: Path, server: Hostile) -> float:
     db = sqlite3.connect(run_dir / "ledger.sqlite")
     prompt_tokens = sum(
         len(codec.unpack_ids(ids) or ())
-        for (ids,) in db.execute("SELECT our_prompt_ids FROM responses")
+        for (ids,) in db.execute(f"SELECT {OUR_PROMPT_IDS} FROM responses r")
     )
     db.close()
     return (prompt_tokens * PRICE_IN + server.served.answer_tokens * PRICE_OUT) / 1e6
@@ -514,3 +508,19 @@ def test_a_prompt_with_no_user_message_is_counted_and_blocks_nothing(tmp_path, t
     assert st["done"] == st["total"] == 4 and st["samples"] == 4, st
     doc = json.loads((tmp_path / "run" / "export" / "manifest.json").read_text())
     assert doc["datasets"]["d"]["read_drops"] == {"no_user_message": 1}
+
+
+def test_with_no_price_an_answer_past_max_tokens_is_still_counted(tmp_path):
+    """With no output price an answer's tokens change nothing that is charged, so it is not
+    encoded to count them (``charges.answer_tokens``), unless its UTF-8 bytes could hold more
+    tokens than the runaway limit. A server that ignores max_tokens and says 1 token in its
+    usage is still stopped at its first answers, by our own count."""
+    server = Hostile(LIARS["ignore_max_tokens"])
+    src = prompts(tmp_path / "p.jsonl", 40)
+    with server.running() as url:
+        m = manifest(tmp_path, url, {"d": src}, max_tokens=RUNAWAY_MAX, concurrency=2)
+        r = run("generate", str(m), "--quiet")
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 1 and "ignores max_tokens" in r.stderr, r.stderr
+    st = json.loads(run("status", str(m), "--json").stdout)["datasets"]["d"]
+    assert st["drops"].get("quarantined:runaway", 0) >= 1 and st["done"] <= 2, st

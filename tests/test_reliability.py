@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from conftest import GROUNDTRUTH
 from draftdata.store import codec
 from servers import manifest, peak_generate, replay_server, stats
-from shared import UNIQUE, run, write_prompts
+from shared import OUR_PROMPT_IDS, UNIQUE, run, write_prompts
 
 
 def ledger_counts(run_dir: Path) -> tuple[int, int]:
@@ -226,10 +226,10 @@ def test_a_full_disk_stops_with_one_line_and_loses_nothing(tmp_path):
     every answer stored before it kept, and the same run resumed on a bigger disk."""
     small = tmp_path / "small"
     small.mkdir()
-    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:400])
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:200])
     with replay_server(GROUNDTRUTH) as url:
         # the manifest is read inside the namespace, where the tmpfs hides `small`'s files
-        m = manifest(small, url, src, limit=400, turns="first").rename(tmp_path / "small.toml")
+        m = manifest(small, url, src, limit=200, turns="first").rename(tmp_path / "small.toml")
         big = tmp_path / "big"  # the tmpfs's files, copied out before the namespace ends
         py = [sys.executable, "-m", "draftdata"]
         r = on_small_disk(small, big, *py, "generate", str(m), "--quiet")
@@ -238,7 +238,7 @@ def test_a_full_disk_stops_with_one_line_and_loses_nothing(tmp_path):
         assert len(errors) == 1 and "disk is full" in errors[0], r.stderr
         assert "Traceback" not in r.stderr
         stored_before, _ = ledger_counts(big / "run")
-        assert 0 < stored_before < 400
+        assert 0 < stored_before < 200
         # free space by moving the run folder to a big disk, then resume there
         m2 = big / "manifest.toml"
         m2.write_text(m.read_text().replace(str(small), str(big)))
@@ -287,7 +287,7 @@ def _server_cost(run_dir: Path, price_in: float, price_out: float) -> float:
     db = sqlite3.connect(run_dir / "ledger.sqlite")
     total = 0.0
     for resp, our_prompt in db.execute(
-        "SELECT a.response, r.our_prompt_ids FROM responses r JOIN attempts a ON a.id = "
+        f"SELECT a.response, {OUR_PROMPT_IDS} FROM responses r JOIN attempts a ON a.id = "
         "r.attempt_id"
     ):
         data = json.loads(codec.unpack_text(resp))

@@ -288,7 +288,7 @@ def test_a_schema_2_ledger_is_migrated_and_its_samples_made_again(tmp_path):
     _meets_the_real_truth(rows)
     db = sqlite3.connect(run_dir / "ledger.sqlite")
     meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
-    assert (json.loads(meta["schema_version"]), json.loads(meta["migrated_from"])) == (4, 2)
+    assert (json.loads(meta["schema_version"]), json.loads(meta["migrated_from"])) == (5, 2)
     # a ledger from a newer draftdata is refused, naming the fix
     db.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
     db.commit()
@@ -334,7 +334,7 @@ def test_a_schema_3_ledger_is_read_in_place_then_converted(tmp_path):
     assert sorted(map(json.dumps, after.to_pylist())) == sorted(map(json.dumps, before))
     db = sqlite3.connect(run_dir / "ledger.sqlite")
     meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
-    assert (json.loads(meta["schema_version"]), json.loads(meta["migrated_from"])) == (4, 3)
+    assert (json.loads(meta["schema_version"]), json.loads(meta["migrated_from"])) == (5, 3)
     types = db.execute(
         "SELECT DISTINCT typeof(input_ids), typeof(loss_mask) FROM samples"
     ).fetchall()
@@ -355,4 +355,56 @@ def test_a_schema_3_ledger_is_read_in_place_then_converted(tmp_path):
         led.close()
     # the export above equals the old draftdata's own, a regression guard only: both could be
     # wrong the same way. The evidence is the ground truth itself.
+    _meets_the_real_truth(_rows(tmp_path))
+
+
+def test_a_schema_4_ledger_is_read_as_it_is_then_holds_both_codecs(tmp_path):
+    """A ledger written by the schema-4 main (3fa415b: `export` of ledger-v3.sqlite, which
+    converted it; every BLOB a zlib stream) with that main's own export beside it. This
+    draftdata reads it without converting anything, writes zstd frames beside its zlib rows
+    (the samples of one dataset made again here), and both read back to the same export."""
+    import sqlite3
+
+    from conftest import ROOT
+    from draftdata.store import codec
+    from draftdata.store.ledger import Ledger
+
+    data = ROOT / "tests" / "data"
+    run_dir, db = _old_ledger(tmp_path, "ledger-v4.sqlite")
+    assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("4",)
+    heads = {b[:1] for (b,) in db.execute("SELECT input_ids FROM samples")}
+    assert heads == {b"\x78"}  # zlib's header: every row as schema 4 wrote it
+    db.close()
+    led = Ledger.read(run_dir / "ledger.sqlite")
+    try:
+        old_samples = sorted((s.id, s.input_ids, s.loss_mask) for s in led.samples.of("truth"))
+        old_answers = led.answers.of("paid")
+    finally:
+        led.close()
+    assert len(old_samples) == 2 and old_samples[0][1]
+    db = sqlite3.connect(run_dir / "ledger.sqlite")
+    db.execute("DELETE FROM samples WHERE dataset='paid'")  # made again, by this draftdata
+    db.commit()
+    db.close()
+    r = run("export", str(run_dir))
+    assert r.returncode == 0, r.stdout + r.stderr
+    db = sqlite3.connect(run_dir / "ledger.sqlite")
+    meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+    assert (json.loads(meta["schema_version"]), json.loads(meta["migrated_from"])) == (5, 4)
+    heads = dict(db.execute("SELECT dataset, substr(input_ids, 1, 4) FROM samples").fetchall())
+    assert heads["truth"][:1] == b"\x78" and heads["paid"] == codec.ZSTD_MAGIC
+    db.close()
+    cols = ["input_ids", "loss_mask", "prompt_len", "token_source", "finish_reason", "provenance"]
+    before = pq.read_table(data / "ledger-v4.export.parquet").select(cols).to_pylist()
+    after = pq.read_table(sorted((run_dir / "export").glob("shard-*.parquet"))).select(cols)
+    assert len(before) == 4
+    assert sorted(map(json.dumps, after.to_pylist())) == sorted(map(json.dumps, before))
+    led = Ledger(run_dir / "ledger.sqlite")
+    try:
+        assert sorted((s.id, s.input_ids, s.loss_mask) for s in led.samples.of("truth")) == (
+            old_samples
+        )
+        assert led.answers.of("paid") == old_answers
+    finally:
+        led.close()
     _meets_the_real_truth(_rows(tmp_path))

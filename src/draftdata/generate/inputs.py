@@ -4,13 +4,16 @@ each dataset's prompts as the model will see them. `generate`, `run` and `plan` 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from collections.abc import Set as AbstractSet
 
 from ..config import DatasetCfg, Manifest
+from ..errors import DraftdataError
 from ..measure.contamination import Detector, Tally
-from ..records import Prompt
+from ..records import Message, Prompt
 from ..sources import iter_prompts
+from ..tokens.history import turn_messages
+from ..tokens.sample_maker import TokensStage
 from .requests import tools_as_system, with_system
 
 
@@ -60,3 +63,19 @@ def _answerable(prompts: Iterator[Prompt], drops: Counter[str]) -> Iterator[Prom
             yield p
         else:
             drops["no_user_message"] += 1
+
+
+def first_turn_ids(
+    tokens: TokensStage, d: DatasetCfg, prompts: Sequence[Prompt]
+) -> list[list[int] | None]:
+    """Each prompt's first turn rendered to ids, in one batched encode; None where it cannot be
+    (its request renders it alone, and quarantines it with the reason). The prompts stage stores
+    them with the prompts, so the request path does not encode them."""
+    todo: dict[int, tuple[tuple[Message, ...], Prompt]] = {}
+    for i, p in enumerate(prompts):
+        try:
+            todo[i] = (turn_messages(p, d.turns, 0, []), p)
+        except (DraftdataError, TypeError, ValueError, AttributeError):
+            continue
+    got = dict(zip(todo, tokens.render_prompts(list(todo.values())), strict=True))
+    return [got.get(i) for i in range(len(prompts))]

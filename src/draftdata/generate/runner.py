@@ -34,7 +34,7 @@ from .budget import Budget
 from .commits import GroupCommit
 from .contaminated import DecontaminateMixin
 from .contract import Serving, check_dataset, over_context
-from .inputs import DUPLICATE, drop_reason, iter_dataset
+from .inputs import DUPLICATE, drop_reason, first_turn_ids, iter_dataset
 from .progress import Bars
 from .requests import sample_seed
 from .settings import check, settings_of, stored_manifest
@@ -194,9 +194,11 @@ class Runner(DecontaminateMixin):
                     dups.add(p.id)
 
         turns = lambda p: n_turns(p, d.turns)  # noqa: E731
+        # each prompt's first turn is rendered as it is stored, a chunk at a time
+        how = (d.samples_per_prompt, turns, lambda ps: first_turn_ids(self.tokens, d, ps))
         if fresh:  # the source changed: answered prompts stay, unanswered ones follow the file
             n_kept, gone, added = self.ledger.prompts.replace_unanswered(
-                d.name, list(kept(iter_dataset(self.m, d, drops))), d.samples_per_prompt, turns
+                d.name, list(kept(iter_dataset(self.m, d, drops))), *how
             )
             self.reread.discard(d.name)
             self.console.print(
@@ -212,7 +214,7 @@ class Runner(DecontaminateMixin):
         # --extend: the prompts already there keep their place; new ones follow
         have = self.ledger.prompts.ids_of(d.name) if stored else set()
         new = (p for p in kept(iter_dataset(self.m, d, drops)) if p.id not in have)
-        added = self.ledger.prompts.add(d.name, new, d.samples_per_prompt, turns, start=stored)
+        added = self.ledger.prompts.add(d.name, new, *how[:2], start=stored, render=how[2])
         if not stored + added:
             # every prompt already under a dataset the manifest no longer names: renamed, most
             # likely (a dataset of the manifest that holds them is a plain duplicate)
@@ -344,8 +346,8 @@ class Runner(DecontaminateMixin):
             return
         # a pool of workers pulls conversations a page at a time from the ledger: memory stays
         # O(concurrency + one page) whatever the dataset's size, and requests start at once;
-        # first-turn prompts are rendered a page at a time in one batched encode, not one by
-        # one on the request path
+        # first-turn prompts come rendered with the prompts (or a page at a time in one batched
+        # encode, for prompts stored without), not one by one on the request path
         pages = self.pages(d)
         ready: deque[Chain] = deque()
 
@@ -396,24 +398,20 @@ class Runner(DecontaminateMixin):
                         self.ledger.answers.of_chain(d.name, c.prompt.id, c.sample)
                         if c.answered
                         else {},
+                        c.first_ids,
                     )
                     for c in page.chains
                 ]
 
     def first_prompts(self, d: DatasetCfg, page: list[Chain]) -> list[Chain]:
         """A page of conversations, each with its first turn's prompt ids where that turn is
-        still to ask (one batched render; the prompt's samples share it)."""
-        todo: dict[str, tuple[tuple[Message, ...], Prompt]] = {}
-        for c in page:
-            if 0 in c.answers or c.prompt.id in todo:
-                continue
-            try:
-                todo[c.prompt.id] = (turn_messages(c.prompt, d.turns, 0, []), c.prompt)
-            except (DraftdataError, TypeError, ValueError, AttributeError):
-                continue  # rendered alone on its request path, and quarantined there
-        got = self.tokens.render_prompts(list(todo.values()))
-        ids = dict(zip(todo, got, strict=True))
-        return [replace(c, first_ids=ids.get(c.prompt.id)) for c in page]
+        still to ask: those stored with the prompt, else one batched render (the prompt's
+        samples share it)."""
+        todo = {c.prompt.id: c.prompt for c in page if 0 not in c.answers and not c.first_ids}
+        ids = dict(zip(todo, first_turn_ids(self.tokens, d, list(todo.values())), strict=True))
+        return [
+            c if c.prompt.id not in ids else replace(c, first_ids=ids[c.prompt.id]) for c in page
+        ]
 
     async def chain(self, d: DatasetCfg, c: Chain, backend: Backend, bars: Bars) -> None:
         """One conversation, turn by turn (each turn waits for the model's previous answer)."""
@@ -477,7 +475,8 @@ class Runner(DecontaminateMixin):
                 if turn in c.answers:
                     own[(p.id, s)].append(answer_message(self.view(c.answers[turn])))
                 else:
-                    req = self.safe_request(d, p, s, turn, own[(p.id, s)])
+                    first = c.first_ids if turn == 0 else None
+                    req = self.safe_request(d, p, s, turn, own[(p.id, s)], first)
                     if req is not None:
                         todo.append(req)
             todo.sort(key=lambda r: len(r.prompt_ids))  # similar lengths pad less

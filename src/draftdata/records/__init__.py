@@ -260,12 +260,14 @@ class Drop:
 
 @dataclass(frozen=True)
 class PendingChain:
-    """A conversation (prompt, sample) with a turn still to ask, and how many of its turns are
-    answered."""
+    """A conversation (prompt, sample) with a turn still to ask, how many of its turns are
+    answered, and its first turn's prompt ids as rendered when the prompt was stored (None:
+    not rendered then, a prompt stored by an older draftdata or one that did not render)."""
 
     prompt: Prompt
     sample: int
     answered: int
+    first_ids: list[int] | None = None
 
 
 @dataclass(frozen=True)

@@ -28,19 +28,44 @@ from .part import KEY, Part
 #: the reason of an attempt that was in flight when its run was interrupted (possibly paid)
 INTERRUPTED = "interrupted"
 
-#: a stored answer's columns (``_stored`` reads them in this order) and where they come from
+#: a stored answer's columns (``_stored`` reads them in this order) and where they come from.
+#: A first turn's ``our_prompt_ids`` equal to the ids stored with its prompt are not stored
+#: again (NULL): they are read from the prompt (a ledger whose prompts have no ``first_ids``
+#: column, schema 4 and older read in place, has every answer's own)
 _COLUMNS = (
     "r.dataset, r.prompt_id, r.sample_idx, r.turn, r.backend, r.response_json, a.response, "
-    "r.output_ids, r.prompt_ids, r.finish_reason, r.cost_usd, r.our_prompt_ids, r.problem"
+    "r.output_ids, r.prompt_ids, r.finish_reason, r.cost_usd, {ours}, r.problem"
 )
 _FROM = "FROM responses r LEFT JOIN attempts a ON a.id = r.attempt_id"
-_RESPONSE = f"SELECT {_COLUMNS} {_FROM} WHERE r.dataset=?"
+_FIRST = (
+    " LEFT JOIN prompts fp ON r.turn = 0 AND fp.dataset = r.dataset AND fp.prompt_id = r.prompt_id"
+)
+#: our prompt ids, or NULL where they are the prompt's stored first turn (compared as packed:
+#: the same ids pack to the same bytes in one process; where they do not, they are stored)
+_OURS = (
+    "CASE WHEN ? = 0 AND ? = (SELECT first_ids FROM prompts WHERE dataset=? AND prompt_id=?) "
+    "THEN NULL ELSE ? END"
+)
 
 
 class Answers(Part):
     def __init__(self, db: sqlite3.Connection, path: Path, readonly: bool, meta: Meta) -> None:
         super().__init__(db, path, readonly)
         self.meta = meta
+        self._select: tuple[str, str] | None = None
+
+    def _columns_from(self) -> tuple[str, str]:
+        """The answer columns and the tables they come from, for this ledger's schema (asked
+        once, at the first read: a new ledger's tables are made after this part)."""
+        if self._select is None:
+            has = any(r[1] == "first_ids" for r in self.db.execute("PRAGMA table_info(prompts)"))
+            ours = "coalesce(r.our_prompt_ids, fp.first_ids)" if has else "r.our_prompt_ids"
+            self._select = (_COLUMNS.format(ours=ours), _FROM + (_FIRST if has else ""))
+        return self._select
+
+    def _response(self) -> str:
+        cols, src = self._columns_from()
+        return f"SELECT {cols} {src} WHERE r.dataset=?"
 
     # --- requests in flight --------------------------------------------------------------------
     @guarded
@@ -152,8 +177,9 @@ class Answers(Part):
             c.request,
             c.response_text,
         )
+        ours = codec.pack_ids(our_prompt_ids)
         self.db.execute(
-            "INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,{_OURS},?)",
             (
                 *key.tuple(),
                 attempt,
@@ -167,7 +193,11 @@ class Answers(Part):
                 c.cost_usd,
                 drift,
                 time.time(),
-                codec.pack_ids(our_prompt_ids),
+                key.turn,
+                ours,
+                key.dataset,
+                key.prompt_id,
+                ours,
                 c.problem,
             ),
         )
@@ -248,14 +278,14 @@ class Answers(Part):
     def of(self, dataset: str) -> dict[Key, StoredResponse]:
         """Every stored answer of a dataset. A response body is kept once, in its attempt;
         ``response_json`` holds only what was not a body (an engine's own record)."""
-        rows = self.db.execute(_RESPONSE, (dataset,)).fetchall()
+        rows = self.db.execute(self._response(), (dataset,)).fetchall()
         return {s.key: s for s in map(_stored, rows)}
 
     @guarded
     def of_chain(self, dataset: str, prompt_id: str, sample: int) -> dict[int, StoredResponse]:
         """The stored answers of one conversation, by turn."""
         rows = self.db.execute(
-            _RESPONSE + " AND r.prompt_id=? AND r.sample_idx=?", (dataset, prompt_id, sample)
+            self._response() + " AND r.prompt_id=? AND r.sample_idx=?", (dataset, prompt_id, sample)
         ).fetchall()
         return {s.key.turn: s for s in map(_stored, rows)}
 
@@ -263,8 +293,9 @@ class Answers(Part):
         """Every answered conversation of a dataset with its prompt and stored answers (turn
         order), one at a time (a cursor in the responses' key order: memory holds one
         conversation)."""
+        cols, src = self._columns_from()
         cur = self.db.execute(
-            f"SELECT {_COLUMNS}, p.messages_json, p.tools_json, p.metadata_json {_FROM} "
+            f"SELECT {cols}, p.messages_json, p.tools_json, p.metadata_json {src} "
             "JOIN prompts p ON p.dataset = r.dataset AND p.prompt_id = r.prompt_id "
             "WHERE r.dataset=? ORDER BY r.prompt_id, r.sample_idx, r.turn",
             (dataset,),

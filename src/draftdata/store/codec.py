@@ -1,18 +1,27 @@
 """The ledger's serialiser: records to the columns that hold them, and back. One function pair
 per record; nothing else in draftdata writes or reads these columns.
 
-Ids are int32 arrays and masks one byte per token, both zlib-compressed BLOBs (a mask is two
-runs: it compresses to a few bytes); raw request and response bodies are zlib-compressed UTF-8,
-the exact text as it arrived. JSON stays for the small structured columns."""
+Ids are int32 arrays and masks one byte per token, both compressed BLOBs (a mask is two runs: it
+compresses to a few bytes); raw request and response bodies are compressed UTF-8, the exact text
+as it arrived. JSON stays for the small structured columns.
+
+Compressed is a zstd frame (schema 5). A schema-4 ledger's rows are zlib streams; they are read
+as they are (the two are told apart by the frame's magic number, which no zlib header has), so a
+migrated ledger holds both. zstd at level 1: the same size as zlib's level 1 on these bodies and
+ids, at a fifth of its CPU (26 -> 5.6 us for a 0.8 KB body: most of zlib's is setting up its
+state, per call), and decompressed twice as fast."""
 
 from __future__ import annotations
 
 import json
 import sys
+import threading
 import zlib
 from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+import zstandard
 
 from ..records import (
     Flag,
@@ -83,9 +92,34 @@ def prompt_of(prompt_id: str, dataset: str, messages: str, tools: str, metadata:
     )
 
 
-#: zlib level: 1 is within a few percent of 6 on ids and JSON, at a third of the CPU
+#: zstd level: 1 is within a few percent of 3 on ids and JSON bodies, at the least CPU
 LEVEL = 1
 _BIG = sys.byteorder == "big"
+#: every zstd frame starts with it; a zlib stream cannot (its header fails zlib's check)
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+#: what reading a damaged BLOB raises
+BlobError = (zlib.error, zstandard.ZstdError)
+#: zstd contexts are not safe to share between threads: one pair per thread
+_local = threading.local()
+
+
+def _zstd() -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
+    try:
+        got: tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor] = _local.pair
+    except AttributeError:
+        got = _local.pair = (zstandard.ZstdCompressor(level=LEVEL), zstandard.ZstdDecompressor())
+    return got
+
+
+def compress(raw: bytes) -> bytes:
+    return _zstd()[0].compress(raw)
+
+
+def decompress(blob: bytes) -> bytes:
+    """A BLOB this codec wrote: a zstd frame, or a zlib stream (schema 4)."""
+    if blob[:4] == ZSTD_MAGIC:
+        return _zstd()[1].decompress(blob)
+    return zlib.decompress(blob)
 
 
 def _int32(ids: Iterable[int]) -> bytes:
@@ -96,12 +130,17 @@ def _int32(ids: Iterable[int]) -> bytes:
 
 
 def pack_ids(ids: Iterable[int] | None) -> bytes | None:
-    return None if ids is None else zlib.compress(_int32(ids), LEVEL)
+    return None if ids is None else compress(_int32(ids))
 
 
 def unpack_ids(blob: bytes | str | None) -> tuple[int, ...] | None:
     ids = _ids_list(blob)
     return None if ids is None else tuple(ids)
+
+
+def ids_list(blob: bytes | str | None) -> list[int] | None:
+    """``unpack_ids`` as a list."""
+    return _ids_list(blob)
 
 
 def _ids_list(blob: bytes | str | None) -> list[int] | None:
@@ -110,20 +149,20 @@ def _ids_list(blob: bytes | str | None) -> list[int] | None:
     if isinstance(blob, str):  # a schema-3 JSON column, read in place
         return list(json.loads(blob))
     a = array("i")
-    a.frombytes(zlib.decompress(blob))
+    a.frombytes(decompress(blob))
     if _BIG:
         a.byteswap()
     return a.tolist()
 
 
 def pack_mask(mask: Sequence[bool]) -> bytes:
-    return zlib.compress(bytes(bytearray(mask)), LEVEL)
+    return compress(bytes(bytearray(mask)))
 
 
 def unpack_mask(blob: bytes | str) -> list[bool]:
     if isinstance(blob, str):  # a schema-3 JSON column, read in place
         return [bool(b) for b in json.loads(blob)]
-    return list(map(_ONE, zlib.decompress(blob)))  # one byte a token: 1 trained, 0 not
+    return list(map(_ONE, decompress(blob)))  # one byte a token: 1 trained, 0 not
 
 
 _ONE = (1).__eq__
@@ -140,13 +179,13 @@ def pack_text(text: str | None) -> bytes | None:
         raw = text.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:
         raw = text.encode("utf-8", "surrogatepass")
-    return zlib.compress(raw, LEVEL)
+    return compress(raw)
 
 
 def unpack_text(blob: bytes | str | None) -> str | None:
     if blob is None or isinstance(blob, str):  # a text column of an unmigrated row
         return blob
-    raw = zlib.decompress(blob)
+    raw = decompress(blob)
     try:
         return raw.decode("utf-8", "surrogatepass")
     except UnicodeDecodeError:  # bytes as a server sent them, not UTF-8

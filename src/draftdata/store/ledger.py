@@ -9,7 +9,9 @@ work state are written in one transaction, so a SIGKILL at any moment loses noth
 acknowledged and never stores a response twice.
 
 Schema history: 2 kept samples without provenance or mask; 3 keeps both; 4 stores ids as int32
-BLOBs and raw bodies compressed, and a response's raw body once (in its attempt). A version-2
+BLOBs and raw bodies compressed, and a response's raw body once (in its attempt); 5 compresses
+with zstd, not zlib (a schema-4 row is read as it is), and keeps each prompt's first turn
+rendered to ids (``prompts.first_ids``, NULL in a migrated ledger's rows). A version-2
 ledger is migrated when it is opened for writing: its samples are derived data without
 provenance, so they are set aside and made again by the tokens stage (the responses are kept as
 they are); a version-3 ledger's columns are converted in place. Opened read-only, an older
@@ -100,7 +102,7 @@ class Ledger:
             self.scores = Scores(self.db, path, readonly)
             version = self.meta.schema_version()
             if readonly:
-                if version in schema.MIGRATES_FROM:
+                if version is not None and version < schema.RENAMED_BEFORE:
                     schema.views_of_old_columns(self.db)
             else:
                 if version is not None:
@@ -141,13 +143,18 @@ class Ledger:
     def _migrate(self, version: int) -> None:
         """2 -> 3: samples gain provenance and their mask. The old rows carry neither, so they
         are set aside and the tokens stage makes them again from the stored responses.
-        3 -> 4: ids become int32 BLOBs and raw bodies compressed, row by row."""
+        3 -> 4: ids become int32 BLOBs and raw bodies compressed, row by row.
+        4 -> 5: prompts gain ``first_ids`` (NULL: rendered on the request path, as before);
+        nothing is converted (the codec reads a zlib row where it finds one)."""
         with self.tx():
             if version == 2:
                 self.db.execute("ALTER TABLE responses ADD COLUMN problem TEXT")
                 self.db.execute("DROP TABLE IF EXISTS samples")
                 self.db.execute("DELETE FROM drops WHERE stage='tokens'")
-            schema.convert_columns(self.db)
+            if version < schema.RENAMED_BEFORE:
+                schema.convert_columns(self.db)
+            if "first_ids" not in schema.old_columns(self.db, "prompts"):
+                self.db.execute("ALTER TABLE prompts ADD COLUMN first_ids BLOB")
             self.meta.put(SCHEMA_VERSION, schema.VERSION)
             self.meta.put(MIGRATED_FROM, version)
 

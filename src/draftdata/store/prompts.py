@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterable
+from itertools import islice
 from pathlib import Path
 
 from ..records import ChainPage, PendingChain, Prompt
 from . import codec
 from .guard import guarded
 from .part import Part
+
+#: each prompt's first turn rendered to ids (one batched encode for many prompts); None where
+#: it cannot be rendered (its request renders it again, and quarantines it with the reason)
+Render = Callable[[list[Prompt]], list[list[int] | None]]
+#: prompts read, rendered and written at a time: memory holds one chunk of a streamed dataset
+CHUNK = 512
 
 
 class Prompts(Part):
@@ -27,12 +34,14 @@ class Prompts(Part):
         samples: int,
         turns: Callable[[Prompt], int],
         start: int = 0,
+        render: Render | None = None,
     ) -> int:
-        """Prompts (a stream is read one at a time) from position ``start`` on, each with its
-        work keys, in one transaction. Returns how many were given."""
+        """Prompts (a stream is read a chunk at a time) from position ``start`` on, each with
+        its work keys and its first turn's ids where ``render`` is given, in one transaction.
+        Returns how many were given."""
         self._cache.pop(dataset, None)
         with self.tx():
-            return self._insert(dataset, prompts, start, samples, turns)
+            return self._insert(dataset, prompts, start, samples, turns, render)
 
     def _insert(
         self,
@@ -41,25 +50,42 @@ class Prompts(Part):
         start: int,
         samples: int,
         turns: Callable[[Prompt], int],
+        render: Render | None = None,
     ) -> int:
         """Prompts from position ``start`` on, each with its work keys (inside a transaction)."""
         n = 0
-        for i, p in enumerate(prompts, start=start):
-            n += 1
-            self.db.execute(
-                "INSERT OR IGNORE INTO prompts VALUES (?,?,?,?,?,?)",
-                (dataset, p.id, i, *codec.prompt_row(p)),
+        it = iter(prompts)
+        while chunk := list(islice(it, CHUNK)):
+            first = render(chunk) if render is not None else [None] * len(chunk)
+            self.db.executemany(
+                "INSERT OR IGNORE INTO prompts (dataset, prompt_id, idx, messages_json, "
+                "tools_json, metadata_json, first_ids) VALUES (?,?,?,?,?,?,?)",
+                [
+                    (dataset, p.id, start + n + i, *codec.prompt_row(p), codec.pack_ids(ids))
+                    for i, (p, ids) in enumerate(zip(chunk, first, strict=True))
+                ],
             )
             self.db.executemany(
                 "INSERT OR IGNORE INTO work (dataset, prompt_id, sample_idx, turn) "
                 "VALUES (?,?,?,?)",
-                [(dataset, p.id, s, t) for s in range(samples) for t in range(turns(p))],
+                [
+                    (dataset, p.id, s, t)
+                    for p in chunk
+                    for s in range(samples)
+                    for t in range(turns(p))
+                ],
             )
+            n += len(chunk)
         return n
 
     @guarded
     def replace_unanswered(
-        self, dataset: str, prompts: list[Prompt], samples: int, turns: Callable[[Prompt], int]
+        self,
+        dataset: str,
+        prompts: list[Prompt],
+        samples: int,
+        turns: Callable[[Prompt], int],
+        render: Render | None = None,
     ) -> tuple[int, int, int]:
         """A dataset read again from a changed source: prompts with an answer stay as they are;
         those without one that the source no longer has are removed with their work; new ones
@@ -87,7 +113,7 @@ class Prompts(Part):
                     self.db.execute(
                         f"DELETE FROM {table} WHERE dataset=? AND prompt_id=?", (dataset, pid)
                     )
-            self._insert(dataset, fresh, top + 1, samples, turns)
+            self._insert(dataset, fresh, top + 1, samples, turns, render)
         return len(existing & answered), len(gone), len(fresh)
 
     @guarded
@@ -141,11 +167,13 @@ class Prompts(Part):
     def pending_chains(self, dataset: str, after: int, limit: int) -> ChainPage:
         """The conversations (prompt, sample) with a turn still to ask among the ``limit``
         prompts after position ``after``, in order, each with how many of its turns are
-        answered; and the position to ask from next (None past the last prompt). A run pages
-        through its dataset this way: memory holds one page, not the dataset."""
+        answered, and its first turn's ids where they were rendered when it was stored; and
+        the position to ask from next (None past the last prompt). A run pages through its
+        dataset this way: memory holds one page, not the dataset."""
         rows = self.db.execute(
             "SELECT p.idx, p.prompt_id, p.messages_json, p.tools_json, p.metadata_json, "
-            "w.sample_idx, sum(w.state NOT IN ('done', 'quarantined')), sum(w.state = 'done') "
+            "w.sample_idx, sum(w.state NOT IN ('done', 'quarantined')), sum(w.state = 'done'), "
+            "p.first_ids "
             "FROM (SELECT * FROM prompts WHERE dataset=? AND idx > ? ORDER BY idx LIMIT ?) p "
             "JOIN work w ON w.dataset = p.dataset AND w.prompt_id = p.prompt_id "
             "GROUP BY p.idx, w.sample_idx ORDER BY p.idx, w.sample_idx",
@@ -153,9 +181,11 @@ class Prompts(Part):
         ).fetchall()
         out: list[PendingChain] = []
         last: Prompt | None = None
+        first: list[int] | None = None
         for r in rows:
             if r[6]:
                 if last is None or last.id != r[1]:
                     last = codec.prompt_of(r[1], dataset, r[2], r[3], r[4])
-                out.append(PendingChain(last, r[5], r[7]))
+                    first = codec.ids_list(r[8])
+                out.append(PendingChain(last, r[5], r[7], first))
         return ChainPage(tuple(out), rows[-1][0] if rows else None)

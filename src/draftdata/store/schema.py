@@ -8,15 +8,18 @@ from typing import Any
 
 from . import codec
 
-VERSION = 4
+VERSION = 5
 #: versions this draftdata migrates from
-MIGRATES_FROM = (2, 3)
+MIGRATES_FROM = (2, 3, 4)
+#: versions whose columns had other names (read through views, converted by the migration)
+RENAMED_BEFORE = 4
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS prompts (
   dataset TEXT NOT NULL, prompt_id TEXT NOT NULL, idx INTEGER NOT NULL,
   messages_json TEXT NOT NULL, tools_json TEXT NOT NULL, metadata_json TEXT NOT NULL,
+  first_ids BLOB,
   PRIMARY KEY (dataset, prompt_id));
 CREATE INDEX IF NOT EXISTS prompts_order ON prompts (dataset, idx);
 CREATE TABLE IF NOT EXISTS work (

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -244,18 +243,18 @@ class ServerOptions:
 def _body(blob: bytes | str | None) -> Any:
     """A stored body parsed, or None where it is damaged or not JSON (status must not fail on
     one bad row: export reads it too)."""
-    from .codec import unpack_text
+    from .codec import BlobError, unpack_text
 
     try:
         return json.loads(unpack_text(blob) or "null")
-    except (ValueError, RecursionError, zlib.error):
+    except (ValueError, RecursionError, *BlobError):
         return None
 
 
 def server_options(db: sqlite3.Connection, dataset: str) -> ServerOptions:
     """The lossless request fields of ``dataset``'s latest answers and what came of them."""
     from ..records.wire import detect_server, ids_returned
-    from .codec import unpack_text
+    from .codec import BlobError, unpack_text
 
     asked: Counter[str] = Counter()
     granted: Counter[str] = Counter()
@@ -288,7 +287,7 @@ def server_options(db: sqlite3.Connection, dataset: str) -> ServerOptions:
     ):
         try:
             text = unpack_text(body) or ""
-        except zlib.error:
+        except BlobError:
             continue
         refused.update(name for name in LOSSLESS_FIELDS if name in text)
     return ServerOptions(n, dict(by), dict(asked), dict(granted), dict(refused))
