@@ -301,3 +301,31 @@ def test_the_speculators_dataset_is_written_in_bounded_memory(tmp_path):
         assert r.returncode == 0, r.stderr
         peaks.append(int(r.stdout.split()[-1]) // 1024)
     assert peaks[1] - peaks[0] < 48, peaks
+
+
+def test_export_row_groups_are_bounded_by_tokens(samples, tmp_path):
+    """A row group is written once its rows hold ``BATCH_TOKENS`` tokens, whatever their number:
+    2,048 rows of long answers (the old bound) held 340 MB of Python lists in the 2k
+    rehearsal's export. Long samples here: each ground-truth sample's ids 40 times over."""
+    import pyarrow.parquet as pq
+
+    from draftdata.export.shards import BATCH_TOKENS
+
+    long = [
+        replace(s, id=f"{s.id}-{i}", input_ids=s.input_ids * 40, loss_mask=s.loss_mask * 40)
+        for i in range(60)
+        for s in samples
+    ]
+    total = sum(len(s.input_ids) for s in long)
+    assert len(long) < 2048 and total > 3 * BATCH_TOKENS
+    (entry,) = write_shards(iter(long), tmp_path)
+    pf = pq.ParquetFile(tmp_path / entry.path)
+    longest = max(len(s.input_ids) for s in long)
+    sizes = []
+    for g in range(pf.num_row_groups):
+        ids = pf.read_row_group(g, columns=["input_ids"]).column("input_ids")
+        sizes.append(sum(len(x) for x in ids.to_pylist()))
+    assert sum(sizes) == total and len(sizes) >= 3
+    assert max(sizes) < BATCH_TOKENS + longest, sizes
+    _, rows = read_samples(tmp_path / entry.path)
+    assert [s.input_ids for s in rows] == [s.input_ids for s in long]

@@ -373,3 +373,11 @@ def replacing_dir(
         swap_dir(staged, target, keep=keep, replace=replace)
     finally:
         discard_dir(staged)
+
+
+def parquet_batches(pf: Any, *, batch_size: int, columns: list[str]) -> Iterator[Any]:
+    """``pf.iter_batches`` (a ``pyarrow.parquet.ParquetFile``) a row group at a time: over the
+    whole file it reads ahead, and held 4x the memory of one row group (an export's 2k
+    rehearsal: 90 MB of Arrow memory against 23 MB)."""
+    for g in range(pf.num_row_groups):
+        yield from pf.iter_batches(batch_size=batch_size, columns=columns, row_groups=[g])

@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from ..errors import InputError
+from ..files import parquet_batches
 from ..lines import strict_jsonl
 from ..records import Provenance, Sample
 
@@ -67,7 +68,7 @@ def _rows(f: Path) -> Iterator[dict[str, Any]]:
         except Exception as e:
             raise InputError(f"{f}: not a readable Parquet file ({e})") from e
         cols = [c for c in _COLUMNS if c in pf.schema_arrow.names]
-        for batch in pf.iter_batches(batch_size=256, columns=cols):
+        for batch in parquet_batches(pf, batch_size=256, columns=cols):
             yield from batch.to_pylist()
     else:
         yield from strict_jsonl(f, "a sample file (`draftdata reconstruct -o` writes one)")

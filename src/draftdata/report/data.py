@@ -20,6 +20,7 @@ from typing import Any
 from .. import __version__
 from ..errors import InputError
 from ..export.preview import PREVIEW_FILE, Preview, read_preview
+from ..files import parquet_batches
 from ..measure.contamination import Tally
 from ..records.export import ExportManifest
 from ..store.guard import reading
@@ -216,9 +217,8 @@ def scan_shards(
                 f"with this draftdata ({__version__})"
             )
         rows = 0
-        for batch in pf.iter_batches(
-            batch_size=BATCH_ROWS, columns=[c for c in SHARD_COLUMNS if c in names]
-        ):
+        cols = [c for c in SHARD_COLUMNS if c in names]
+        for batch in parquet_batches(pf, batch_size=BATCH_ROWS, columns=cols):
             rows += batch.num_rows
             ds_col = batch.column("dataset")
             uniq = [d for d in pc.unique(ds_col).to_pylist() if d is not None]

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError
+from ..files import parquet_batches
 from ..records import Message, Prompt
 from ..records.wire import messages_of
 from .base import make_prompt, reader
@@ -85,7 +86,7 @@ class _Table:
     def batches(self, cols: list[str]) -> Iterator[list[dict[str, Any]]]:
         try:
             if self._src is None:
-                for b in self._pq.iter_batches(batch_size=BATCH_ROWS, columns=cols):
+                for b in parquet_batches(self._pq, batch_size=BATCH_ROWS, columns=cols):
                     yield b.to_pylist()
             elif isinstance(self._ipc, pa.ipc.RecordBatchFileReader):
                 for i in range(self._ipc.num_record_batches):

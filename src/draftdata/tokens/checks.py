@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
-from ..records import Answered
+from ..records import Answered, ApiView
 from .quality import LANGUAGE_MIN_CHARS, QUALITY_CHECKS, AnswerIndex, language_mismatch
 
 #: the share of a text py3langid must give its language for the language to count
@@ -45,6 +46,18 @@ def prompt_text(a: Answered) -> str:
         if m.role == "user" and m.content:
             return m.content
     return ""
+
+
+def for_checks(a: Answered) -> Answered:
+    """``a`` with only what ``RunChecks.across`` reads of it (its key, its answer's content and
+    its last user message): the tokens stage holds every answer out to its workers this way,
+    not with its parsed body."""
+    last = next((m for m in reversed(a.messages) if m.role == "user" and m.content), None)
+    stored = replace(
+        a.stored, response={}, output_ids=None, server_prompt_ids=None, our_prompt_ids=None
+    )
+    view = ApiView(a.view.content, a.view.finish_reason)
+    return Answered(a.key, a.prompt, (last,) if last is not None else (), stored, view)
 
 
 class RunChecks:
@@ -92,4 +105,4 @@ class RunChecks:
         return DROP_PREFIX + hit[0] if hit else None
 
 
-__all__ = ["DROP_PREFIX", "RunChecks", "load_language_detector", "prompt_text"]
+__all__ = ["DROP_PREFIX", "RunChecks", "for_checks", "load_language_detector", "prompt_text"]

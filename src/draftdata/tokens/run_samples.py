@@ -25,7 +25,7 @@ from ..records import Answered, ApiView, Drop, Key, Message, SampleRow, StoredRe
 from ..records.wire import view_from_record
 from ..store import codec
 from ..store.ledger import Ledger
-from .checks import RunChecks
+from .checks import RunChecks, for_checks
 from .history import answer_message, n_turns, turn_messages
 from .reconstruct import WINDOW, TextIds
 from .run_workers import jobs_for, outcomes
@@ -167,11 +167,12 @@ class RunTokens:
         n_jobs = jobs_for(todo if todo is not None else self.ledger.answers.count(d.name), jobs)
         checks = self.checks
         loaded = checks.load_s is not None
-        pending: dict[Key, Answered] = {}  # answers out to the workers (two windows each)
+        # answers out to the workers (two windows each), as the quality checks read them
+        pending: dict[Key, Answered] = {}
 
         def sent() -> Iterator[Answered]:
             for a in answers:
-                pending[a.key] = a
+                pending[a.key] = for_checks(a)
                 yield a
 
         with self.ledger.tx():

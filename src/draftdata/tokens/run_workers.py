@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing
-from itertools import islice
 from typing import Any
 
 from ..errors import DraftdataError, ReconstructError
@@ -19,7 +18,7 @@ from ..records import Answered, Drop, Sample, SampleRow
 from . import pool
 from .pool import AUTO_ANSWERS, jobs_for
 from .reconstruct import WINDOW
-from .sample_maker import TokensStage
+from .sample_maker import TokensStage, windows
 
 __all__ = ["AUTO_ANSWERS", "Outcome", "jobs_for", "outcomes"]
 
@@ -52,8 +51,7 @@ def outcomes(
 
 
 def _windows(answers: Iterable[Answered], window: int) -> Iterator[tuple[list[Answered], int]]:
-    it = iter(answers)
-    while chunk := list(islice(it, window)):
+    for chunk in windows(answers, window):
         yield chunk, window
 
 

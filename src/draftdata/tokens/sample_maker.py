@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from itertools import islice
 from typing import Any
 
 from ..errors import DraftdataError, ReconstructError
@@ -39,6 +38,25 @@ from .reconstruct import (
 
 #: a warning on samples whose prompt ids (the server's) differ from our rendering
 PROMPT_DRIFT = "prompt_drift"
+#: a window of answers closes at WINDOW answers or at this many characters of answer text,
+#: whichever comes first: 512 Kimi answers of reasoning and content held ~75 MB of parsed
+#: bodies in each worker and five windows in the parent (the 10k rehearsal's tokens stage)
+WINDOW_CHARS = 1 << 21
+
+
+def windows(answers: Iterable[Answered], most: int = WINDOW) -> Iterator[list[Answered]]:
+    """``answers`` in lists of at most ``most`` answers and about ``WINDOW_CHARS`` characters
+    of answer text (one answer longer than that is a window of its own)."""
+    chunk: list[Answered] = []
+    chars = 0
+    for a in answers:
+        chunk.append(a)
+        chars += len(a.view.content or "") + len(a.view.reasoning or "")
+        if len(chunk) >= most or chars >= WINDOW_CHARS:
+            yield chunk
+            chunk, chars = [], 0
+    if chunk:
+        yield chunk
 
 
 @dataclass(frozen=True)
@@ -96,9 +114,8 @@ class TokensStage:
     ) -> Iterator[tuple[Key, Sample | DraftdataError]]:
         """``sample`` over a stream of stored answers, in order, each with its key: the sample,
         or the error that made the answer unusable. Answers given as text are encoded in one
-        batched call per ``window``."""
-        it = iter(answers)
-        while chunk := list(islice(it, window)):
+        batched call per window (``windows``: ``window`` answers at most)."""
+        for chunk in windows(answers, window):
             first: list[Sample | Item | DraftdataError] = []
             for a in chunk:
                 try:
