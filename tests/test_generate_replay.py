@@ -177,6 +177,14 @@ def test_sigkill_five_times_then_resume_loses_nothing(tmp_path):
     assert len(rows) == total and all(n == 1 for *_, n in rows)
     ok = db.execute("SELECT count(*) FROM attempts WHERE ok=1").fetchone()[0]
     assert ok == total  # one paid answer per key: nothing asked twice after it was stored
+    # each answer points at its own attempt (ids given by the group's write, among failed and
+    # interrupted attempts written one by one)
+    (own,) = db.execute(
+        "SELECT count(*) FROM responses r JOIN attempts a ON a.id = r.attempt_id AND a.ok = 1 "
+        "AND a.dataset = r.dataset AND a.prompt_id = r.prompt_id AND "
+        "a.sample_idx = r.sample_idx AND a.turn = r.turn"
+    ).fetchone()
+    assert own == total
     # every stored answer is the server's answer for that prompt, verbatim
     by_id = {r["id"]: r["api_view"]["content"] for r in recs}
     for meta, resp in db.execute(

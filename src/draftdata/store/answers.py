@@ -42,6 +42,12 @@ _FIRST = (
 )
 #: our prompt ids, or NULL where they are the prompt's stored first turn (compared as packed:
 #: the same ids pack to the same bytes in one process; where they do not, they are stored)
+#: an attempt's columns after its id, and their placeholders
+_ATTEMPT = (
+    "dataset, prompt_id, sample_idx, turn, backend, ok, reason, http_status, started_at, "
+    "latency_s, request, response"
+)
+_A = ",".join("?" * 12)
 _OURS = (
     "CASE WHEN ? = 0 AND ? = (SELECT first_ids FROM prompts WHERE dataset=? AND prompt_id=?) "
     "THEN NULL ELSE ? END"
@@ -104,7 +110,7 @@ class Answers(Part):
             ).fetchall()
             for _, ds, pid, s, t, backend, started, _ in rows:
                 self._attempt(
-                    Key(ds, pid, s, t), backend, False, INTERRUPTED, None, started, 0.0, None, None
+                    Key(ds, pid, s, t), backend, False, INTERRUPTED, None, None, None, started
                 )
                 self.db.execute(
                     f"UPDATE work SET errors=errors+1, last_error=? WHERE {KEY}",
@@ -127,17 +133,7 @@ class Answers(Part):
         """A failed attempt, verbatim; the key stays pending unless the failure is final."""
         with self.tx():
             self._end(f.intent)
-            self._attempt(
-                key,
-                backend,
-                False,
-                f.reason,
-                f.http_status,
-                f.started_at,
-                f.latency_s,
-                f.request,
-                f.response_text,
-            )
+            self._attempt(key, backend, False, f.reason, f, f.request, f.response_text)
             self.db.execute(
                 f"UPDATE work SET errors=errors+1, last_error=?, state=? WHERE {KEY}",
                 (f.why, "failed" if f.final else "pending", *key.tuple()),
@@ -152,56 +148,93 @@ class Answers(Part):
     def record(self, answers: Sequence[tuple[Key, str, Completion, list[int]]]) -> None:
         """One transaction for a group of answers: for each, the attempt (raw request/response
         verbatim), the canonical response and the work state. Either every answer of the group
-        is durable or none is: an answer counts as done only after this returns."""
+        is durable or none is: an answer counts as done only after this returns. Written a
+        statement per table for the group (the attempts' ids given here, after the highest
+        ever used: the run's one writer holds the ledger)."""
         notes: dict[str, Counter[str]] = {}
         with self.tx():
-            for key, backend, c, our_prompt_ids in answers:
-                self._answer(key, backend, c, our_prompt_ids)
-                self._end(c.intent)
+            (top,) = self.db.execute(
+                "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name='attempts'), 0),"
+                " coalesce((SELECT max(id) FROM attempts), 0))"
+            ).fetchone()
+            attempts, responses = [], []
+            for i, (key, backend, c, our_prompt_ids) in enumerate(answers, start=top + 1):
+                attempts.append(
+                    (i, *self._attempt_row(key, backend, True, None, c, c.request, c.response_text))
+                )
+                responses.append(self._response_row(key, i, backend, c, our_prompt_ids))
                 if c.usage_note is not None:
                     notes.setdefault(key.dataset, Counter())[c.usage_note.split(":")[0]] += 1
+            self.db.executemany(f"INSERT INTO attempts (id, {_ATTEMPT}) VALUES (?,{_A})", attempts)
+            self.db.executemany(
+                f"INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,{_OURS},?)",
+                responses,
+            )
+            self.db.executemany(
+                f"UPDATE work SET state='done', last_error=NULL WHERE {KEY}",
+                [key.tuple() for key, *_ in answers],
+            )
+            self.db.executemany(
+                "DELETE FROM inflight WHERE id=? AND state='open'",
+                [(c.intent,) for _, _, c, _ in answers if c.intent is not None],
+            )
             for dataset, got in notes.items():  # what the server's usage said, if not the truth
                 was: dict[str, int] = self.meta.get(USAGE_NOTES.of(dataset), {})
                 self.meta.put(USAGE_NOTES.of(dataset), dict(Counter(was) + got))
 
-    def _answer(self, key: Key, backend: str, c: Completion, our_prompt_ids: list[int]) -> None:
+    @staticmethod
+    def _response_row(
+        key: Key, attempt: int, backend: str, c: Completion, our_prompt_ids: list[int]
+    ) -> tuple[Any, ...]:
         drift = None if c.prompt_ids is None else int(list(c.prompt_ids) != our_prompt_ids)
-        attempt = self._attempt(
-            key,
-            backend,
-            True,
-            None,
-            c.http_status,
-            c.started_at,
-            c.latency_s,
-            c.request,
-            c.response_text,
-        )
         ours = codec.pack_ids(our_prompt_ids)
-        self.db.execute(
-            f"INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,{_OURS},?)",
-            (
-                *key.tuple(),
-                attempt,
-                backend,
-                None if c.response_is_body else codec.dumps(c.response),
-                codec.pack_ids(c.output_ids),
-                codec.pack_ids(c.prompt_ids),
-                c.finish_reason,
-                c.prompt_tokens,
-                c.completion_tokens,
-                c.cost_usd,
-                drift,
-                time.time(),
-                key.turn,
-                ours,
-                key.dataset,
-                key.prompt_id,
-                ours,
-                c.problem,
-            ),
+        return (
+            *key.tuple(),
+            attempt,
+            backend,
+            None if c.response_is_body else codec.dumps(c.response),
+            codec.pack_ids(c.output_ids),
+            codec.pack_ids(c.prompt_ids),
+            c.finish_reason,
+            c.prompt_tokens,
+            c.completion_tokens,
+            c.cost_usd,
+            drift,
+            time.time(),
+            key.turn,
+            ours,
+            key.dataset,
+            key.prompt_id,
+            ours,
+            c.problem,
         )
-        self.db.execute(f"UPDATE work SET state='done', last_error=NULL WHERE {KEY}", key.tuple())
+
+    @staticmethod
+    def _attempt_row(
+        key: Key,
+        backend: str,
+        ok: bool,
+        reason: str | None,
+        c: Completion | FailedAttempt | None,
+        request: dict[str, Any] | str | None,
+        response_text: str | None,
+        started_at: float = 0.0,
+    ) -> tuple[Any, ...]:
+        """An attempt's columns after its id (``_ATTEMPT``); its status and times from ``c``
+        (None: an attempt interrupted before either, started at ``started_at``)."""
+        return (
+            *key.tuple(),
+            backend,
+            int(ok),
+            reason,
+            c.http_status if c is not None else None,
+            c.started_at if c is not None else started_at,
+            c.latency_s if c is not None else 0.0,
+            codec.pack_text(request if isinstance(request, str) else codec.dumps(request))
+            if request is not None
+            else None,
+            codec.pack_text(response_text),
+        )
 
     def _attempt(
         self,
@@ -209,30 +242,13 @@ class Answers(Part):
         backend: str,
         ok: bool,
         reason: str | None,
-        http_status: int | None,
-        started_at: float,
-        latency_s: float,
+        c: Completion | FailedAttempt | None,
         request: dict[str, Any] | str | None,
         response_text: str | None,
+        started_at: float = 0.0,
     ) -> int:
-        cur = self.db.execute(
-            "INSERT INTO attempts (dataset, prompt_id, sample_idx, turn, backend, ok, reason,"
-            " http_status, started_at, latency_s, request, response) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                *key.tuple(),
-                backend,
-                int(ok),
-                reason,
-                http_status,
-                started_at,
-                latency_s,
-                codec.pack_text(request if isinstance(request, str) else codec.dumps(request))
-                if request is not None
-                else None,
-                codec.pack_text(response_text),
-            ),
-        )
+        row = self._attempt_row(key, backend, ok, reason, c, request, response_text, started_at)
+        cur = self.db.execute(f"INSERT INTO attempts ({_ATTEMPT}) VALUES ({_A})", row)
         return int(cur.lastrowid or 0)
 
     @guarded

@@ -171,6 +171,8 @@ class OpenAIBackend(Backend):
     async def run_batch(
         self, requests: Sequence[GenRequest], on_failure: OnFailure
     ) -> list[Completion | None]:
+        if len(requests) == 1:  # the runner's one request: no task of its own to gather
+            return [await self.one(requests[0], on_failure)]
         return list(await asyncio.gather(*(self.one(r, on_failure) for r in requests)))
 
     async def one(self, req: GenRequest, on_failure: OnFailure) -> Completion | None:
