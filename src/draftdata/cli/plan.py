@@ -15,6 +15,7 @@ from ..errors import InputError
 from .app import app, example, out, say
 
 if TYPE_CHECKING:
+    from ..generate.forecast import Forecast
     from ..generate.plan import Plan
     from ..hidden.estimate import StorageEstimate
 
@@ -214,14 +215,17 @@ def plan(
     Reads the datasets and renders the prompts; exits 1 when it finds a problem."""
     from ..config import load_manifest
     from ..export.trainers.settings import plan_warning
+    from ..generate.forecast import NO_FORECAST, forecast
     from ..generate.plan import make_plan
 
     m = load_manifest(manifest)
     p = make_plan(m)
+    ahead = forecast(m, p)
     storage = _storage(m, p, hidden_for, hidden_size) if hidden_for else None
     warning = plan_warning(hidden_for)
     if json_out:
         doc = p.to_json()
+        doc["forecast"] = ahead.to_json() if ahead is not None else None
         if storage is not None:
             doc["hidden_states"] = storage.to_json()
         if warning:
@@ -230,6 +234,8 @@ def plan(
     else:
         out.print(_plan_table(p))
         _print_plan_lines(p, storage, warning)
+        for line in _forecast_lines(ahead) if ahead is not None else [NO_FORECAST]:
+            say(out, line)
     if p.problems:
         raise typer.Exit(1)
 
@@ -301,6 +307,32 @@ def _print_plan_lines(p: Plan, storage: StorageEstimate | None, warning: str | N
             say(out, f"problem: {prob}", "bold red")
     else:
         say(out, "no problems found; nothing was sent", "green")
+
+
+def _forecast_lines(f: Forecast) -> list[str]:
+    """The forecast from the run's answers so far, in two lines."""
+    from ..hidden.estimate import duration, human
+
+    out = [
+        f"forecast from the {f.answers_seen:,} answers so far: {f.requests:,} requests, "
+        f"{f.prompt_tokens:,} prompt + {f.completion_tokens:,} completion tokens, "
+        f"${f.cost_usd:,.2f}; ledger {human(f.ledger_bytes)}B; generation "
+        f"{duration(f.wall_s)} at the configured concurrency (each dataset's drain tail and "
+        "start-up on top)"
+    ]
+    if f.export_bytes:
+        parts = ", ".join(
+            f"{k} {human(a)}B-{human(b)}B" for k, (a, b) in sorted(f.export_bytes.items())
+        )
+        lo = human(sum(a for a, _ in f.export_bytes.values()))
+        hi = human(sum(b for _, b in f.export_bytes.values()))
+        out.append(
+            f"export forecast (the pilot's export scaled by its samples and by its tokens): "
+            f"{lo}B-{hi}B in all ({parts})"
+        )
+    else:
+        out.append("export: not forecast (export the pilot, `draftdata export RUN`, first)")
+    return out
 
 
 def _storage(m: Any, p: Any, layout: str, hidden_size: int | None) -> Any:
