@@ -524,3 +524,27 @@ def test_with_no_price_an_answer_past_max_tokens_is_still_counted(tmp_path):
     assert r.returncode == 1 and "ignores max_tokens" in r.stderr, r.stderr
     st = json.loads(run("status", str(m), "--json").stdout)["datasets"]["d"]
     assert st["drops"].get("quarantined:runaway", 0) >= 1 and st["done"] <= 2, st
+
+
+def test_the_next_dataset_starts_in_the_tail_of_the_one_before(tmp_path):
+    """Datasets go in order, but the next one starts once the one before has handed out its
+    last conversation: its requests take the slots that tail frees (they drained to one in
+    flight before, 1.0 h summed at real latency in the 10k rehearsal), and the backend's
+    concurrency still bounds what is in flight."""
+    server = Hostile(lambda req, i, n: honest(), token_s=0.004)  # ~30 tokens: ~0.12 s each
+    a, b = prompts(tmp_path / "a.jsonl", 10, "a"), prompts(tmp_path / "b.jsonl", 10, "b")
+    with server.running() as url:
+        m = manifest(tmp_path, url, {"a": a, "b": b}, concurrency=4)
+        r = run("generate", str(m), "--quiet")
+    assert r.returncode == 0, r.stderr
+    db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
+    spans = db.execute(
+        "SELECT dataset, started_at, started_at + latency_s FROM attempts WHERE ok = 1"
+    ).fetchall()
+    db.close()
+    assert len(spans) == 20
+    a_last = max(end for ds, _, end in spans if ds == "a")
+    b_first = min(start for ds, start, _ in spans if ds == "b")
+    assert b_first < a_last, "the second dataset waited for the first one's last answer"
+    most = max(sum(1 for _, s, e in spans if s <= t < e) for _, t, _ in spans)
+    assert most <= 4, most

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
@@ -31,6 +31,7 @@ from .backends import make_backend
 from .backends.base import Backend, GenRequest
 from .backends.retry import PROBE_REFUSED
 from .budget import Budget
+from .chains import PROMPT_WINDOW, Chain, chain_pages, first_prompts
 from .commits import GroupCommit
 from .contaminated import DecontaminateMixin
 from .contract import Serving, check_dataset, over_context
@@ -41,19 +42,6 @@ from .settings import check, settings_of, stored_manifest
 
 #: a Retry-After this long is said in the progress output
 LONG_WAIT_S = 10.0
-#: conversations whose first prompts are rendered in one batched encode
-PROMPT_WINDOW = 512
-
-
-@dataclass(frozen=True)
-class Chain:
-    """One conversation still to finish: its prompt, sample, stored answers by turn (a resumed
-    conversation), and its first turn's prompt ids where they were rendered ahead."""
-
-    prompt: Prompt
-    sample: int
-    answers: dict[int, StoredResponse]
-    first_ids: list[int] | None = None
 
 
 @dataclass
@@ -317,13 +305,28 @@ class Runner(DecontaminateMixin):
         chosen = [self.m.dataset(n) for n in names] if names else list(self.m.datasets)
         rep = RunReport(chosen=[d.name for d in chosen])
         with Bars(self.quiet, self.console, self.progress_every) as bars:
+            runs: list[asyncio.Task[None]] = []
             try:
                 for d in chosen:
-                    await self.run_dataset(d, bars)
+                    # the next dataset starts once this one has handed out its last
+                    # conversation: its tail overlaps the next one's start (the backend's
+                    # concurrency still bounds what is in flight), not a drained pool
+                    drained = asyncio.Event()
+                    runs.append(asyncio.create_task(self.run_dataset(d, bars, drained)))
+                    waiting = asyncio.create_task(drained.wait())
+                    await asyncio.wait((runs[-1], waiting), return_when=asyncio.FIRST_COMPLETED)
+                    waiting.cancel()
+                    if runs[-1].done():
+                        runs[-1].result()  # its error, raised here
+                await asyncio.gather(*runs)
+                for d in chosen:
                     fatal = self.backends[d.backend].fatal if d.backend in self.backends else None
                     if fatal:
                         rep.stopped[d.name] = fatal
             finally:
+                for t in runs:
+                    t.cancel()
+                await asyncio.gather(*runs, return_exceptions=True)
                 self.commits.flush()  # answers that arrived before a stop are kept
                 for b in self.backends.values():
                     await b.aclose()
@@ -332,7 +335,18 @@ class Runner(DecontaminateMixin):
         rep.spent_usd = self.budget.spent
         return rep
 
-    async def run_dataset(self, d: DatasetCfg, bars: Bars) -> None:
+    async def run_dataset(
+        self, d: DatasetCfg, bars: Bars, drained: asyncio.Event | None = None
+    ) -> None:
+        """Every answer the dataset still lacks; ``drained`` is set once its last conversation
+        is taken (or it ends), when the next dataset may start beside its tail."""
+        drained = drained or asyncio.Event()
+        try:
+            await self._run_dataset(d, bars, drained)
+        finally:
+            drained.set()
+
+    async def _run_dataset(self, d: DatasetCfg, bars: Bars, drained: asyncio.Event) -> None:
         self.prompts(d)
         total, todo = self.ledger.prompts.work_counts(d.name)
         backend = self.backend(d.backend) if todo else None  # refuses a bad config first
@@ -341,14 +355,14 @@ class Runner(DecontaminateMixin):
             return
         self.check_contract(d)
         if backend.batches_turns:
-            chains = [c for page in self.pages(d) for c in page]
+            chains = [c for page in chain_pages(self.ledger, d) for c in page]
             await self.rounds(d, chains, backend, bars)
             return
         # a pool of workers pulls conversations a page at a time from the ledger: memory stays
         # O(concurrency + one page) whatever the dataset's size, and requests start at once;
         # first-turn prompts come rendered with the prompts (or a page at a time in one batched
         # encode, for prompts stored without), not one by one on the request path
-        pages = self.pages(d)
+        pages = chain_pages(self.ledger, d)
         ready: deque[Chain] = deque()
 
         async def worker() -> None:
@@ -356,8 +370,9 @@ class Runner(DecontaminateMixin):
                 if not ready:
                     page = next(pages, None)
                     if page is None:
+                        drained.set()
                         return
-                    ready.extend(self.first_prompts(d, page))
+                    ready.extend(first_prompts(self.tokens, d, page))
                     continue  # another worker may have taken all of it meanwhile: look again
                 await self.chain(d, ready.popleft(), backend, bars)
 
@@ -380,38 +395,6 @@ class Runner(DecontaminateMixin):
         if why is not None:
             self.ledger.answers.quarantine(req.key, why)
         return why is None
-
-    def pages(self, d: DatasetCfg) -> Iterator[list[Chain]]:
-        """The conversations with a turn still to ask, PROMPT_WINDOW prompts at a time, each
-        with its stored answers where it has some (a resumed conversation)."""
-        after = -1
-        while True:
-            page = self.ledger.prompts.pending_chains(d.name, after, PROMPT_WINDOW)
-            if page.next_after is None:
-                return
-            after = page.next_after
-            if page.chains:
-                yield [
-                    Chain(
-                        c.prompt,
-                        c.sample,
-                        self.ledger.answers.of_chain(d.name, c.prompt.id, c.sample)
-                        if c.answered
-                        else {},
-                        c.first_ids,
-                    )
-                    for c in page.chains
-                ]
-
-    def first_prompts(self, d: DatasetCfg, page: list[Chain]) -> list[Chain]:
-        """A page of conversations, each with its first turn's prompt ids where that turn is
-        still to ask: those stored with the prompt, else one batched render (the prompt's
-        samples share it)."""
-        todo = {c.prompt.id: c.prompt for c in page if 0 not in c.answers and not c.first_ids}
-        ids = dict(zip(todo, first_turn_ids(self.tokens, d, list(todo.values())), strict=True))
-        return [
-            c if c.prompt.id not in ids else replace(c, first_ids=ids[c.prompt.id]) for c in page
-        ]
 
     async def chain(self, d: DatasetCfg, c: Chain, backend: Backend, bars: Bars) -> None:
         """One conversation, turn by turn (each turn waits for the model's previous answer)."""
