@@ -548,3 +548,42 @@ def test_the_next_dataset_starts_in_the_tail_of_the_one_before(tmp_path):
     assert b_first < a_last, "the second dataset waited for the first one's last answer"
     most = max(sum(1 for _, s, e in spans if s <= t < e) for _, t, _ in spans)
     assert most <= 4, most
+
+
+@pytest.mark.parametrize("runaway", [False, True])
+def test_a_capped_run_goes_wide_at_once_where_each_stream_is_bounded(tmp_path, runaway):
+    """A capped run's first answers went one at a time until one was charged (9.5 s to 16 in
+    flight after the 10k rehearsal's resume, 0.13 h at real latency). Streamed, each request
+    is hung up on past the runaway limit, so it can cost no more than that: the first wave
+    reserves that bound and goes at full concurrency (no capability probe here:
+    token_ids = "never"). A server that ignores max_tokens from its first answer is still
+    billed within the cap."""
+    shape = _runaway(0) if runaway else (lambda req, i, n: honest())
+    server = Hostile(shape, token_s=0.002)
+    src = prompts(tmp_path / "p.jsonl", 40)
+    with server.running() as url:
+        m = manifest(
+            tmp_path,
+            url,
+            {"d": src},
+            backend=f"price_in_per_mtok = {PRICE_IN}\nprice_out_per_mtok = {PRICE_OUT}\n"
+            'token_ids = "never"',
+            run_extra=f"budget_usd = {CAP}",
+            max_tokens=RUNAWAY_MAX,
+            concurrency=8,
+        )
+        r = run("generate", str(m), "--quiet")
+    assert "Traceback" not in r.stderr, r.stderr
+    db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
+    spans = sorted(db.execute("SELECT started_at, started_at + latency_s FROM attempts"))
+    db.close()
+    first_end = min(e for _, e in spans)
+    at_once = sum(1 for s, _ in spans if s < first_end)
+    assert at_once >= 4, f"{at_once} requests went out before the first answer came back"
+    spent = billed(tmp_path / "run", server)
+    print(f"runaway={runaway}: {at_once} at once; billed ${spent:.3f} of ${CAP}")
+    assert spent <= 1.1 * CAP, f"billed ${spent:.2f} for a ${CAP} cap"
+    if runaway:
+        assert r.returncode == 1 and "ignores max_tokens" in r.stderr, r.stderr
+    else:
+        assert r.returncode == 0, r.stderr

@@ -8,7 +8,9 @@ A server can cost more than a reservation: it may ignore ``max_tokens``, or send
 reservation is scaled by the largest overspend seen so far, the first request of a capped run
 goes alone, and so does every request once the headroom left is less than a full window of
 requests in flight: near the cap nothing is in flight that the cap has not priced at the worst
-the server has shown."""
+the server has shown. Where the backend itself bounds what a request can cost (a streamed
+answer is hung up on past the runaway limit), the first requests need not go alone: each
+reserves that bound until an answer is charged (``bounded``, ``floor``)."""
 
 from __future__ import annotations
 
@@ -31,15 +33,15 @@ class Budget:
     #: set when a reservation is released (``reserve_when_free`` waits on it)
     _freed: asyncio.Event | None = field(default=None, repr=False)
 
-    async def reserve_when_free(self, estimate: float) -> float | None:
-        """Reserve ``estimate`` (scaled by the overspend seen) and return what was reserved, to
-        release later; wait while what is in flight holds the room it needs: an answer is
+    async def reserve_when_free(self, estimate: float, floor: float = 0.0) -> float | None:
+        """Reserve ``estimate`` (scaled by the overspend seen; at least ``floor``) and return
+        what was reserved, to release later; wait while what is in flight holds the room it needs: an answer is
         charged what it cost, usually far less than its reservation (the most it could cost).
         None (and ``hit``) only when it could pass the cap with nothing in flight: refusing at
         once stopped a run at 61% of its cap when its answers came back slowly (more of them
         reserved at once)."""
         while True:
-            amount = estimate * self.overspend
+            amount = max(estimate * self.overspend, floor)
             if self.cap_usd is None or self.spent + self.reserved + amount <= self.cap_usd:
                 self.reserved += amount
                 return amount
@@ -62,14 +64,17 @@ class Budget:
             self.overspend = max(self.overspend, cost / estimate)
         self.calibrated = True
 
-    def serial_lock(self, estimate: float, window: int) -> asyncio.Lock | None:
+    def serial_lock(
+        self, estimate: float, window: int, bounded: bool = False
+    ) -> asyncio.Lock | None:
         """A lock the request must hold while in flight, or None: one at a time for the first
-        request of a capped run, and once ``window`` requests at the overspend seen would not
+        request of a capped run (unless ``bounded``: ``estimate`` is the most it can cost,
+        whatever the server does), and once ``window`` requests at the overspend seen would not
         fit in what is left."""
         if self.cap_usd is None:
             return None
         left = self.cap_usd - self.spent
-        if self.calibrated and window * estimate * self.overspend <= left:
+        if (self.calibrated or bounded) and window * estimate * self.overspend <= left:
             return None
         if self._first is None:
             self._first = asyncio.Lock()

@@ -148,9 +148,8 @@ class Runner(DecontaminateMixin):
             async def before_send(req: GenRequest) -> int:
                 # written before the request leaves, at what it may cost: a kill in flight
                 # leaves it counted as possibly paid
-                return await self.commits.begin(
-                    req.key, name, b.max_cost(req) * self.budget.overspend
-                )
+                most = max(b.max_cost(req) * self.budget.overspend, b.worst_cost(req) or 0.0)
+                return await self.commits.begin(req.key, name, most)
 
             b.before_send = before_send
             self.backends[name] = b
@@ -416,20 +415,35 @@ class Runner(DecontaminateMixin):
         self, bars: Bars, req: GenRequest, backend: Backend
     ) -> Completion | None:
         """``ask``, alone while the budget says so (a capped run's first answer, the last before
-        the cap); one that waited looks again: the first answer frees the wave queued behind."""
-        estimate = backend.max_cost(req)
-        serial = self.budget.serial_lock(estimate, backend.concurrency)
+        the cap); one that waited looks again: the first answer frees the wave queued behind.
+        Before any answer is charged, a backend that bounds what a request can cost (a stream
+        hung up on past the runaway limit) reserves that bound and goes at full concurrency."""
+        estimate, worst = backend.max_cost(req), self.uncharged_worst(req, backend)
+        most = max(estimate, worst or 0.0)
+        serial = self.budget.serial_lock(most, backend.concurrency, bounded=worst is not None)
         if serial is not None:
             async with serial:
-                if self.budget.serial_lock(estimate, backend.concurrency) is not None:
-                    return await self.ask(bars, req, backend, estimate)
-        return await self.ask(bars, req, backend, estimate)
+                worst = self.uncharged_worst(req, backend)
+                again = self.budget.serial_lock(most, backend.concurrency, worst is not None)
+                if again is not None:
+                    return await self.ask(bars, req, backend, estimate, worst)
+        return await self.ask(bars, req, backend, estimate, worst)
+
+    def uncharged_worst(self, req: GenRequest, backend: Backend) -> float | None:
+        """What the request can cost at worst, while the budget has charged no answer yet."""
+        return None if self.budget.calibrated else backend.worst_cost(req)
 
     async def ask(
-        self, bars: Bars, req: GenRequest, backend: Backend, estimate: float
+        self,
+        bars: Bars,
+        req: GenRequest,
+        backend: Backend,
+        estimate: float,
+        worst: float | None = None,
     ) -> Completion | None:
-        """One request within the budget: ``estimate`` reserved before, charged after."""
-        held = await self.budget.reserve_when_free(estimate)
+        """One request within the budget: ``estimate`` (at least ``worst``) reserved before,
+        charged after."""
+        held = await self.budget.reserve_when_free(estimate, worst or 0.0)
         if held is None:
             return None  # scheduling stops before the budget could be passed
         try:

@@ -62,6 +62,11 @@ class Backend(ABC):
         """The most one request can cost (local engines: nothing)."""
         return 0.0
 
+    def worst_cost(self, req: GenRequest) -> float | None:
+        """What a request can cost at worst where the backend bounds it (hangs up on an answer
+        past a limit), even from a server that ignores ``max_tokens``; None where nothing does."""
+        return None
+
     @classmethod
     def cost_usd(cls, cfg: Any, prompt_tokens: float, completion_tokens: float) -> float:
         """What this many prompt and completion tokens cost at the prices in ``cfg``, the

@@ -8,6 +8,16 @@ from ...records import ApiView
 from ...records.wire import WireAnswer
 from ...tokenizers.base import Tokenizer
 
+#: bytes a token is taken for where an answer is too large to read (English runs 4-5)
+BYTES_PER_TOKEN = 4
+#: an answer whose tokens (our count, or the server's where that is more) pass RUNAWAY_FACTOR x
+#: max_tokens + RUNAWAY_SLACK stops its backend: a re-tokenized answer differs from the model's
+#: count by a few percent (SmolLM2's "\n\n" before a list number is one token to the model,
+#: two canonically), and a server that honours max_tokens never comes near half as much again
+RUNAWAY_FACTOR = 1.5
+RUNAWAY_SLACK = 32
+
+
 #: ``usage.completion_tokens`` below this share of our own count is counted as under-reported
 UNDER_REPORT = 0.9
 

@@ -1,14 +1,12 @@
 """Any OpenAI-compatible chat-completions endpoint (OpenRouter, vLLM, SGLang, transformers serve).
 
-Async HTTP with bounded concurrency: the lean HTTP/1.1 client (``http11``) for `http://` servers,
-where the client's CPU is what limits a fast local server; aiohttp for `https://` (TLS, CDNs).
-httpx was dropped before either: its connection pool costs O(connections) per request. A timeout
-per request, retries (Retry-After honoured,
-otherwise exponential backoff with jitter), requests- and tokens-per-minute limits, ``extra_body``
-passed through, and a capability probe: where the server returns exact token ids (vLLM
-``return_token_ids``), they are asked for and stored. In a run with a budget answers are
-streamed (``stream``, ``streaming.StreamWatch``): one that runs far past ``max_tokens`` is hung
-up on at the limit instead of paid whole."""
+Bounded concurrency over the lean HTTP/1.1 client (``http11``) for `http://` servers (the
+client's CPU limits a fast local server) or aiohttp for `https://` (httpx's pool cost O(connections)
+a request). A timeout per request, retries (Retry-After honoured, else exponential backoff with
+jitter), requests- and tokens-per-minute limits, ``extra_body`` passed through, and a capability
+probe: where the server returns exact token ids (vLLM ``return_token_ids``), they are asked for
+and stored. In a run with a budget answers are streamed (``streaming.StreamWatch``): one that runs
+far past ``max_tokens`` is hung up on at the limit instead of paid whole."""
 
 from __future__ import annotations
 
@@ -30,7 +28,7 @@ from ...records.servers import profile as server_profile
 from ...records.wire import WireAnswer, ids_field, messages_to_wire, parse_answer
 from .aio import AiohttpClient, RateLimiter
 from .base import Backend, Completion, FailedAttempt, GenRequest, OnFailure
-from .charges import answer_tokens, charge
+from .charges import BYTES_PER_TOKEN, RUNAWAY_FACTOR, RUNAWAY_SLACK, answer_tokens, charge
 from .http11 import LeanHttp, Reply, TransportError
 from .reach import reachable
 from .retry import (
@@ -48,16 +46,6 @@ from .streaming import StreamWatch
 
 class BackendConfigError(DraftdataError):
     """A backend cannot start as configured."""
-
-
-#: bytes a token is taken for where an answer is too large to read (English runs 4-5)
-BYTES_PER_TOKEN = 4
-#: an answer whose tokens (our count, or the server's where that is more) pass RUNAWAY_FACTOR x
-#: max_tokens + RUNAWAY_SLACK stops its backend: a re-tokenized answer differs from the model's
-#: count by a few percent (SmolLM2's "\n\n" before a list number is one token to the model,
-#: two canonically), and a server that honours max_tokens never comes near half as much again
-RUNAWAY_FACTOR = 1.5
-RUNAWAY_SLACK = 32
 
 
 def _is_empty(c: Completion) -> bool:
@@ -476,6 +464,11 @@ class OpenAIBackend(Backend):
     def max_cost(self, req: GenRequest) -> float:
         """The most one request can cost at the manifest's prices."""
         return self.cost_usd(self.cfg, len(req.prompt_ids), req.sampling.max_tokens)
+
+    def worst_cost(self, req: GenRequest) -> float | None:
+        """Streamed, a request is hung up on past the runaway limit: what it can cost by then."""
+        limit = RUNAWAY_FACTOR * req.sampling.max_tokens + RUNAWAY_SLACK
+        return self.cost_usd(self.cfg, len(req.prompt_ids), limit) if self.streaming else None
 
     @classmethod
     def cost_usd(
