@@ -316,19 +316,19 @@ def _forecast_lines(f: Forecast) -> list[str]:
     out = [
         f"forecast from the {f.answers_seen:,} answers so far: {f.requests:,} requests, "
         f"{f.prompt_tokens:,} prompt + {f.completion_tokens:,} completion tokens, "
-        f"${f.cost_usd:,.2f}; ledger {human(f.ledger_bytes)}B; generation "
+        f"${f.cost_usd:,.2f}; ledger {human(f.ledger_bytes)}; generation "
         f"{duration(f.wall_s)} at the configured concurrency (each dataset's drain tail and "
         "start-up on top)"
     ]
     if f.export_bytes:
         parts = ", ".join(
-            f"{k} {human(a)}B-{human(b)}B" for k, (a, b) in sorted(f.export_bytes.items())
+            f"{k} {human(a)}-{human(b)}" for k, (a, b) in sorted(f.export_bytes.items())
         )
         lo = human(sum(a for a, _ in f.export_bytes.values()))
         hi = human(sum(b for _, b in f.export_bytes.values()))
         out.append(
             f"export forecast (the pilot's export scaled by its samples and by its tokens): "
-            f"{lo}B-{hi}B in all ({parts})"
+            f"{lo}-{hi} in all ({parts})"
         )
     else:
         out.append("export: not forecast (export the pilot, `draftdata export RUN`, first)")

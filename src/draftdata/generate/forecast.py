@@ -1,7 +1,7 @@
 """What a whole run will take, forecast from its own first answers (a pilot: a `limit`, or a run
-stopped part-way): the plan's requests and exact first-turn prompts, with each dataset's
-answers so far giving its mean answer, prompt, cost and latency per request, the ledger's bytes
-per answer, and, where the pilot was exported, each layout's bytes per sample.
+stopped part-way): the plan's requests and rendered prompts, with each dataset's
+answers so far giving its mean answer, prompt, cost and latency per request, what an answer
+adds to the ledger, and, where the pilot was exported, each layout's bytes per sample.
 
 Nothing is sent: a plan before any answer has only its bounds (``generate.plan``). A dataset
 with no answer yet takes the run's means over every dataset answered; what is not measured
@@ -29,16 +29,13 @@ NO_FORECAST = (
 
 @dataclass(frozen=True)
 class Measured:
-    """One dataset's answers so far: how many, and their sums; ``later`` and
-    ``later_prompt_tokens``: its answers past the first turn, and their prompts."""
+    """One dataset's answers so far: how many, and their sums."""
 
     answers: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
     latency_s: float = 0.0
-    later: int = 0
-    later_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -67,8 +64,7 @@ def measured(led: Ledger) -> dict[str, Measured]:
     rows = led.db.execute(
         "SELECT r.dataset, count(*), coalesce(sum(r.prompt_tokens), 0), "
         "coalesce(sum(r.completion_tokens), 0), coalesce(sum(r.cost_usd), 0), "
-        "coalesce(sum(a.latency_s), 0), coalesce(sum(r.turn > 0), 0), "
-        "coalesce(sum(CASE WHEN r.turn > 0 THEN r.prompt_tokens END), 0) FROM responses r "
+        "coalesce(sum(a.latency_s), 0) FROM responses r "
         "LEFT JOIN attempts a ON a.id = r.attempt_id GROUP BY r.dataset"
     ).fetchall()
     return {r[0]: Measured(*r[1:]) for r in rows}
@@ -99,6 +95,9 @@ def forecast(m: Manifest, p: Plan) -> Forecast | None:
     led = Ledger.read(path)
     try:
         got = measured(led)
+        per_answer = _pages(led, ANSWER_TABLES)
+        per_prompt = _pages(led, PROMPT_TABLES)
+        (stored,) = led.db.execute("SELECT count(*) FROM prompts").fetchone()
     finally:
         led.close()
     seen = sum(x.answers for x in got.values())
@@ -109,12 +108,14 @@ def forecast(m: Manifest, p: Plan) -> Forecast | None:
     cost = busy = 0.0
     cfg = m.backends
     for d in p.datasets:
-        x = got.get(d.name)
-        x = x if x is not None and x.answers >= MIN_ANSWERS else every
-        n, later = d.requests, d.requests - d.prompts * _samples(m, d.name)
+        own = got.get(d.name)
+        x = own if own is not None and own.answers >= MIN_ANSWERS else every
+        n = d.requests
         requests += n
-        # first turns: the plan's own rendering, exact; later ones: the pilot's mean
-        ask = d.prompt_tokens + round(x.later_prompt_tokens / max(x.later, 1) * later)
+        # one turn a prompt: plan's own rendering, exact; later turns hold the model's own
+        # answers: the dataset's pilot (else plan's rendering, with the source's answers)
+        single = n == d.prompts * m.dataset(d.name).samples_per_prompt
+        ask = round(x.prompt_tokens / x.answers * n) if x is own and not single else d.prompt_tokens
         write = round(x.completion_tokens / x.answers * n)
         prompt, completion = prompt + ask, completion + write
         pin = getattr(cfg[d.backend], "price_in_per_mtok", 0.0)
@@ -129,13 +130,45 @@ def forecast(m: Manifest, p: Plan) -> Forecast | None:
     export = {
         k: (round(v * grow[0]), round(v * grow[1])) for k, v in _export_bytes(m.output_dir).items()
     }
-    return Forecast(
-        seen, requests, prompt, completion, cost, round(size / seen * requests), busy, export
-    )
+    # the file as it is, each prompt still to read, and each answer still to come
+    prompts = sum(d.prompts for d in p.datasets)
+    ledger = size + round(per_prompt / max(stored, 1) * max(prompts - stored, 0))
+    ledger += round(per_answer / seen * max(requests - seen, 0))
+    return Forecast(seen, requests, prompt, completion, cost, ledger, busy, export)
 
 
-def _samples(m: Manifest, dataset: str) -> int:
-    return int(m.dataset(dataset).samples_per_prompt)
+#: the tables and indexes an answer writes to (its sample too), and those a prompt does (with
+#: its work keys)
+ANSWER_TABLES = (
+    "attempts",
+    "responses",
+    "samples",
+    "attempts_key",
+    "sqlite_autoindex_responses_1",
+    "sqlite_autoindex_samples_1",
+)
+PROMPT_TABLES = (
+    "prompts",
+    "work",
+    "prompts_order",
+    "sqlite_autoindex_prompts_1",
+    "sqlite_autoindex_work_1",
+)
+
+
+def _pages(led: Ledger, names: tuple[str, ...]) -> int:
+    """The bytes of the pages these tables and indexes hold (SQLite's ``dbstat``; 0 where it is
+    not built in)."""
+    import sqlite3
+
+    marks = ",".join("?" * len(names))
+    try:
+        (got,) = led.db.execute(
+            f"SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name IN ({marks})", names
+        ).fetchone()
+    except sqlite3.Error:
+        return 0
+    return int(got)
 
 
 def _concurrency(m: Manifest, backend: str) -> int:
