@@ -17,6 +17,7 @@ from typing import Any
 
 from ..config import Manifest
 from ..store.ledger import Ledger
+from ..store.stats import answer_sums, pages_bytes, prompt_total
 from .plan import Plan
 
 #: answers a forecast needs before it says anything
@@ -59,15 +60,9 @@ class Forecast:
 
 
 def measured(led: Ledger) -> dict[str, Measured]:
-    """Each dataset's stored answers and their sums (prompt tokens: the server's count where it
-    gave one, else ours; latency: the answered attempts')."""
-    rows = led.db.execute(
-        "SELECT r.dataset, count(*), coalesce(sum(r.prompt_tokens), 0), "
-        "coalesce(sum(r.completion_tokens), 0), coalesce(sum(r.cost_usd), 0), "
-        "coalesce(sum(a.latency_s), 0) FROM responses r "
-        "LEFT JOIN attempts a ON a.id = r.attempt_id GROUP BY r.dataset"
-    ).fetchall()
-    return {r[0]: Measured(*r[1:]) for r in rows}
+    """Each dataset's stored answers and their sums (prompt tokens: the server's count;
+    latency: the answered attempts')."""
+    return {name: Measured(*sums) for name, sums in answer_sums(led).items()}
 
 
 def _export_bytes(run_dir: Path) -> dict[str, int]:
@@ -95,9 +90,9 @@ def forecast(m: Manifest, p: Plan) -> Forecast | None:
     led = Ledger.read(path)
     try:
         got = measured(led)
-        per_answer = _pages(led, ANSWER_TABLES)
-        per_prompt = _pages(led, PROMPT_TABLES)
-        (stored,) = led.db.execute("SELECT count(*) FROM prompts").fetchone()
+        per_answer = pages_bytes(led, ANSWER_TABLES)
+        per_prompt = pages_bytes(led, PROMPT_TABLES)
+        stored = prompt_total(led)
     finally:
         led.close()
     seen = sum(x.answers for x in got.values())
@@ -154,21 +149,6 @@ PROMPT_TABLES = (
     "sqlite_autoindex_prompts_1",
     "sqlite_autoindex_work_1",
 )
-
-
-def _pages(led: Ledger, names: tuple[str, ...]) -> int:
-    """The bytes of the pages these tables and indexes hold (SQLite's ``dbstat``; 0 where it is
-    not built in)."""
-    import sqlite3
-
-    marks = ",".join("?" * len(names))
-    try:
-        (got,) = led.db.execute(
-            f"SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name IN ({marks})", names
-        ).fetchone()
-    except sqlite3.Error:
-        return 0
-    return int(got)
 
 
 def _concurrency(m: Manifest, backend: str) -> int:

@@ -405,3 +405,34 @@ def throughput(led: Ledger, dataset: str | None) -> Throughput:
 
 def work_datasets(led: Ledger) -> list[str]:
     return [r[0] for r in led.db.execute("SELECT DISTINCT dataset FROM work ORDER BY 1")]
+
+
+# --- what a forecast stands on ----------------------------------------------------------------
+def answer_sums(led: Ledger) -> dict[str, tuple[int, int, int, float, float]]:
+    """Per dataset: its stored answers, and their prompt tokens (the server's count), completion
+    tokens, cost and the latency of the attempts that gave them, summed."""
+    rows = led.db.execute(
+        "SELECT r.dataset, count(*), coalesce(sum(r.prompt_tokens), 0), "
+        "coalesce(sum(r.completion_tokens), 0), coalesce(sum(r.cost_usd), 0), "
+        "coalesce(sum(a.latency_s), 0) FROM responses r "
+        "LEFT JOIN attempts a ON a.id = r.attempt_id GROUP BY r.dataset"
+    ).fetchall()
+    return {r[0]: (int(r[1]), int(r[2]), int(r[3]), float(r[4]), float(r[5])) for r in rows}
+
+
+def pages_bytes(led: Ledger, names: tuple[str, ...]) -> int:
+    """The bytes of the pages these tables and indexes hold (SQLite's ``dbstat``; 0 where it is
+    not built in)."""
+    marks = ",".join("?" * len(names))
+    try:
+        (got,) = led.db.execute(
+            f"SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name IN ({marks})", names
+        ).fetchone()
+    except sqlite3.Error:
+        return 0
+    return int(got)
+
+
+def prompt_total(led: Ledger) -> int:
+    (n,) = led.db.execute("SELECT count(*) FROM prompts").fetchone()
+    return int(n)
