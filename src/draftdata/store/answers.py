@@ -109,8 +109,9 @@ class Answers(Part):
                 "estimate_usd FROM inflight WHERE state='open'"
             ).fetchall()
             for _, ds, pid, s, t, backend, started, _ in rows:
+                k = Key(ds, pid, s, t)
                 self._attempt(
-                    Key(ds, pid, s, t), backend, False, INTERRUPTED, None, None, None, started
+                    self._attempt_row(k, backend, False, INTERRUPTED, None, None, None, started)
                 )
                 self.db.execute(
                     f"UPDATE work SET errors=errors+1, last_error=? WHERE {KEY}",
@@ -133,7 +134,9 @@ class Answers(Part):
         """A failed attempt, verbatim; the key stays pending unless the failure is final."""
         with self.tx():
             self._end(f.intent)
-            self._attempt(key, backend, False, f.reason, f, f.request, f.response_text)
+            self._attempt(
+                self._attempt_row(key, backend, False, f.reason, f, f.request, f.response_text)
+            )
             self.db.execute(
                 f"UPDATE work SET errors=errors+1, last_error=?, state=? WHERE {KEY}",
                 (f.why, "failed" if f.final else "pending", *key.tuple()),
@@ -236,18 +239,8 @@ class Answers(Part):
             codec.pack_text(response_text),
         )
 
-    def _attempt(
-        self,
-        key: Key,
-        backend: str,
-        ok: bool,
-        reason: str | None,
-        c: Completion | FailedAttempt | None,
-        request: dict[str, Any] | str | None,
-        response_text: str | None,
-        started_at: float = 0.0,
-    ) -> int:
-        row = self._attempt_row(key, backend, ok, reason, c, request, response_text, started_at)
+    def _attempt(self, row: tuple[Any, ...]) -> int:
+        """One attempt (``_attempt_row``'s columns) in its own statement; its id."""
         cur = self.db.execute(f"INSERT INTO attempts ({_ATTEMPT}) VALUES ({_A})", row)
         return int(cur.lastrowid or 0)
 
