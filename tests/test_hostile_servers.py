@@ -587,3 +587,24 @@ def test_a_capped_run_goes_wide_at_once_where_each_stream_is_bounded(tmp_path, r
         assert r.returncode == 1 and "ignores max_tokens" in r.stderr, r.stderr
     else:
         assert r.returncode == 0, r.stderr
+
+
+def test_a_dataset_of_a_few_keys_does_not_hold_the_next_back(tmp_path):
+    """A dataset with fewer keys than the concurrency (a resumed one's leftovers) has handed out
+    all of them once each worker holds one: the next dataset starts then, not when the first
+    of those answers comes back (the 10k rehearsal's resume took 14 s to reach 16 in flight)."""
+    server = Hostile(lambda req, i, n: honest(), token_s=0.01)  # ~30 tokens: ~0.3 s each
+    a, b = prompts(tmp_path / "a.jsonl", 2, "a"), prompts(tmp_path / "b.jsonl", 6, "b")
+    with server.running() as url:
+        # (no capability probe: it would hold every request back until its own answer)
+        m = manifest(tmp_path, url, {"a": a, "b": b}, backend='token_ids = "never"', concurrency=8)
+        r = run("generate", str(m), "--quiet")
+    assert r.returncode == 0, r.stderr
+    db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
+    spans = db.execute(
+        "SELECT dataset, started_at, started_at + latency_s FROM attempts WHERE ok = 1"
+    ).fetchall()
+    db.close()
+    a_first_end = min(end for ds, _, end in spans if ds == "a")
+    b_first = min(start for ds, start, _ in spans if ds == "b")
+    assert b_first < a_first_end, "the second dataset waited for the first one's first answer"

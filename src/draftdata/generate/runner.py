@@ -358,22 +358,29 @@ class Runner(DecontaminateMixin):
             await self.rounds(d, chains, backend, bars)
             return
         # a pool of workers pulls conversations a page at a time from the ledger: memory stays
-        # O(concurrency + one page) whatever the dataset's size, and requests start at once;
-        # first-turn prompts come rendered with the prompts (or a page at a time in one batched
-        # encode, for prompts stored without), not one by one on the request path
+        # O(concurrency + one page) whatever the dataset's size, and requests start at once
         pages = chain_pages(self.ledger, d)
         ready: deque[Chain] = deque()
 
+        # the next page is taken as the last conversation is, not when a worker comes back: a
+        # resumed dataset of a few leftover keys held the next one back by a whole answer
+        def refill() -> None:
+            page = next(pages, None)
+            if page is None:
+                drained.set()
+            else:
+                ready.extend(first_prompts(self.tokens, d, page))
+
         async def worker() -> None:
             while not self.budget.hit and not backend.fatal:
+                if not ready and not drained.is_set():
+                    refill()
                 if not ready:
-                    page = next(pages, None)
-                    if page is None:
-                        drained.set()
-                        return
-                    ready.extend(first_prompts(self.tokens, d, page))
-                    continue  # another worker may have taken all of it meanwhile: look again
-                await self.chain(d, ready.popleft(), backend, bars)
+                    return
+                c = ready.popleft()
+                if not ready and not drained.is_set():
+                    refill()
+                await self.chain(d, c, backend, bars)
 
         await asyncio.gather(*(worker() for _ in range(min(backend.concurrency, todo))))
 
@@ -426,24 +433,19 @@ class Runner(DecontaminateMixin):
                 worst = self.uncharged_worst(req, backend)
                 again = self.budget.serial_lock(most, backend.concurrency, worst is not None)
                 if again is not None:
-                    return await self.ask(bars, req, backend, estimate, worst)
-        return await self.ask(bars, req, backend, estimate, worst)
+                    return await self.ask(bars, req, backend, estimate, worst or 0.0)
+        return await self.ask(bars, req, backend, estimate, worst or 0.0)
 
     def uncharged_worst(self, req: GenRequest, backend: Backend) -> float | None:
         """What the request can cost at worst, while the budget has charged no answer yet."""
         return None if self.budget.calibrated else backend.worst_cost(req)
 
     async def ask(
-        self,
-        bars: Bars,
-        req: GenRequest,
-        backend: Backend,
-        estimate: float,
-        worst: float | None = None,
+        self, bars: Bars, req: GenRequest, backend: Backend, estimate: float, worst: float = 0.0
     ) -> Completion | None:
         """One request within the budget: ``estimate`` (at least ``worst``) reserved before,
         charged after."""
-        held = await self.budget.reserve_when_free(estimate, worst or 0.0)
+        held = await self.budget.reserve_when_free(estimate, worst)
         if held is None:
             return None  # scheduling stops before the budget could be passed
         try:
