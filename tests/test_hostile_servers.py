@@ -531,17 +531,7 @@ def test_the_next_dataset_starts_in_the_tail_of_the_one_before(tmp_path):
     last conversation: its requests take the slots that tail frees (they drained to one in
     flight before, 1.0 h summed at real latency in the 10k rehearsal), and the backend's
     concurrency still bounds what is in flight."""
-    server = Hostile(lambda req, i, n: honest(), token_s=0.004)  # ~30 tokens: ~0.12 s each
-    a, b = prompts(tmp_path / "a.jsonl", 10, "a"), prompts(tmp_path / "b.jsonl", 10, "b")
-    with server.running() as url:
-        m = manifest(tmp_path, url, {"a": a, "b": b}, concurrency=4)
-        r = run("generate", str(m), "--quiet")
-    assert r.returncode == 0, r.stderr
-    db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
-    spans = db.execute(
-        "SELECT dataset, started_at, started_at + latency_s FROM attempts WHERE ok = 1"
-    ).fetchall()
-    db.close()
+    spans = _two_datasets(tmp_path, 10, 10, token_s=0.004, concurrency=4)  # ~0.12 s answers
     assert len(spans) == 20
     a_last = max(end for ds, _, end in spans if ds == "a")
     b_first = min(start for ds, start, _ in spans if ds == "b")
@@ -593,11 +583,22 @@ def test_a_dataset_of_a_few_keys_does_not_hold_the_next_back(tmp_path):
     """A dataset with fewer keys than the concurrency (a resumed one's leftovers) has handed out
     all of them once each worker holds one: the next dataset starts then, not when the first
     of those answers comes back (the 10k rehearsal's resume took 14 s to reach 16 in flight)."""
-    server = Hostile(lambda req, i, n: honest(), token_s=0.01)  # ~30 tokens: ~0.3 s each
-    a, b = prompts(tmp_path / "a.jsonl", 2, "a"), prompts(tmp_path / "b.jsonl", 6, "b")
+    # (no capability probe: it would hold every request back until its own answer)
+    spans = _two_datasets(tmp_path, 2, 6, token_s=0.01, backend='token_ids = "never"')
+    a_first_end = min(end for ds, _, end in spans if ds == "a")
+    b_first = min(start for ds, start, _ in spans if ds == "b")
+    assert b_first < a_first_end, "the second dataset waited for the first one's first answer"
+
+
+def _two_datasets(
+    tmp_path: Path, na: int, nb: int, *, token_s: float, backend: str = "", concurrency: int = 8
+) -> list[tuple[str, float, float]]:
+    """Datasets "a" and "b" of ``na`` and ``nb`` prompts generated against an honest server
+    whose tokens take ``token_s``; each answered attempt as (dataset, start, end)."""
+    server = Hostile(lambda req, i, n: honest(), token_s=token_s)
+    a, b = prompts(tmp_path / "a.jsonl", na, "a"), prompts(tmp_path / "b.jsonl", nb, "b")
     with server.running() as url:
-        # (no capability probe: it would hold every request back until its own answer)
-        m = manifest(tmp_path, url, {"a": a, "b": b}, backend='token_ids = "never"', concurrency=8)
+        m = manifest(tmp_path, url, {"a": a, "b": b}, backend=backend, concurrency=concurrency)
         r = run("generate", str(m), "--quiet")
     assert r.returncode == 0, r.stderr
     db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
@@ -605,6 +606,4 @@ def test_a_dataset_of_a_few_keys_does_not_hold_the_next_back(tmp_path):
         "SELECT dataset, started_at, started_at + latency_s FROM attempts WHERE ok = 1"
     ).fetchall()
     db.close()
-    a_first_end = min(end for ds, _, end in spans if ds == "a")
-    b_first = min(start for ds, start, _ in spans if ds == "b")
-    assert b_first < a_first_end, "the second dataset waited for the first one's first answer"
+    return spans

@@ -148,7 +148,9 @@ class Runner(DecontaminateMixin):
             async def before_send(req: GenRequest) -> int:
                 # written before the request leaves, at what it may cost: a kill in flight
                 # leaves it counted as possibly paid
-                most = max(b.max_cost(req) * self.budget.overspend, b.worst_cost(req) or 0.0)
+                most = max(
+                    b.max_cost(req) * self.budget.overspend, self.uncharged_worst(req, b) or 0.0
+                )
                 return await self.commits.begin(req.key, name, most)
 
             b.before_send = before_send
