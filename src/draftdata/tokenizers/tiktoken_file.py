@@ -2,7 +2,8 @@
 
 A rank file alone does not say how to split text or where control tokens live. That comes from a
 *profile*: a JSON document with ``pat_str`` (string or list of alternatives joined by ``|``),
-optional ``normalize`` (``"NFC"``), and the special tokens, either as ``special_tokens`` (list of
+optional ``normalize`` (``"NFC"``), optional ``gigatoken`` (the gigatoken pre-tokenizer that claims
+to split as ``pat_str`` does: ``fast_tiktoken``), and the special tokens, either as ``special_tokens`` (list of
 names from ``special_start``) or read from a ``tokenizer_config.json`` beside the rank file
 (``added_tokens_decoder``) with ``num_special_ids`` reserved ids after the ranks. Built-in profiles
 are matched by the rank file's sha256; a profile can also sit beside the file as
@@ -15,6 +16,7 @@ import binascii
 import json
 import unicodedata
 from collections.abc import Collection, Iterable, Sequence
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ import tiktoken
 from ..errors import TokenizerError
 from ..nesting import loads_json
 from .base import TokenInfo, Tokenizer, encode_threaded, file_sha256
+from .fast_tiktoken import FastTiktoken, fast_tiktoken
 
 
 def builtin_profiles() -> dict[str, dict[str, Any]]:
@@ -71,8 +74,10 @@ class TiktokenTokenizer(Tokenizer):
         specials: dict[int, TokenInfo],
         normalize: str | None,
         chat_template: str | None,
+        scheme: str | None = None,
     ) -> None:
         self.path = path
+        self._scheme = scheme
         self.sha256 = sha256
         self.kind = f"tiktoken:{name}"
         self.chat_template = chat_template
@@ -112,16 +117,37 @@ class TiktokenTokenizer(Tokenizer):
             specials=specials,
             normalize=prof.get("normalize"),
             chat_template=chat_template,
+            scheme=prof.get("gigatoken"),
         )
 
     # --- protocol ------------------------------------------------------------------------
     def _prep(self, text: str) -> str:
         return unicodedata.normalize(self._normalize, text) if self._normalize else text  # type: ignore[arg-type]
 
+    @cached_property
+    def _fast_and_why(self) -> tuple[FastTiktoken | None, str]:
+        def reference(texts: Sequence[str]) -> list[list[int]]:
+            return [self._enc.encode_ordinary(self._prep(t)) for t in texts]
+
+        return fast_tiktoken(self.path, self._scheme, reference)
+
+    @property
+    def encoder(self) -> str:
+        """Which library encodes ordinary text here, and why (the fast path's verdict)."""
+        return self._fast_and_why[1]
+
     def _encode_ordinary(self, text: str) -> list[int]:
+        fast = self._fast_and_why[0]
+        if fast is not None:
+            return fast.encode_batch([self._prep(text)])[0]
         return self._enc.encode_ordinary(self._prep(text))
 
     def _encode_ordinary_batch(self, texts: Sequence[str]) -> tuple[list[list[int]], Sequence[int]]:
+        fast = self._fast_and_why[0]
+        if fast is not None:  # its ids are ranks too: a control id is none of them
+            return fast.encode_batch(
+                [self._prep(t) for t in texts] if self._normalize else texts
+            ), ()
         return encode_threaded(self._encode_ordinary, texts), ()
 
     @property

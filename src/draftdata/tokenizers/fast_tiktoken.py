@@ -1,0 +1,100 @@
+"""gigatoken in place of tiktoken for a rank file whose split pattern it implements natively.
+
+tiktoken splits text with its profile's regex (``fancy_regex``) and then runs BPE on each piece;
+for Kimi K2's pattern the regex is most of the time. gigatoken (PyPI) ships hand-written
+pre-tokenizers for some models' patterns and keeps each piece's ids once it has encoded it. A
+profile names the scheme it claims to match (``"gigatoken": "kimi"``); it is used only where that
+is shown, else the tokenizer stays on tiktoken and the reason is kept (``Tokenizer.encoder``):
+
+- the profile names a scheme, gigatoken imports and loads the rank file with it;
+- on every load, gigatoken and tiktoken give the same ids on a built-in corpus (``fast_bpe``'s,
+  code, scripts, whitespace runs, contractions, plus the cases Kimi's pattern treats apart);
+- the tests hold it to tiktoken on 200,000 random strings over many Unicode categories and on
+  every prompt file in ``../shared/data/prompts``.
+
+gigatoken's piece cache grows with every distinct piece it meets and has no bound, so an encoder
+is loaded again (0.1-0.2 s) after ``RELOAD_CHARS`` characters: memory stays bounded on a run of
+any length. Set ``DRAFTDATA_FAST_BPE=0`` to stay on tiktoken.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .base import SERIAL_CHARS
+from .fast_bpe import CORPUS
+
+log = logging.getLogger("draftdata.tokenizers")
+
+#: the encoder line of a tokenizer on this fast path
+FAST = "gigatoken (verified equal to tiktoken)"
+#: characters one gigatoken encoder takes before a fresh one replaces it (its cache unbounded)
+RELOAD_CHARS = 32_000_000
+
+#: what Kimi's pattern treats apart from GPT-4's, on top of ``fast_bpe.CORPUS``
+EXTRA = [
+    "中文English混合text测试123456789 abc中文",
+    "DON'T Don't don'T it'S he'LL we'VE I'M they'RE she'D ’s ʼs",
+    "x\r\n\r\n  \r\n\t\n   y \n\n\n z  ",
+    "Ελληνικά ΑΒΓ αβγ ǅungla ǈ ǋ Ὀδυσσεύς ᾈᾉ",
+    "١٢٣٤ ۱۲۳ ௧௨ 一二三 ⅠⅡⅢ ①②③ ¹²³",
+    "ﾃｽﾄ ｶﾀｶﾅ テスト ひらがな 한글 ㄱㄴ",
+    "a\u0300\u0301\u0302 \u0915\u093f \u0e01\u0e34 \u200d\u200c",
+    "  ...   !!!\n\n??? ---\r\n***   ",
+]
+
+
+class FastTiktoken:
+    """A gigatoken encoder over one rank file, loaded again after ``RELOAD_CHARS``."""
+
+    def __init__(self, path: Path, scheme: str, gigatoken: Any) -> None:
+        self.path = path
+        self.scheme = scheme
+        self._gigatoken = gigatoken
+        self._tok = self._load()
+        self._chars = 0
+
+    def _load(self) -> Any:
+        return self._gigatoken.Tokenizer.from_tiktoken(str(self.path), pretokenizer=self.scheme)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """``texts`` encoded, in order (in parallel where this is not a forked worker: gigatoken
+        runs a forked child's batches on its own thread)."""
+        n = sum(map(len, texts))
+        self._chars += n
+        if self._chars > RELOAD_CHARS:
+            self._tok, self._chars = self._load(), n
+        # a small batch on this thread: handing it to the pool costs more than it saves
+        parallel = None if n >= 2 * SERIAL_CHARS else False
+        out: list[list[int]] = self._tok.encode_batch_list(list(texts), parallel=parallel)
+        return out
+
+
+def fast_tiktoken(
+    path: Path, scheme: str | None, reference: Callable[[Sequence[str]], list[list[int]]]
+) -> tuple[FastTiktoken | None, str]:
+    """gigatoken for ``path`` where ``scheme`` names its pre-tokenizer and it encodes the corpus
+    as ``reference`` (tiktoken) does; else None and why tiktoken stays."""
+    if scheme is None:
+        return None, "tiktoken"
+    if os.environ.get("DRAFTDATA_FAST_BPE", "1") == "0":
+        return None, "tiktoken (DRAFTDATA_FAST_BPE=0)"
+    try:
+        import gigatoken
+    except ImportError:
+        return None, "tiktoken (gigatoken is not installed)"
+    try:
+        fast = FastTiktoken(path, scheme, gigatoken)
+    except Exception as e:  # gigatoken raises ValueError / its own Rust errors
+        log.info("gigatoken could not load %s as %r: %s", path, scheme, e)
+        return None, f"tiktoken (gigatoken could not load it as {scheme!r})"
+    corpus = [*CORPUS, *EXTRA]
+    for text, want, got in zip(corpus, reference(corpus), fast.encode_batch(corpus), strict=True):
+        if want != got:
+            log.info("gigatoken differs from tiktoken on %r", text[:40])
+            return None, f"tiktoken (gigatoken's ids differ on {text[:40]!r})"
+    return fast, FAST
