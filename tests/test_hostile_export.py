@@ -169,3 +169,86 @@ def test_export_reads_a_run_beside_its_writer_and_leaves_its_record(exported):
         lock.release()
     assert r.returncode == 0, r.stderr
     assert made_by() == before
+
+
+#: ``draftdata export`` with the sealed manifest's per-folder threshold lowered to 3 files
+SMALL_LISTS = """
+import runpy, sys
+import draftdata.export.sealed as sealed
+sealed.LISTED_MAX = 3
+sys.argv = ["draftdata", "export", *sys.argv[1:]]
+runpy.run_module("draftdata", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_folder_of_many_files_is_listed_in_its_own_sha256sums(tmp_path, monkeypatch):
+    """ModelOpt's layout writes a file per sample: listed one by one, 109k of them made the
+    manifest (and every reader of it: the next layout's export, the report) grow with the run.
+    A folder past LISTED_MAX files is listed in its own SHA256SUMS, which coreutils' sha256sum
+    checks, and verify_export checks every file through it."""
+    pytest.importorskip("torch")
+    from draftdata.export.sealed import verify_export
+
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:12])
+    with replay_server(GROUNDTRUTH) as url:
+        m = manifest(tmp_path, url, src, limit=12, turns="first")
+        assert run("generate", str(m), "--quiet").returncode == 0
+    run_dir = tmp_path / "run"
+
+    def export(*args: str) -> None:
+        r = subprocess.run(
+            [sys.executable, "-c", SMALL_LISTS, str(run_dir), *args], capture_output=True, text=True
+        )
+        assert r.returncode == 0, r.stderr
+
+    export("--as", "modelopt")
+    folder = (run_dir / "export").resolve()
+    ids = sorted(p.name for p in (folder / "modelopt").glob("*.ids.pth"))
+    assert len(ids) == 12
+    doc = json.loads((folder / "manifest.json").read_text())
+    listed = {f["path"]: f["trainer"] for f in doc["files"]}
+    assert listed["modelopt/SHA256SUMS"] == "modelopt"
+    assert not [p for p in listed if p.endswith(".ids.pth")]
+    sums = subprocess.run(
+        ["sha256sum", "--strict", "-c", "SHA256SUMS"],
+        cwd=folder / "modelopt",
+        capture_output=True,
+        text=True,
+    )
+    assert sums.returncode == 0, sums.stdout + sums.stderr
+    assert sums.stdout.count(": OK") == len(list((folder / "modelopt").iterdir())) - 1
+    check = verify_export(folder)
+    assert check.ok and check.checked == len(files_of(folder)) - 1, check.problems
+
+    # another layout added later (``export_as``, as `hidden-states` does): the listed folder is
+    # linked into the new export, not copied
+    import draftdata.export.sealed as sealed
+    from draftdata.export.run_export import export_as
+    from draftdata.session import RunSession
+    from draftdata.store.runs import manifest_of_run
+
+    monkeypatch.setattr(sealed, "LISTED_MAX", 3)
+    inode = (folder / "modelopt" / ids[0]).stat().st_ino
+    m = manifest_of_run(run_dir)
+    m.run.output = str(run_dir.resolve())
+    with RunSession.open(m, write=False) as s:
+        export_as(s.ledger, m, s.tokenization.bound, "specforge")
+    again = (run_dir / "export").resolve()
+    assert again != folder and (again / "modelopt" / ids[0]).stat().st_ino == inode
+    doc = json.loads((again / "manifest.json").read_text())
+    by = {f["path"]: f["trainer"] for f in doc["files"]}
+    assert by["modelopt/SHA256SUMS"] == "modelopt" and "specforge" in by.values()
+    assert verify_export(again).ok
+
+    # a changed file in the folder, or one it does not list, is found
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(again, copy)
+    data = bytearray((copy / "modelopt" / ids[3]).read_bytes())
+    data[-1] ^= 1
+    (copy / "modelopt" / ids[3]).write_bytes(bytes(data))
+    (copy / "modelopt" / "stray.pt").write_bytes(b"x")
+    problems = verify_export(copy).problems
+    assert f"modelopt/{ids[3]}: its sha256 is not the one modelopt/SHA256SUMS lists" in problems
+    assert any("not listed" in p and "modelopt/stray.pt" in p for p in problems), problems

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Manifest
+from ..records.export import SUMS_FILE
 from ..store.ledger import Ledger
 from ..store.stats import answer_sums, pages_bytes, prompt_total
 from .plan import Plan
@@ -67,7 +68,8 @@ def measured(led: Ledger) -> dict[str, Measured]:
 
 def _export_bytes(run_dir: Path) -> dict[str, int]:
     """Each file group of the run's export by its sealed manifest's sizes (the shards, and each
-    trainer layout's files; the preview, a fixed few samples, left out); {} where none."""
+    trainer layout's files; the preview, a fixed few samples, left out); {} where none. A folder
+    listed through its SHA256SUMS (``export.sealed``) counts every file in it."""
     path = run_dir / "export" / "manifest.json"
     try:
         files = list(json.loads(path.read_text(encoding="utf-8")).get("files") or [])
@@ -78,7 +80,11 @@ def _export_bytes(run_dir: Path) -> dict[str, int]:
         trainer, name = f.get("trainer"), str(f.get("path", ""))
         if trainer or name.startswith("shard-"):
             key = str(trainer or "shards")
-            groups[key] = groups.get(key, 0) + int(f.get("bytes") or 0)
+            size = int(f.get("bytes") or 0)
+            if name.endswith(f"/{SUMS_FILE}"):
+                top = run_dir / "export" / name.split("/")[0]
+                size = sum(q.stat().st_size for q in top.rglob("*") if q.is_file())
+            groups[key] = groups.get(key, 0) + size
     return groups
 
 

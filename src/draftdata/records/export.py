@@ -61,6 +61,11 @@ class ShardEntry:
     sha256: str | None = None
 
 
+#: a top-level folder of many files (ModelOpt's one per sample) is listed in this file inside it,
+#: ``sha256sum``'s format, and the manifest lists that file (``export.sealed``)
+SUMS_FILE = "SHA256SUMS"
+
+
 @dataclass(frozen=True)
 class FileEntry:
     """A file of the export besides ``manifest.json``: its path in the folder, its size and
