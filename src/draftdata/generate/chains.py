@@ -4,7 +4,7 @@ time from the ledger (memory holds one page, not the dataset), each with its sto
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from ..config import DatasetCfg
@@ -26,7 +26,9 @@ class Chain:
     prompt: Prompt
     sample: int
     answers: dict[int, StoredResponse]
-    first_ids: list[int] | None = None
+    #: an ``array('i')`` as read from the ledger (4 bytes an id, not a list's 36: a page of 512
+    #: long prompts held 67 MB of ints), a list as rendered here; a request copies it to a list
+    first_ids: Sequence[int] | None = None
 
 
 def chain_pages(ledger: Ledger, d: DatasetCfg) -> Iterator[list[Chain]]:

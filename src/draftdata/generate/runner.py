@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -236,13 +236,13 @@ class Runner(DecontaminateMixin):
         s: int,
         turn: int,
         msgs: tuple[Message, ...],
-        prompt_ids: list[int] | None = None,
+        prompt_ids: Sequence[int] | None = None,
     ) -> GenRequest:
         return GenRequest(
             Key(d.name, p.id, s, turn),
             msgs,
             p.tools,
-            prompt_ids if prompt_ids is not None else self.tokens.render_prompt(msgs, p),
+            list(prompt_ids) if prompt_ids is not None else self.tokens.render_prompt(msgs, p),
             d.sampling,
             sample_seed(d.sampling.seed, p.id, s, turn),
         )
@@ -254,7 +254,7 @@ class Runner(DecontaminateMixin):
         s: int,
         turn: int,
         own: list[Message],
-        prompt_ids: list[int] | None = None,
+        prompt_ids: Sequence[int] | None = None,
     ) -> GenRequest | None:
         """The request, or None when its prompt cannot be rendered: the key is quarantined with
         the reason, so this run and every rerun go on past it. ``prompt_ids``: the prompt's ids

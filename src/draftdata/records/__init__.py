@@ -14,7 +14,7 @@ them is typed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -267,7 +267,7 @@ class PendingChain:
     prompt: Prompt
     sample: int
     answered: int
-    first_ids: list[int] | None = None
+    first_ids: Sequence[int] | None = None  # an array('i'): ``generate.chains.Chain``
 
 
 @dataclass(frozen=True)

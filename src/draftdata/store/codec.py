@@ -138,21 +138,27 @@ def unpack_ids(blob: bytes | str | None) -> tuple[int, ...] | None:
     return None if ids is None else tuple(ids)
 
 
+def ids_array(blob: bytes | str | None) -> array[int] | None:
+    """``unpack_ids`` as an ``array('i')``: 4 bytes an id where a list of ints takes 36."""
+    if blob is None:
+        return None
+    if isinstance(blob, str):  # a schema-3 JSON column, read in place
+        return array("i", json.loads(blob))
+    a = array("i")
+    a.frombytes(decompress(blob))
+    if _BIG:
+        a.byteswap()
+    return a
+
+
 def ids_list(blob: bytes | str | None) -> list[int] | None:
     """``unpack_ids`` as a list."""
     return _ids_list(blob)
 
 
 def _ids_list(blob: bytes | str | None) -> list[int] | None:
-    if blob is None:
-        return None
-    if isinstance(blob, str):  # a schema-3 JSON column, read in place
-        return list(json.loads(blob))
-    a = array("i")
-    a.frombytes(decompress(blob))
-    if _BIG:
-        a.byteswap()
-    return a.tolist()
+    a = ids_array(blob)
+    return None if a is None else a.tolist()
 
 
 def pack_mask(mask: Sequence[bool]) -> bytes:

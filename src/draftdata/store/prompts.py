@@ -5,8 +5,7 @@ quarantined) is written by ``Ledger.answers``."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable
-from itertools import islice
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from ..records import ChainPage, PendingChain, Prompt
@@ -19,6 +18,24 @@ from .part import Part
 Render = Callable[[list[Prompt]], list[list[int] | None]]
 #: prompts read, rendered and written at a time: memory holds one chunk of a streamed dataset
 CHUNK = 512
+#: ... or at this many characters of their messages, whichever comes first: the first-turn ids
+#: of 512 WritingBench prompts (14 KB each) held 67 MB of ints while they were rendered, and the
+#: heap kept the room after (the 83k rehearsal's generation grew by 210 MB at that dataset)
+CHUNK_CHARS = 1 << 21
+
+
+def _chunks(prompts: Iterable[Prompt]) -> Iterator[list[Prompt]]:
+    """``prompts`` in lists of at most CHUNK prompts and about CHUNK_CHARS characters."""
+    chunk: list[Prompt] = []
+    chars = 0
+    for p in prompts:
+        chunk.append(p)
+        chars += sum(len(m.content or "") for m in p.messages)
+        if len(chunk) >= CHUNK or chars >= CHUNK_CHARS:
+            yield chunk
+            chunk, chars = [], 0
+    if chunk:
+        yield chunk
 
 
 class Prompts(Part):
@@ -54,8 +71,7 @@ class Prompts(Part):
     ) -> int:
         """Prompts from position ``start`` on, each with its work keys (inside a transaction)."""
         n = 0
-        it = iter(prompts)
-        while chunk := list(islice(it, CHUNK)):
+        for chunk in _chunks(prompts):
             first = render(chunk) if render is not None else [None] * len(chunk)
             self.db.executemany(
                 "INSERT OR IGNORE INTO prompts (dataset, prompt_id, idx, messages_json, "
@@ -181,11 +197,11 @@ class Prompts(Part):
         ).fetchall()
         out: list[PendingChain] = []
         last: Prompt | None = None
-        first: list[int] | None = None
+        first: Sequence[int] | None = None
         for r in rows:
             if r[6]:
                 if last is None or last.id != r[1]:
                     last = codec.prompt_of(r[1], dataset, r[2], r[3], r[4])
-                    first = codec.ids_list(r[8])
+                    first = codec.ids_array(r[8])
                 out.append(PendingChain(last, r[5], r[7], first))
         return ChainPage(tuple(out), rows[-1][0] if rows else None)
