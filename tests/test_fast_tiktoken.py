@@ -108,6 +108,17 @@ def test_every_prompt_file_encodes_as_tiktoken(kimi, stock) -> None:
     assert [kimi.encode(t) for t in texts[:2000]] == want[:2000]  # one text at a time too
 
 
+def test_a_small_batch_stays_on_tiktoken_and_loads_nothing(stock) -> None:
+    """gigatoken is loaded (75 MB) at the first batch of FAST_MIN_CHARS characters or more."""
+    tok = TiktokenTokenizer.from_file(RANKS)  # not load_tokenizer's: that one is shared
+    small = _random_texts(100, seed=4)
+    assert tok.encode_batch(small) == stock.encode_ordinary_batch(small)
+    assert "_fast_and_why" not in tok.__dict__
+    big = _random_texts(10_000, seed=5)
+    assert tok.encode_batch(big) == stock.encode_ordinary_batch(big)
+    assert tok.__dict__["_fast_and_why"][1] == fast_tiktoken.FAST
+
+
 def test_a_scheme_that_splits_otherwise_is_refused(monkeypatch) -> None:
     """A profile naming the wrong pre-tokenizer (GPT-4's for Kimi's ranks) stays on tiktoken:
     the corpus check shows the difference."""
@@ -126,7 +137,8 @@ def test_the_encoder_is_loaded_again_past_its_character_budget(kimi, stock, monk
     fast = kimi._fast_and_why[0]
     assert fast is not None
     monkeypatch.setattr(fast_tiktoken, "RELOAD_CHARS", 50_000)
-    texts = _random_texts(3_000, seed=2)
+    texts = _random_texts(8_000, seed=2)
+    assert sum(map(len, texts)) >= fast_tiktoken.FAST_MIN_CHARS
     before = fast._tok
     assert kimi.encode_batch(texts) == stock.encode_ordinary_batch(texts)
     assert fast._tok is not before and fast._chars <= 50_000 + sum(map(len, texts))

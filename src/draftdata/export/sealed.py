@@ -98,20 +98,24 @@ def seal(folder: Path, trainers: Mapping[str, Sequence[Path]] = {}) -> None:
     than LISTED_MAX files through its SUMS_FILE."""
     em = read_export_manifest(folder)
     owner: dict[str, str | None] = {f.path: f.trainer for f in em.files}
+    dirs: dict[str, str] = {}  # a folder a trainer wrote: every file under it is its
     for name, paths in trainers.items():
         for p in paths:
             rel = p.relative_to(folder).as_posix()
             if p.is_dir():
-                owner[f"{rel.split('/')[0]}/{SUMS_FILE}"] = name  # the folder's list, if it has one
-                owner.update((q.relative_to(folder).as_posix(), name) for q in p.rglob("*"))
+                dirs[rel + "/"] = name
             else:
                 owner[rel] = name
+
+    def who(rel: str) -> str | None:
+        return next((n for d, n in dirs.items() if rel.startswith(d)), None) or _owner(owner, rel)
+
     rels = _files(folder)
     big = _summed(folder, rels)
     listed = [r for r in rels if r.partition("/")[0] not in big or r.endswith(f"/{SUMS_FILE}")]
     listed = sorted(set(listed) | {f"{top}/{SUMS_FILE}" for top in big})
     files = tuple(
-        FileEntry(rel, (folder / rel).stat().st_size, file_sha256(folder / rel), _owner(owner, rel))
+        FileEntry(rel, (folder / rel).stat().st_size, file_sha256(folder / rel), who(rel))
         for rel in listed
     )
     write_json(folder / MANIFEST_FILE, replace(em, files=files).to_json())

@@ -26,7 +26,7 @@ import tiktoken
 from ..errors import TokenizerError
 from ..nesting import loads_json
 from .base import TokenInfo, Tokenizer, encode_threaded, file_sha256
-from .fast_tiktoken import FastTiktoken, fast_tiktoken
+from .fast_tiktoken import FAST_MIN_CHARS, FastTiktoken, fast_tiktoken
 
 
 def builtin_profiles() -> dict[str, dict[str, Any]]:
@@ -137,14 +137,13 @@ class TiktokenTokenizer(Tokenizer):
         return self._fast_and_why[1]
 
     def _encode_ordinary(self, text: str) -> list[int]:
-        fast = self._fast_and_why[0]
-        if fast is not None:
-            return fast.encode_batch([self._prep(text)])[0]
         return self._enc.encode_ordinary(self._prep(text))
 
     def _encode_ordinary_batch(self, texts: Sequence[str]) -> tuple[list[list[int]], Sequence[int]]:
-        fast = self._fast_and_why[0]
-        if fast is not None:  # its ids are ranks too: a control id is none of them
+        # gigatoken only for a batch large enough to gain from it: it is loaded on the first
+        # (75 MB of tables and pool), and a process that encodes little never loads it
+        if sum(map(len, texts)) >= FAST_MIN_CHARS and (fast := self._fast_and_why[0]) is not None:
+            # its ids are ranks too: a control id is none of them
             return fast.encode_batch(
                 [self._prep(t) for t in texts] if self._normalize else texts
             ), ()
