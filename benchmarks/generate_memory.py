@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import gc
 import resource
 import shutil
 import sqlite3
@@ -46,6 +48,52 @@ def main() -> None:
     finally:
         rehearsal.stop(server)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def rss_parts() -> str:
+    """The current RSS split as the kernel counts it: anonymous, file-backed, shared memory."""
+    try:
+        fields = dict(
+            line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines()
+        )
+    except OSError:
+        return ""
+    keys = ("RssAnon", "RssFile", "RssShmem")
+    parts = [f"{k} {int(fields[k].split()[0]) // 1024} MB" for k in keys if k in fields]
+    return ", ".join([*parts, heap()])
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (n, ctypes.c_size_t)
+        for n in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def heap() -> str:
+    """glibc's own count: bytes malloc holds in use, free inside its heaps, and in mmaps."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _Mallinfo2
+        m = libc.mallinfo2()
+    except (OSError, AttributeError):
+        return ""
+    mb = 1 << 20
+    return (
+        f"malloc in use {m.uordblks // mb} MB, free {m.fordblks // mb} MB "
+        f"({m.ordblks} chunks), mmapped {m.hblkhd // mb} MB"
+    )
 
 
 def run(work: Path, built: list, url: str, args: argparse.Namespace) -> None:  # type: ignore[type-arg]
@@ -88,12 +136,19 @@ def run(work: Path, built: list, url: str, args: argparse.Namespace) -> None:  #
                 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
                 traced = tracemalloc.get_traced_memory()[0] / 1e6 if args.trace else 0.0
                 snaps.append((k, tracemalloc.take_snapshot() if args.trace else None))
-                print(f"{k:,} answers: peak RSS {peak} MB; live Python {traced:.0f} MB", flush=True)
+                print(
+                    f"{k:,} answers: peak RSS {peak} MB; live Python {traced:.0f} MB; {rss_parts()}",
+                    flush=True,
+                )
             time.sleep(0.5)
 
     threading.Thread(target=watch, daemon=True).start()
     asyncio.run(r.generate())
+    print(f"generate returned: {rss_parts()}", flush=True)
     r.close()
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    print(f"closed, collected, trimmed: {rss_parts()}", flush=True)
     if args.trace and len(snaps) >= 2 and snaps[0][1] is not None and snaps[-1][1] is not None:
         for st in snaps[-1][1].compare_to(snaps[0][1], "traceback")[:8]:
             print(f"--- {st.size_diff / 1e6:+.1f} MB ({st.count_diff:+} blocks)")

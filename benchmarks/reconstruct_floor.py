@@ -16,6 +16,12 @@ Per case and repeat, in one process, one after the other:
 - **cli**: ``draftdata reconstruct IN -o OUT.parquet`` as a subprocess, start-up included;
 - **library**: ``tokens.reconstruct_many`` in this process (no start-up, no Parquet).
 
+Where the tokenizer is on gigatoken (Kimi K2: ``tokenizers/fast_tiktoken.py``), gigatoken's own
+``encode_batch_list`` of the same text is timed too (**giga floor**), beside tiktoken's: the floor
+of the encoder draftdata uses. gigatoken keeps each piece it has encoded, so ``--copies`` above 1
+repeats whole texts it has seen (in the giga floor as in ours); ``--copies 1`` shows each text
+once.
+
 Reported: seconds (median of ``--repeats``), and floor/cli, floor/library (1.0 = as fast as the
 raw encode). The sha256 of every sample's ids and mask is printed so a change can be checked to
 produce identical ids.
@@ -89,6 +95,27 @@ def raw_encoder(tokenizer):  # type: ignore[no-untyped-def]
     return lambda texts: [e.ids for e in full.encode_batch(texts, add_special_tokens=False)]
 
 
+def giga_encoder(tokenizer):  # type: ignore[no-untyped-def]
+    """gigatoken's own batch encode over the same rank file, where draftdata's tokenizer is on
+    it (a fresh encoder: no piece seen before); else None."""
+    fast = getattr(tokenizer, "_fast_and_why", (None, ""))[0]
+    if fast is None:
+        return None
+    import gigatoken
+
+    specials = dict(tokenizer._enc._special_tokens)  # the floor's text holds them: allowed
+
+    def encode(texts):  # type: ignore[no-untyped-def]
+        tok = gigatoken.Tokenizer.from_tiktoken(
+            str(fast.path), pretokenizer=fast.scheme, special_tokens=specials
+        )
+        t = time.perf_counter()
+        out = tok.encode_batch_list(texts)
+        return out, time.perf_counter() - t
+
+    return encode
+
+
 def library(rc, bound, items):  # type: ignore[no-untyped-def]
     """The samples, through the batched call where this checkout has one (else one by one)."""
     ids = [str(r.get("id", i)) for i, (_, _, r) in enumerate(items)]
@@ -147,11 +174,16 @@ def main() -> None:
                 texts.append(bound.render_text(segs) + bound.render_text(resp))
             encode = raw_encoder(bound.tokenizer)
             encode(texts[:8])  # warm
-            floor, cli, lib = [], [], []
+            giga = giga_encoder(bound.tokenizer)
+            floor, cli, lib, gfloor = [], [], [], []
             for _ in range(args.repeats):
                 t = time.perf_counter()
                 n_tokens = sum(len(x) for x in encode(texts))
                 floor.append(time.perf_counter() - t)
+                if giga is not None:
+                    got, secs = giga(texts)
+                    assert sum(map(len, got)) == n_tokens
+                    gfloor.append(secs)
                 out = Path(tmp) / f"{case}.parquet"
                 t = time.perf_counter()
                 subprocess.run(
@@ -167,9 +199,11 @@ def main() -> None:
             f, c, li = (statistics.median(x) for x in (floor, cli, lib))
             _, ids = streamed(library(rc, bound, items))
             rows.append((case, len(recs), n_tokens, f, c, li, ids))
+            g = f"; giga floor {statistics.median(gfloor):.2f} s" if gfloor else ""
+            g += f" (giga/cli {statistics.median(gfloor) / c:.2f}x)" if gfloor else ""
             print(
                 f"{case}: {len(recs)} records, {n_tokens:,} tokens; floor {f:.2f} s, "
-                f"cli {c:.2f} s ({f / c:.2f}x), library {li:.2f} s ({f / li:.2f}x), "
+                f"cli {c:.2f} s ({f / c:.2f}x), library {li:.2f} s ({f / li:.2f}x){g}, "
                 f"ids {ids}",
                 flush=True,
             )

@@ -160,3 +160,19 @@ def test_a_forked_worker_encodes_after_the_parent_has(kimi, stock) -> None:
     with multiprocessing.get_context("fork").Pool(2) as pool:
         got = pool.map(_child_encode, [texts[:10_000], texts[10_000:]])
     assert got[0] + got[1] == stock.encode_ordinary_batch(texts)
+
+
+def _worker_encode(texts: list[str]) -> tuple[list[list[int]], bool]:
+    fast_tiktoken.stay_on_tiktoken()
+    tok = TiktokenTokenizer.from_file(RANKS)
+    return tok.encode_batch(texts), "_fast_and_why" in tok.__dict__
+
+
+def test_the_runs_tokens_stage_workers_stay_on_tiktoken(stock) -> None:
+    """gigatoken cost each tokens-stage worker 150-190 MB at 40k prompts for 10% of its time:
+    a process that says so (``run_workers._work``) encodes with tiktoken and never loads it."""
+    texts = _random_texts(10_000, seed=6)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        got, loaded = pool.apply(_worker_encode, (texts,))
+    assert got == stock.encode_ordinary_batch(texts) and not loaded
+    assert fast_tiktoken.ON  # this process is untouched
