@@ -43,6 +43,11 @@ FAST_MIN_CHARS = 1 << 17
 ON = True
 
 
+def enabled() -> bool:
+    """Whether this process may use gigatoken (``stay_on_tiktoken`` not called)."""
+    return ON
+
+
 def stay_on_tiktoken() -> None:
     """This process encodes with tiktoken from now on (the run's tokens-stage workers: there
     gigatoken's memory, 150-190 MB a worker at 40k prompts, buys 10% of their time)."""

@@ -25,9 +25,8 @@ import tiktoken
 
 from ..errors import TokenizerError
 from ..nesting import loads_json
-from . import fast_tiktoken
 from .base import TokenInfo, Tokenizer, encode_threaded, file_sha256
-from .fast_tiktoken import FastTiktoken
+from .fast_tiktoken import FAST_MIN_CHARS, FastTiktoken, enabled, fast_tiktoken
 
 
 def builtin_profiles() -> dict[str, dict[str, Any]]:
@@ -130,7 +129,7 @@ class TiktokenTokenizer(Tokenizer):
         def reference(texts: Sequence[str]) -> list[list[int]]:
             return [self._enc.encode_ordinary(self._prep(t)) for t in texts]
 
-        return fast_tiktoken.fast_tiktoken(self.path, self._scheme, reference)
+        return fast_tiktoken(self.path, self._scheme, reference)
 
     @property
     def encoder(self) -> str:
@@ -143,7 +142,7 @@ class TiktokenTokenizer(Tokenizer):
     def _encode_ordinary_batch(self, texts: Sequence[str]) -> tuple[list[list[int]], Sequence[int]]:
         # gigatoken only for a batch large enough to gain from it: it is loaded on the first
         # (75 MB of tables and pool), and a process that encodes little never loads it
-        big = fast_tiktoken.ON and sum(map(len, texts)) >= fast_tiktoken.FAST_MIN_CHARS
+        big = enabled() and sum(map(len, texts)) >= FAST_MIN_CHARS
         if big and (fast := self._fast_and_why[0]) is not None:
             # its ids are ranks too: a control id is none of them
             return fast.encode_batch(
