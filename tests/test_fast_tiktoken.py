@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import multiprocessing
 import random
 
 import pytest
@@ -17,6 +16,7 @@ from tiktoken.load import load_tiktoken_bpe
 from conftest import PROMPTS, TOKENIZERS
 from draftdata.tokenizers import fast_tiktoken, load_tokenizer
 from draftdata.tokenizers.tiktoken_file import TiktokenTokenizer, builtin_profiles
+from draftdata.tokens import pool
 
 pytest.importorskip("gigatoken")
 
@@ -157,8 +157,7 @@ def test_a_forked_worker_encodes_after_the_parent_has(kimi, stock) -> None:
     texts = _random_texts(20_000, seed=3)
     assert kimi.encode_batch(texts) == stock.encode_ordinary_batch(texts)
     _INHERITED[:] = [kimi]
-    with multiprocessing.get_context("fork").Pool(2) as pool:
-        got = pool.map(_child_encode, [texts[:10_000], texts[10_000:]])
+    got = list(pool.ordered(_child_encode, [(texts[:10_000],), (texts[10_000:],)], 2))
     assert got[0] + got[1] == stock.encode_ordinary_batch(texts)
 
 
@@ -172,7 +171,7 @@ def test_the_runs_tokens_stage_workers_stay_on_tiktoken(stock) -> None:
     """gigatoken cost each tokens-stage worker 150-190 MB at 40k prompts for 10% of its time:
     a process that says so (``run_workers._work``) encodes with tiktoken and never loads it."""
     texts = _random_texts(10_000, seed=6)
-    with multiprocessing.get_context("fork").Pool(1) as pool:
-        got, loaded = pool.apply(_worker_encode, (texts,))
+    # through the tokens stage's own pool, which resets the thread pools a fork copies
+    [(got, loaded)] = list(pool.ordered(_worker_encode, [(texts,)], 1))
     assert got == stock.encode_ordinary_batch(texts) and not loaded
     assert fast_tiktoken.ON  # this process is untouched
