@@ -73,7 +73,8 @@ SAMPLES_SCHEMA = pa.schema([*_ID, *_TOKENS])
 def _dictionary_columns(schema: pa.Schema) -> list[str]:
     """Every column but the ids and the mask: a dictionary of token ids is as large as the
     vocabulary and pyarrow gives up on it after building it (measured on 9,810 Kimi samples:
-    0.56 -> 0.44 s to write, 29.0 -> 23.7 MB)."""
+    0.56 -> 0.44 s to write, 29.0 -> 23.7 MB). The same columns get statistics: a row group's
+    min and max token id says nothing a reader filters on (0.415 -> 0.378 s to write)."""
     return [n for n in schema.names if n not in ("input_ids", "loss_mask")]
 
 
@@ -246,7 +247,10 @@ class SampleFile:
     def _flush(self) -> None:
         if self._parquet is None:
             self._parquet = pq.ParquetWriter(
-                self.tmp, SAMPLES_SCHEMA, use_dictionary=_dictionary_columns(SAMPLES_SCHEMA)
+                self.tmp,
+                SAMPLES_SCHEMA,
+                use_dictionary=_dictionary_columns(SAMPLES_SCHEMA),
+                write_statistics=_dictionary_columns(SAMPLES_SCHEMA),
             )
         if self._rows:
             self._parquet.write_table(table_of(self._rows, SAMPLES_SCHEMA))
@@ -394,6 +398,7 @@ class ShardWriter:
                 SHARD_SCHEMA,
                 compression="zstd",
                 use_dictionary=_dictionary_columns(SHARD_SCHEMA),
+                write_statistics=_dictionary_columns(SHARD_SCHEMA),
             )
         self._writer.write_table(table_of(self._rows, SHARD_SCHEMA))
         self._shard_rows += len(self._rows)
