@@ -185,3 +185,48 @@ def test_reconstruct_over_two_processes_writes_what_one_writes(tmp_path):
     )
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1, r.stderr
+
+
+#: ``draftdata`` with every call of ``reconstruct_jobs.bound_format`` written down by pid
+COUNTED = """
+import os, sys
+from draftdata.cli import reconstruct_jobs as rj
+real, loads = rj.bound_format, sys.argv[1]
+def counted(*a, **kw):
+    with open(loads, "a") as f:  # a forked worker's call shows here too
+        f.write(f"{os.getpid()}\\n")
+    return real(*a, **kw)
+rj.bound_format = counted
+print(os.getpid())
+from draftdata.cli import main
+sys.argv = ["draftdata", *sys.argv[2:]]
+main()
+"""
+
+
+def test_forked_workers_inherit_the_tokenizer_the_parent_loaded_once(tmp_path):
+    """``reconstruct -j 2`` loads the tokenizer once, before the fork (tiktoken and gigatoken
+    side by side for Kimi): each worker loading its own cost 0.6 s of the 2.6 s run on 9,810
+    ShareGPT answers. The output is the same as one process's."""
+    import subprocess
+    import sys
+
+    from draftdata.tokens.pool import can_fork
+
+    if not can_fork():
+        pytest.skip("workers are spawned here: each loads its own")
+    rows = [x for x in GROUNDTRUTH.read_text().splitlines() if x.strip()]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(rows * 3) + "\n")
+    outs = []
+    for jobs in ("2", "1"):
+        loads, out = tmp_path / f"loads{jobs}", tmp_path / f"out{jobs}.jsonl"
+        args = ["reconstruct", str(src), *SMOL, "-o", str(out), "-j", jobs]
+        r = subprocess.run(
+            [sys.executable, "-c", COUNTED, str(loads), *args], capture_output=True, text=True
+        )
+        assert r.returncode == 0, r.stderr
+        if jobs == "2":
+            assert loads.read_text().split() == r.stdout.split()[:1]  # this process, once
+        outs.append(out.read_text())
+    assert outs[0] == outs[1] and len(outs[0].splitlines()) == 3 * 531
