@@ -119,8 +119,10 @@ def seal(folder: Path, trainers: Mapping[str, Sequence[Path]] = {}) -> None:
 
     rels = _files(folder)
     big = _summed(folder, rels)
-    listed = [r for r in rels if r.partition("/")[0] not in big or r.endswith(f"/{SUMS_FILE}")]
-    listed = sorted(set(listed) | {f"{top}/{SUMS_FILE}" for top in big})
+    # every file outside a summed folder, and each summed folder's SUMS_FILE in its place
+    listed = sorted(
+        {r for r in rels if r.partition("/")[0] not in big} | {f"{t}/{SUMS_FILE}" for t in big}
+    )
     files = tuple(
         FileEntry(rel, (folder / rel).stat().st_size, file_sha256(folder / rel), who(rel))
         for rel in listed
