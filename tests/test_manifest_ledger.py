@@ -361,3 +361,38 @@ def test_meta_records_are_the_json_the_stages_wrote_before_they_were_typed(tmp_p
             led.meta.get(GATE)
     finally:
         led.close()
+
+
+def test_the_prompts_stage_renders_in_chunks_bounded_by_count_and_characters():
+    """A chunk of prompts is rendered to first-turn ids at once; 512 WritingBench prompts
+    (14 KB each) held 67 MB of ints, so a chunk also closes at CHUNK_CHARS characters."""
+    from draftdata.store import prompts as sp
+
+    def made(n: int, chars: int) -> list[Prompt]:
+        return [Prompt(f"p{i}", "d", (Message("user", "x" * chars),)) for i in range(n)]
+
+    small = [len(c) for c in sp._chunks(made(1100, 10))]
+    assert small == [sp.CHUNK, sp.CHUNK, 1100 - 2 * sp.CHUNK]
+    big = sp.CHUNK_CHARS // 8  # eight of these fill a chunk
+    sizes = [len(c) for c in sp._chunks(made(20, big))]
+    assert sizes == [8, 8, 4]
+    ids = [p.id for c in sp._chunks(made(20, big)) for p in c]
+    assert ids == [f"p{i}" for i in range(20)]  # every prompt once, in order
+
+
+def test_a_page_holds_each_prompts_first_ids_as_one_array(tmp_path):
+    """A page of 512 long prompts held their first-turn ids as lists of ints (36 bytes an id):
+    they are read as one ``array('i')`` a prompt (4 bytes an id), shared by its samples, with
+    the ids that were stored (past int16 and near int32's top too)."""
+    from array import array
+
+    led = Ledger(tmp_path / "l.sqlite")
+    ps = [Prompt(f"p{i}", "d", (Message("user", f"q{i}"),)) for i in range(3)]
+    rendered = {p.id: [i, 70_000 + i, 2**31 - 1 - i] for i, p in enumerate(ps)}
+    led.prompts.add("d", ps, 2, lambda p: 1, render=lambda chunk: [rendered[p.id] for p in chunk])
+    page = led.prompts.pending_chains("d", -1, 10)
+    assert len(page.chains) == 6
+    for c in page.chains:
+        assert isinstance(c.first_ids, array) and c.first_ids.typecode == "i"
+        assert list(c.first_ids) == rendered[c.prompt.id]
+    assert page.chains[0].first_ids is page.chains[1].first_ids  # the prompt's two samples
