@@ -28,7 +28,8 @@ datasets, a kill -9 at about 40%, the resume, the export in every trainer layout
    (``attempts.started_at``). The report's first paint is read from headless Chromium through
    the DevTools protocol (``performance`` paint entries).
 5. **Checked.** Nothing lost across the kill: the server's served requests = the ledger's
-   attempts, no key answered twice, and per dataset samples + drops = the answers asked for,
+   attempts, less those open at the kill that never reached the server (an attempt is written
+   before its request is sent; counted at the kill), no key answered twice, and per dataset samples + drops = the answers asked for,
    in ``status --json`` and in the export's ``manifest.json``.
 
 Prints a markdown table; ``--json`` writes every figure. Sizes up to 83,000 prompts work; on 2
@@ -359,6 +360,9 @@ def rehearse(args: argparse.Namespace, work: Path, state: dict[str, Any]) -> dic
         "open_in_flight_rows": ledger_count(
             ledger, "SELECT count(*) FROM inflight WHERE state='open'"
         ),
+        # every attempt the ledger holds: finished, and still open when the process died
+        "attempts_in_ledger_after_kill": ledger_count(ledger, "SELECT count(*) FROM attempts")
+        + ledger_count(ledger, "SELECT count(*) FROM inflight WHERE state='open'"),
         "killed": "killed_at" in live,
         "rc": r1.result.get("rc"),
         "server_after_kill": server_stats(url),
@@ -489,10 +493,21 @@ def checks(doc: dict[str, Any], st: dict[str, Any] | None, out: Path, built: Any
     """Nothing lost across the kill, and every answer a sample or a counted drop."""
     served = doc["server"]["requests"]
     attempts = sum(doc["generation"]["attempts"].values())
+    # an attempt is written before its request is sent: the kill can land between the two, and
+    # the server never sees that request (nor charges it). Those are counted at the kill, from
+    # the ledger's attempts then and the server's requests then; every other attempt was served
+    k = doc.get("kill", {})
+    at_kill = k.get("attempts_in_ledger_after_kill")
+    if at_kill is None:  # a JSON written before the count was kept: no failed attempts in it
+        at_kill = (k.get("answers_in_ledger_after_kill") or 0) + (k.get("open_in_flight_rows") or 0)
+    unsent = at_kill - k.get("server_after_kill", {}).get("requests", at_kill)
     res: dict[str, Any] = {
         "served_requests": served,
         "ledger_attempts": attempts,
+        "attempts_never_sent": unsent,
         "served_equals_attempts": served == attempts,
+        "served_equals_attempts_sent": 0 <= unsent <= (k.get("open_in_flight_rows") or 0)
+        and served == attempts - unsent,
         # answers the server finished sending that the ledger did not keep: asked (and paid)
         # again after the kill
         "completed_not_kept": doc["server"]["completed"]
@@ -523,7 +538,7 @@ def checks(doc: dict[str, Any], st: dict[str, Any] | None, out: Path, built: Any
             "interrupted": s.get("interrupted"),
         }
     res["datasets"] = per
-    res["all_ok"] = res["served_equals_attempts"] and all(
+    res["all_ok"] = res["served_equals_attempts_sent"] and all(
         d["status_ok"] and d["export_ok"] and not d["duplicates"] for d in per.values()
     )
     res["cost_usd_ledger"] = (st or {}).get("cost_usd")

@@ -107,8 +107,10 @@ def markdown(doc: dict[str, Any]) -> str:
     c = doc.get("checks", {})
     srv = doc.get("server", {})
     lines += [
-        f"| served requests (server) = attempts (ledger) | {_f(c.get('served_requests'))} = "
-        f"{_f(c.get('ledger_attempts'))}: {'yes' if c.get('served_equals_attempts') else 'NO'} |",
+        f"| served requests (server) = attempts (ledger) less those never sent (open at the "
+        f"kill, unseen by the server) | {_f(c.get('served_requests'))} = "
+        f"{_f(c.get('ledger_attempts'))} - {_f(c.get('attempts_never_sent'))}: "
+        f"{'yes' if c.get('served_equals_attempts_sent') else 'NO'} |",
         f"| attempts by outcome | {gen.get('attempts')} |",
         f"| samples + drops = answers, every dataset (status and export manifest) | "
         f"{'yes' if c.get('all_ok') else 'NO (see below)'} |",
