@@ -136,8 +136,7 @@ class _Warm(threading.Thread):
 
 
 _WARMING = False
-#: the threads ``warm`` started, by rank file, scheme and the file's sha256 when it was read
-_WARM: dict[tuple[Path, str, str], _Warm] = {}
+_WARM: dict[tuple[Path, str], _Warm] = {}
 
 
 @contextmanager
@@ -151,24 +150,21 @@ def warming() -> Iterator[None]:
         _WARMING = was
 
 
-def warm(path: Path, scheme: str | None, sha256: str) -> None:
-    """Inside ``warming()``: start loading gigatoken for ``path`` (read with ``sha256``) as
-    ``scheme`` on a thread, which ``fast_tiktoken`` joins; elsewhere, and where gigatoken is
-    off, nothing."""
-    if not _WARMING or scheme is None or not enabled() or (path, scheme, sha256) in _WARM:
+def warm(path: Path, scheme: str | None) -> None:
+    """Inside ``warming()``: start loading gigatoken for ``path`` as ``scheme`` on a thread,
+    which ``fast_tiktoken`` joins; elsewhere, and where gigatoken is off, nothing."""
+    if not _WARMING or scheme is None or not enabled() or (path, scheme) in _WARM:
         return
     gigatoken, _ = _gigatoken()
     if gigatoken is not None:
-        _WARM[(path, scheme, sha256)] = w = _Warm(path, scheme, gigatoken)
+        _WARM[(path, scheme)] = w = _Warm(path, scheme, gigatoken)
         w.start()
 
 
-def _loaded(
-    path: Path, scheme: str, sha256: str, gigatoken: Any
-) -> tuple[FastTiktoken, list[list[int]]]:
+def _loaded(path: Path, scheme: str, gigatoken: Any) -> tuple[FastTiktoken, list[list[int]]]:
     """gigatoken for ``path`` and its ids for the corpus: from the thread ``warm`` started, or
     loaded here (also where that thread is gone: one started before this process forked)."""
-    w = _WARM.pop((path, scheme, sha256), None)
+    w = _WARM.pop((path, scheme), None)
     if w is not None:
         w.join()
         if w.error is not None:
@@ -180,21 +176,17 @@ def _loaded(
 
 
 def fast_tiktoken(
-    path: Path,
-    scheme: str | None,
-    reference: Callable[[Sequence[str]], list[list[int]]],
-    sha256: str = "",
+    path: Path, scheme: str | None, reference: Callable[[Sequence[str]], list[list[int]]]
 ) -> tuple[FastTiktoken | None, str]:
-    """gigatoken for ``path`` (read by tiktoken with ``sha256``) where ``scheme`` names its
-    pre-tokenizer and it encodes the corpus as ``reference`` (tiktoken) does; else None and why
-    tiktoken stays."""
+    """gigatoken for ``path`` where ``scheme`` names its pre-tokenizer and it encodes the corpus
+    as ``reference`` (tiktoken) does; else None and why tiktoken stays."""
     if scheme is None:
         return None, "tiktoken"
     gigatoken, why = _gigatoken()
     if gigatoken is None:
         return None, why
     try:
-        fast, ids = _loaded(path, scheme, sha256, gigatoken)
+        fast, ids = _loaded(path, scheme, gigatoken)
     except Exception as e:  # gigatoken raises ValueError / its own Rust errors
         log.info("gigatoken could not load %s as %r: %s", path, scheme, e)
         return None, f"tiktoken (gigatoken could not load it as {scheme!r})"

@@ -101,7 +101,7 @@ class TiktokenTokenizer(Tokenizer):
     ) -> TiktokenTokenizer:
         sha = file_sha256(path)
         prof = profile or _find_profile(path, sha)
-        warm(path, prof.get("gigatoken"), sha)  # in fast_tiktoken.warming(): beside the load
+        warm(path, prof.get("gigatoken"))  # in fast_tiktoken.warming(): beside the load below
         ranks = _load_ranks(path)
         pat = prof["pat_str"]
         pat_str = "|".join(pat) if isinstance(pat, list) else str(pat)
@@ -130,7 +130,7 @@ class TiktokenTokenizer(Tokenizer):
         def reference(texts: Sequence[str]) -> list[list[int]]:
             return [self._enc.encode_ordinary(self._prep(t)) for t in texts]
 
-        return fast_tiktoken(self.path, self._scheme, reference, self.sha256)
+        return fast_tiktoken(self.path, self._scheme, reference)
 
     @property
     def encoder(self) -> str:
