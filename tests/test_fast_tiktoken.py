@@ -175,35 +175,3 @@ def test_the_runs_tokens_stage_workers_stay_on_tiktoken(stock) -> None:
     [(got, loaded)] = list(pool.ordered(_worker_encode, [(texts,)], 1))
     assert got == stock.encode_ordinary_batch(texts) and not loaded
     assert fast_tiktoken.ON  # this process is untouched
-
-
-def test_warming_loads_gigatoken_on_its_own_thread_and_checks_it_the_same(stock, monkeypatch):
-    """In ``warming()`` gigatoken is loaded, and the corpus encoded, on a thread beside
-    tiktoken's load; the check against tiktoken is the same, and so are the ids and the
-    verdict on a scheme that splits otherwise."""
-    import threading
-
-    ran: list[str] = []
-    real = fast_tiktoken._Warm.run
-
-    def run(self):  # type: ignore[no-untyped-def]
-        ran.append(threading.current_thread().name)
-        real(self)
-
-    monkeypatch.setattr(fast_tiktoken._Warm, "run", run)
-    TiktokenTokenizer.from_file(RANKS)
-    assert ran == []  # outside the block: nothing starts
-    with fast_tiktoken.warming():
-        tok = TiktokenTokenizer.from_file(RANKS)
-    assert ran == ["draftdata-gigatoken"]
-    assert tok.encoder == fast_tiktoken.FAST and not fast_tiktoken._WARM
-    texts = _random_texts(10_000, seed=7)
-    assert sum(map(len, texts)) >= fast_tiktoken.FAST_MIN_CHARS
-    assert tok.encode_batch(texts) == stock.encode_ordinary_batch(texts)
-    prof = next(p for p in builtin_profiles().values() if p["name"] == "kimi-k2")
-    with fast_tiktoken.warming():
-        wrong = TiktokenTokenizer.from_file(RANKS, profile={**prof, "gigatoken": "gpt4"})
-        bad = TiktokenTokenizer.from_file(RANKS, profile={**prof, "gigatoken": "no-such-scheme"})
-    assert wrong.encoder.startswith("tiktoken (gigatoken's ids differ on ")
-    assert bad.encoder == "tiktoken (gigatoken could not load it as 'no-such-scheme')"
-    assert not fast_tiktoken._WARM

@@ -3,9 +3,7 @@ parsed and reconstructed by a worker, the samples written by this process in inp
 
 The pool is the tokens stage's (``tokens.pool``): results in submission order whatever the
 workers' speed, at most two chunks per worker in flight, this process holding only the chunk it
-is writing. Where workers are forked, this process loads the tokenizer and format once and they
-inherit them (a Kimi K2 tokenizer, tiktoken and gigatoken loaded side by side on two threads:
-0.4 s, where each worker loading its own took 0.6 s); a spawned worker loads its own."""
+is writing. Each worker loads the tokenizer and format once (so a spawned worker works too)."""
 
 from __future__ import annotations
 
@@ -49,26 +47,15 @@ def bound_format(
     return get_format(format).bind(load_tokenizer(tokenizer, chat_template), strict=strict)
 
 
-def _load(setup: dict[str, Any]) -> None:
-    """What a worker encodes with, in ``_state``; the tokenizer's fast path (``encoder``) is
-    checked here, so a forked worker inherits it checked."""
-    from ..tokenizers.fast_tiktoken import warming
+def _init(setup: dict[str, Any]) -> None:
     from ..tokens.prefs import applier_for
 
-    with warming():
-        bound = bound_format(setup["tokenizer"], setup["format"], setup["chat_template"])
-        _ = bound.tokenizer.encoder
-    _state["bound"] = bound
-    _state["output"] = setup["output"]
-    _state["server"] = setup.get("server", "auto")
-    _state["text_ids"] = applier_for(setup["prefs"], bound.tokenizer)
-
-
-def _init(setup: dict[str, Any]) -> None:
-    if "bound" in _state:
-        return  # loaded by the parent before the fork
     try:
-        _load(setup)
+        bound = bound_format(setup["tokenizer"], setup["format"], setup["chat_template"])
+        _state["bound"] = bound
+        _state["output"] = setup["output"]
+        _state["server"] = setup.get("server", "auto")
+        _state["text_ids"] = applier_for(setup["prefs"], bound.tokenizer)
     except DraftdataError as e:
         _state["error"] = str(e)  # said by the first task, in the parent
 
@@ -118,9 +105,6 @@ def reconstruct_jobs(
 
     f = open_jsonl(path)  # a line that is not UTF-8 is counted by the worker that parses it
     with f:
-        _state.clear()  # a call before this one in the same process loaded its own
-        if pool.can_fork():
-            _load(setup)  # once, here: the forked workers inherit it
         lines = text_lines(f, skipped)  # a line past the cap is counted here
         chunks = iter(lambda: list(islice(lines, CHUNK)), [])
         tasks = ((chunk, all_turns, thinking) for chunk in chunks)

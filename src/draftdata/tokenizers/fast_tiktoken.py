@@ -17,21 +17,13 @@ tiktoken, and gigatoken is loaded (and checked) at the first large batch:
 gigatoken's piece cache grows with every distinct piece it meets and has no bound, so an encoder
 is loaded again (0.1-0.2 s) after ``RELOAD_CHARS`` characters: memory stays bounded on a run of
 any length. Set ``DRAFTDATA_FAST_BPE=0`` to stay on tiktoken.
-
-Inside a ``warming()`` block a rank file loaded with a scheme starts gigatoken's load and the
-corpus check's encode on a thread of their own, beside tiktoken's load of the same file: the
-encode builds gigatoken's tables on its first call (0.2 s) without the GIL. The check itself is
-the same, done when the fast path is first asked for (``reconstruct`` loads the tokenizer this way
-once, before its workers fork and inherit it).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,79 +94,6 @@ class FastTiktoken:
         return out
 
 
-#: the corpus gigatoken is checked on against tiktoken, on every load
-CHECKED = [*CORPUS, *EXTRA]
-
-
-def _gigatoken() -> tuple[Any, str]:
-    """gigatoken's module, or None and why tiktoken stays."""
-    if os.environ.get("DRAFTDATA_FAST_BPE", "1") == "0":
-        return None, "tiktoken (DRAFTDATA_FAST_BPE=0)"
-    try:
-        import gigatoken
-    except ImportError:
-        return None, "tiktoken (gigatoken is not installed)"
-    return gigatoken, ""
-
-
-class _Warm(threading.Thread):
-    """gigatoken loaded and the corpus encoded on a thread (``warming``): the encoder and its
-    ids, or the error it raised."""
-
-    def __init__(self, path: Path, scheme: str, gigatoken: Any) -> None:
-        super().__init__(name="draftdata-gigatoken", daemon=True)
-        self.args_ = (path, scheme, gigatoken)
-        self.result: tuple[FastTiktoken, list[list[int]]] | None = None
-        self.error: Exception | None = None
-
-    def run(self) -> None:
-        try:
-            fast = FastTiktoken(*self.args_)
-            self.result = fast, fast.encode_batch(CHECKED)
-        except Exception as e:  # gigatoken raises ValueError / its own Rust errors
-            self.error = e
-
-
-_WARMING = False
-_WARM: dict[tuple[Path, str], _Warm] = {}
-
-
-@contextmanager
-def warming() -> Iterator[None]:
-    """Rank files loaded in this block start gigatoken on a thread beside tiktoken (``warm``)."""
-    global _WARMING
-    was, _WARMING = _WARMING, True
-    try:
-        yield
-    finally:
-        _WARMING = was
-
-
-def warm(path: Path, scheme: str | None) -> None:
-    """Inside ``warming()``: start loading gigatoken for ``path`` as ``scheme`` on a thread,
-    which ``fast_tiktoken`` joins; elsewhere, and where gigatoken is off, nothing."""
-    if not _WARMING or scheme is None or not enabled() or (path, scheme) in _WARM:
-        return
-    gigatoken, _ = _gigatoken()
-    if gigatoken is not None:
-        _WARM[(path, scheme)] = w = _Warm(path, scheme, gigatoken)
-        w.start()
-
-
-def _loaded(path: Path, scheme: str, gigatoken: Any) -> tuple[FastTiktoken, list[list[int]]]:
-    """gigatoken for ``path`` and its ids for the corpus: from the thread ``warm`` started, or
-    loaded here (also where that thread is gone: one started before this process forked)."""
-    w = _WARM.pop((path, scheme), None)
-    if w is not None:
-        w.join()
-        if w.error is not None:
-            raise w.error
-        if w.result is not None:
-            return w.result
-    fast = FastTiktoken(path, scheme, gigatoken)
-    return fast, fast.encode_batch(CHECKED)
-
-
 def fast_tiktoken(
     path: Path, scheme: str | None, reference: Callable[[Sequence[str]], list[list[int]]]
 ) -> tuple[FastTiktoken | None, str]:
@@ -182,15 +101,19 @@ def fast_tiktoken(
     as ``reference`` (tiktoken) does; else None and why tiktoken stays."""
     if scheme is None:
         return None, "tiktoken"
-    gigatoken, why = _gigatoken()
-    if gigatoken is None:
-        return None, why
+    if os.environ.get("DRAFTDATA_FAST_BPE", "1") == "0":
+        return None, "tiktoken (DRAFTDATA_FAST_BPE=0)"
     try:
-        fast, ids = _loaded(path, scheme, gigatoken)
+        import gigatoken
+    except ImportError:
+        return None, "tiktoken (gigatoken is not installed)"
+    try:
+        fast = FastTiktoken(path, scheme, gigatoken)
     except Exception as e:  # gigatoken raises ValueError / its own Rust errors
         log.info("gigatoken could not load %s as %r: %s", path, scheme, e)
         return None, f"tiktoken (gigatoken could not load it as {scheme!r})"
-    for text, want, got in zip(CHECKED, reference(CHECKED), ids, strict=True):
+    corpus = [*CORPUS, *EXTRA]
+    for text, want, got in zip(corpus, reference(corpus), fast.encode_batch(corpus), strict=True):
         if want != got:
             log.info("gigatoken differs from tiktoken on %r", text[:40])
             return None, f"tiktoken (gigatoken's ids differ on {text[:40]!r})"

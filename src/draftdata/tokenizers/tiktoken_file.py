@@ -26,7 +26,7 @@ import tiktoken
 from ..errors import TokenizerError
 from ..nesting import loads_json
 from .base import TokenInfo, Tokenizer, encode_threaded, file_sha256
-from .fast_tiktoken import FAST_MIN_CHARS, FastTiktoken, enabled, fast_tiktoken, warm
+from .fast_tiktoken import FAST_MIN_CHARS, FastTiktoken, enabled, fast_tiktoken
 
 
 def builtin_profiles() -> dict[str, dict[str, Any]]:
@@ -101,7 +101,6 @@ class TiktokenTokenizer(Tokenizer):
     ) -> TiktokenTokenizer:
         sha = file_sha256(path)
         prof = profile or _find_profile(path, sha)
-        warm(path, prof.get("gigatoken"))  # in fast_tiktoken.warming(): beside the load below
         ranks = _load_ranks(path)
         pat = prof["pat_str"]
         pat_str = "|".join(pat) if isinstance(pat, list) else str(pat)
