@@ -29,8 +29,9 @@ datasets, a kill -9 at about 40%, the resume, the export in every trainer layout
    the DevTools protocol (``performance`` paint entries).
 5. **Checked.** Nothing lost across the kill: the server's served requests = the ledger's
    attempts, less those open at the kill that never reached the server (an attempt is written
-   before its request is sent; counted at the kill), no key answered twice, and per dataset samples + drops = the answers asked for,
-   in ``status --json`` and in the export's ``manifest.json``.
+   before its request is sent; counted at the kill), no key answered twice, and per dataset
+   samples + drops = the answers asked for, in ``status --json`` and in the export's
+   ``manifest.json``.
 
 Prints a markdown table; ``--json`` writes every figure. Sizes up to 83,000 prompts work; on 2
 cores use 1,000-2,000 to try it and 10,000 to measure.
@@ -353,16 +354,15 @@ def rehearse(args: argparse.Namespace, work: Path, state: dict[str, Any]) -> dic
     runs.append(r1)
     r1.wait(watch)
     at_kill = ledger_count(ledger, "SELECT count(*) FROM responses")
+    open_rows = ledger_count(ledger, "SELECT count(*) FROM inflight WHERE state='open'")
     doc["kill"] = {
         "target_answers": kill_at,
         "answers_at_kill_signal": live.get("killed_at"),
         "answers_in_ledger_after_kill": at_kill,
-        "open_in_flight_rows": ledger_count(
-            ledger, "SELECT count(*) FROM inflight WHERE state='open'"
-        ),
+        "open_in_flight_rows": open_rows,
         # every attempt the ledger holds: finished, and still open when the process died
         "attempts_in_ledger_after_kill": ledger_count(ledger, "SELECT count(*) FROM attempts")
-        + ledger_count(ledger, "SELECT count(*) FROM inflight WHERE state='open'"),
+        + open_rows,
         "killed": "killed_at" in live,
         "rc": r1.result.get("rc"),
         "server_after_kill": server_stats(url),

@@ -389,8 +389,13 @@ def test_a_page_holds_each_prompts_first_ids_as_one_array(tmp_path):
     led = Ledger(tmp_path / "l.sqlite")
     ps = [Prompt(f"p{i}", "d", (Message("user", f"q{i}"),)) for i in range(3)]
     rendered = {p.id: [i, 70_000 + i, 2**31 - 1 - i] for i, p in enumerate(ps)}
-    led.prompts.add("d", ps, 2, lambda p: 1, render=lambda chunk: [rendered[p.id] for p in chunk])
-    page = led.prompts.pending_chains("d", -1, 10)
+    try:
+        led.prompts.add(
+            "d", ps, 2, lambda p: 1, render=lambda chunk: [rendered[p.id] for p in chunk]
+        )
+        page = led.prompts.pending_chains("d", -1, 10)
+    finally:
+        led.close()
     assert len(page.chains) == 6
     for c in page.chains:
         assert isinstance(c.first_ids, array) and c.first_ids.typecode == "i"
