@@ -98,6 +98,8 @@ def raw_encoder(tokenizer):  # type: ignore[no-untyped-def]
 def giga_encoder(tokenizer):  # type: ignore[no-untyped-def]
     """gigatoken's own batch encode over the same rank file, where draftdata's tokenizer is on
     it (a fresh encoder: no piece seen before); else None."""
+    if getattr(tokenizer, "_enc", None) is None:  # not tiktoken (HF's fast path is its own)
+        return None
     fast = getattr(tokenizer, "_fast_and_why", (None, ""))[0]
     if fast is None:
         return None
