@@ -95,7 +95,30 @@ def _prompt_texts() -> list[str]:
 def test_kimi_is_on_gigatoken_and_it_encodes_as_tiktoken(kimi, stock) -> None:
     assert kimi.encoder == fast_tiktoken.FAST
     texts = _random_texts(200_000, seed=1)
-    assert kimi.encode_batch(texts) == stock.encode_ordinary_batch(texts)
+    want = stock.encode_ordinary_batch(texts)
+    assert kimi.encode_batch(texts) == want
+    arrays = kimi.encode_batch_arrays(texts)  # the same ids as int32 arrays (a Parquet file's)
+    assert arrays is not None and {a.dtype.name for a in arrays} == {"int32"}
+    assert [a.tolist() for a in arrays] == want
+
+
+def test_arrays_that_differ_or_fail_on_the_corpus_keep_tiktoken(monkeypatch) -> None:
+    """The load's corpus check holds gigatoken's arrays to tiktoken too."""
+
+    def off_by_one(self, texts):  # type: ignore[no-untyped-def]
+        return [a + 1 for a in own(self, texts)]
+
+    def fails(self, texts):  # type: ignore[no-untyped-def]
+        raise TypeError("a result of another shape")
+
+    own = fast_tiktoken.FastTiktoken.encode_arrays
+    monkeypatch.setattr(fast_tiktoken.FastTiktoken, "encode_arrays", off_by_one)
+    tok = TiktokenTokenizer.from_file(RANKS)
+    assert tok.encoder.startswith("tiktoken (gigatoken's ids differ on ")
+    assert tok.encode_batch_arrays(_random_texts(10_000, seed=7)) is None
+    monkeypatch.setattr(fast_tiktoken.FastTiktoken, "encode_arrays", fails)
+    tok = TiktokenTokenizer.from_file(RANKS)
+    assert tok.encoder == "tiktoken (gigatoken failed on the corpus: TypeError)"
 
 
 def test_every_prompt_file_encodes_as_tiktoken(kimi, stock) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DraftdataError, InputError
-from ..records import Sample
+from ..records import PackedSample, Sample
 from ..tokens import pool
 
 if TYPE_CHECKING:
@@ -75,14 +75,24 @@ def _work(
     drops: dict[str, int] = {}
     sources: dict[str, int] = {}
     records = jsonl_records(lines, skipped)
+    packed = Path(_state["output"]).suffix == ".parquet"  # its columns built from arrays
     got = samples_of(
-        _state["bound"], records, drops, all_turns, thinking, _state["text_ids"], _state["server"]
+        _state["bound"],
+        records,
+        drops,
+        all_turns,
+        thinking,
+        _state["text_ids"],
+        _state["server"],
+        packed=packed,
     )
     piece, n = encode_piece(_counted(got, sources), _state["output"])
     return piece, n, sources, drops, skipped
 
 
-def _counted(samples: Iterable[Sample], sources: dict[str, int]) -> Iterator[Sample]:
+def _counted(
+    samples: Iterable[Sample | PackedSample], sources: dict[str, int]
+) -> Iterator[Sample | PackedSample]:
     from ..tokens.answers import count_sample
 
     for s in samples:

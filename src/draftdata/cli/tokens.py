@@ -195,7 +195,10 @@ def reconstruct(
             bound = bound_format(tokenizer, format, chat_template)
             records = read_jsonl(input, skipped)
             text_ids = applier_for(prefs, bound.tokenizer)
-            made = samples_of(bound, records, drops, all_turns, thinking, text_ids, server)
+            packed = output.suffix == ".parquet"  # its columns built from arrays
+            made = samples_of(
+                bound, records, drops, all_turns, thinking, text_ids, server, packed=packed
+            )
             for sample in made:
                 ticker.tick()
                 f.add(sample)

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from ..errors import InputError
 from ..files import atomic_path, stage_dir, swap_dir
 from ..lines import strict_jsonl
-from ..records import Sample
+from ..records import PackedSample, Sample
 from ..records.export import ShardEntry
 from ..tokenizers.base import file_sha256
 
@@ -78,7 +78,7 @@ def _dictionary_columns(schema: pa.Schema) -> list[str]:
     return [n for n in schema.names if n not in ("input_ids", "loss_mask")]
 
 
-def sample_row(s: Sample) -> dict[str, Any]:
+def sample_row(s: Sample | PackedSample) -> dict[str, Any]:
     return {
         "id": s.id,
         "dataset": s.dataset,
@@ -114,14 +114,20 @@ def _flat_lists(values: list[Any], t: pa.ListType) -> pa.Array:
     """Lists of ints (int32) or bools as one Arrow list array, its values and offsets filled
     from C arrays: the ints through one ``np.fromiter`` over the chained lists (twice as fast
     as extending an array list by list), a mask that is one run of False then one of True
-    (every sample but an all-turns one) written as the two runs."""
+    (every sample but an all-turns one) written as the two runs. Arrays (a PackedSample's) are
+    joined as they are."""
     lengths = np.fromiter(map(len, values), dtype="<i4", count=len(values))
     offsets = np.zeros(len(values) + 1, dtype="<i4")
     np.cumsum(lengths, out=offsets[1:])
     n = int(offsets[-1])
-    if pa.types.is_boolean(t.value_type):
+    if values and all(isinstance(v, np.ndarray) for v in values):
+        items = _joined(values, t.value_type, n)
+    elif pa.types.is_boolean(t.value_type):
         flat = bytearray()
         for v in values:
+            if isinstance(v, np.ndarray):  # a PackedSample's, among lists
+                flat += v.astype(np.uint8).tobytes()
+                continue
             trained = v.count(True)
             if trained == 0 or v.index(True) == len(v) - trained:  # False... then True...
                 flat += bytes(len(v) - trained)
@@ -140,6 +146,17 @@ def _flat_lists(values: list[Any], t: pa.ListType) -> pa.Array:
         items,
         type=t,
     )
+
+
+def _joined(values: list[Any], t: pa.DataType, n: int) -> pa.Array:
+    """Arrays of ints or bools as the flat values of a list column of ``t``."""
+    flat = np.concatenate(values)
+    if pa.types.is_boolean(t):
+        bits = np.packbits(flat.astype(bool), bitorder="little")
+        return pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(bits)])
+    ids = np.ascontiguousarray(flat, dtype="<i4")  # no copy where it is that already
+    items = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(ids)])
+    return items if t == pa.int32() else items.cast(t)
 
 
 def _validity(values: list[Any]) -> pa.Buffer | None:
@@ -220,10 +237,10 @@ class SampleFile:
         self._parquet: pq.ParquetWriter | None = None
         self._jsonl = None if path.suffix == ".parquet" else self.tmp.open("w", encoding="utf-8")
 
-    def add(self, s: Sample) -> None:
+    def add(self, s: Sample | PackedSample) -> None:
         self.count += 1
         if self._jsonl is not None:
-            self._jsonl.write(json.dumps(sample_row(s), ensure_ascii=False) + "\n")
+            self._jsonl.write(json.dumps(_listed(sample_row(s)), ensure_ascii=False) + "\n")
             return
         self._rows.append(sample_row(s))
         self._tokens += len(s.input_ids)
@@ -289,13 +306,26 @@ def _discard(stack: ExitStack) -> None:
     stack.__exit__(type(gone), gone, None)
 
 
-def encode_piece(samples: Iterable[Sample], path: Path) -> tuple[pa.Table | str, int]:
+def encode_piece(
+    samples: Iterable[Sample | PackedSample], path: Path
+) -> tuple[pa.Table | str, int]:
     """Samples as one piece of the sample file ``path`` (an Arrow table for Parquet, JSON lines
     otherwise) and their number: what ``SampleFile.add_piece`` writes."""
     rows = [sample_row(s) for s in samples]
     if path.suffix == ".parquet":
         return table_of(rows, SAMPLES_SCHEMA), len(rows)
-    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), len(rows)
+    return "".join(json.dumps(_listed(r), ensure_ascii=False) + "\n" for r in rows), len(rows)
+
+
+def _listed(row: dict[str, Any]) -> dict[str, Any]:
+    """A row for JSON: a PackedSample's arrays as lists."""
+    if isinstance(row["input_ids"], np.ndarray):
+        return {
+            **row,
+            "input_ids": row["input_ids"].tolist(),
+            "loss_mask": row["loss_mask"].tolist(),
+        }
+    return row
 
 
 def write_samples(samples: Iterable[Sample], path: Path) -> int:

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import DraftdataError
 from ..tokenizers import Tokenizer
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    Ids = npt.NDArray[np.int32]
 
 
 @dataclass(frozen=True)
@@ -70,13 +77,18 @@ class PieceEncoder:
     distinct piece once (a template's constant pieces recur in every record); a truncated
     answer's last piece once, open-ended (``text + probe``, the probe cut off, the plain encoding
     where the probe merged into the last token). A piece the tokenizer cannot keep as text
-    fails only where it is used (``ids`` raises its error)."""
+    fails only where it is used (``ids`` raises its error).
 
-    def __init__(self, tok: Tokenizer) -> None:
+    ``arrays``: keep the ids as int32 arrays where the tokenizer gives them so
+    (``encode_batch_arrays``), for ``assemble_array``: no Python int per token."""
+
+    def __init__(self, tok: Tokenizer, arrays: bool = False) -> None:
         self.tok = tok
+        self.arrays = arrays
         self._index: dict[tuple[str, bool], int] = {}
         self._todo: list[tuple[str, bool]] = []
-        self._ids: list[list[int] | DraftdataError] = []
+        self._ids: list[list[int] | Ids | DraftdataError] = []
+        self._markers: dict[str, Ids] = {}
 
     def add(self, text: str, open_end: bool = False) -> int:
         key = (text, open_end)
@@ -108,7 +120,7 @@ class PieceEncoder:
         merged: list[int] = []
         for i, ((_, open_end), ids) in enumerate(zip(todo, got, strict=True)):
             if open_end and not isinstance(ids, DraftdataError):
-                cut = _without_probe(self.tok, ids)
+                cut = _without_probe(self.tok, ids if isinstance(ids, list) else ids.tolist())
                 if cut is None:
                     merged.append(i)
                 else:
@@ -117,13 +129,15 @@ class PieceEncoder:
             got[i] = ids
         self._ids += got
 
-    def _encode(self, texts: list[str]) -> list[list[int] | DraftdataError]:
+    def _encode(self, texts: list[str]) -> list[list[int] | Ids | DraftdataError]:
         if not texts:
             return []
+        if self.arrays and (got := self.tok.encode_batch_arrays(texts)) is not None:
+            return list(got)
         try:
             return list(self.tok.encode_batch(texts))
         except DraftdataError:  # one piece the tokenizer cannot keep as text: find it
-            out: list[list[int] | DraftdataError] = []
+            out: list[list[int] | Ids | DraftdataError] = []
             for t in texts:
                 try:
                     out.append(self.tok.encode(t))
@@ -138,7 +152,7 @@ class PieceEncoder:
         got = self._ids[j]
         if isinstance(got, DraftdataError):
             raise got
-        return got
+        return got if isinstance(got, list) else got.tolist()
 
     def assemble(
         self,
@@ -172,6 +186,37 @@ class PieceEncoder:
             ids += piece
             mask += [flag] * len(piece)
         return ids, mask
+
+    def assemble_array(
+        self,
+        layout: Sequence[int | str],
+        marker_ids: dict[str, int],
+        trained: bool | Sequence[bool],
+        text_ids: TextIds | None = None,
+    ) -> tuple[Ids, npt.NDArray[np.bool_]]:
+        """``assemble`` as an int32 array of ids and a bool array of the mask, built from the
+        pieces' arrays where ``run`` kept them so."""
+        import numpy as np
+
+        flags = [trained] * len(layout) if isinstance(trained, bool) else trained
+        parts: list[Ids] = []
+        for p, flag in zip(layout, flags, strict=True):
+            if isinstance(p, str):
+                piece = self._markers.get(p)
+                if piece is None:
+                    piece = self._markers[p] = np.array([marker_ids[p]], dtype=np.int32)
+            elif flag and text_ids is not None:
+                piece = np.array(text_ids(self.text(p), self.ids(p)), dtype=np.int32)
+            else:
+                got = self._ids[p]
+                if isinstance(got, DraftdataError):
+                    raise got
+                piece = np.array(got, dtype=np.int32) if isinstance(got, list) else got
+            parts.append(piece)
+        ids = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+        if isinstance(trained, bool):
+            return ids, np.full(len(ids), trained)
+        return ids, np.repeat(np.array(flags, dtype=bool), [len(x) for x in parts])
 
 
 def _without_probe(

@@ -16,7 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 Role = Literal["system", "user", "assistant", "tool"]
 TokenSource = Literal["engine", "logprobs", "reconstructed", "repaired"]
@@ -314,6 +318,40 @@ class Sample:
     def __post_init__(self) -> None:
         if len(self.input_ids) != len(self.loss_mask):
             raise ValueError("input_ids and loss_mask differ in length")
+
+
+@dataclass(frozen=True)
+class PackedSample:
+    """A ``Sample`` whose ids and mask are arrays (int32, bool), what reconstruction gives for a
+    Parquet file (``reconstruct_many(packed=True)``): its columns are built from them with no
+    Python object per token. The same fields as ``Sample``; ``sample()`` is that Sample."""
+
+    id: str
+    input_ids: npt.NDArray[np.int32]
+    loss_mask: npt.NDArray[np.bool_]
+    prompt_len: int
+    token_source: TokenSource
+    finish_reason: str
+    provenance: Provenance
+    dataset: str = ""
+    warnings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.input_ids) != len(self.loss_mask):
+            raise ValueError("input_ids and loss_mask differ in length")
+
+    def sample(self) -> Sample:
+        return Sample(
+            id=self.id,
+            input_ids=self.input_ids.tolist(),
+            loss_mask=self.loss_mask.tolist(),
+            prompt_len=self.prompt_len,
+            token_source=self.token_source,
+            finish_reason=self.finish_reason,
+            provenance=self.provenance,
+            dataset=self.dataset,
+            warnings=self.warnings,
+        )
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,13 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import pairwise
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..errors import SpecialTokenInTextError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 TokenKind = Literal["special", "added", "ordinary"]
 
@@ -121,6 +125,12 @@ class Tokenizer(ABC):
             if not control.isdisjoint(out[i]):
                 raise self._control_in_text(texts[i], out[i], i, len(texts))
         return out
+
+    def encode_batch_arrays(self, texts: Sequence[str]) -> list[npt.NDArray[np.int32]] | None:
+        """``encode_batch`` as int32 arrays, where this tokenizer gives its ids so with nothing
+        left to check (gigatoken over tiktoken ranks that hold no control id, a large batch);
+        else None, and the caller encodes with ``encode_batch``."""
+        return None
 
     def _control_in_text(
         self, text: str, ids: Sequence[int], index: int, n: int

@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterable, Sequence
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tiktoken
 
@@ -27,6 +27,10 @@ from ..errors import TokenizerError
 from ..nesting import loads_json
 from .base import TokenInfo, Tokenizer, encode_threaded, file_sha256
 from .fast_tiktoken import FAST_MIN_CHARS, FastTiktoken, enabled, fast_tiktoken
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 
 def builtin_profiles() -> dict[str, dict[str, Any]]:
@@ -149,6 +153,15 @@ class TiktokenTokenizer(Tokenizer):
                 [self._prep(t) for t in texts] if self._normalize else texts
             ), ()
         return encode_threaded(self._encode_ordinary, texts), ()
+
+    def encode_batch_arrays(self, texts: Sequence[str]) -> list[npt.NDArray[np.int32]] | None:
+        # gigatoken's ids are ranks: with no control id among them there is nothing to check
+        if not enabled() or sum(map(len, texts)) < FAST_MIN_CHARS or self._ranks_hold_control:
+            return None
+        fast = self._fast_and_why[0]
+        if fast is None:
+            return None
+        return fast.encode_arrays([self._prep(t) for t in texts] if self._normalize else texts)
 
     @property
     def _rank_ids(self) -> Collection[int]:

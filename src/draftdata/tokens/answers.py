@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import DraftdataError, InputError, ReconstructError
 from ..formats import BoundFormat
-from ..records import Sample
+from ..records import PackedSample, Sample
 from ..records.wire import messages_of, raw_ids, view_from_record
 from .reconstruct import Item, TextIds, reconstruct_many
 
@@ -59,11 +59,17 @@ def samples_of(
     thinking: bool | None,
     text_ids: TextIds | None,
     server: str = "auto",
-) -> Iterator[Sample]:
+    packed: bool = False,
+) -> Iterator[Sample | PackedSample]:
     """The samples of ``records`` in order; each record that gives none is counted in
-    ``drops`` by its reason."""
+    ``drops`` by its reason. ``packed``: PackedSamples (for a Parquet file)."""
     items = items_of(records, drops, all_turns, server)
-    for s in reconstruct_many(bound, items, thinking=thinking, text_ids=text_ids):
+    made: Iterator[Sample | PackedSample | DraftdataError] = (
+        reconstruct_many(bound, items, thinking=thinking, text_ids=text_ids, packed=True)
+        if packed
+        else reconstruct_many(bound, items, thinking=thinking, text_ids=text_ids)
+    )
+    for s in made:
         if isinstance(s, DraftdataError):
             reason = getattr(s, "reason", None) or f"bad_record:{s}"
             drops[reason] = drops.get(reason, 0) + 1
@@ -71,7 +77,7 @@ def samples_of(
             yield s
 
 
-def count_sample(s: Sample, counts: dict[str, int]) -> None:
+def count_sample(s: Sample | PackedSample, counts: dict[str, int]) -> None:
     """A written sample counted by token source, and by what its server's view lost."""
     counts[s.token_source] = counts.get(s.token_source, 0) + 1
     for w in s.warnings:

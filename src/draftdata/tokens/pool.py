@@ -73,9 +73,11 @@ def _start(init: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
     again later (after one dies), when the parent may well hold threads. (The parent's pools are
     idle at the fork: the pool forks its workers in its constructor, before any task exists.)"""
     from ..tokenizers import base
+    from ..tokenizers.fast_tiktoken import without_awkward
     from . import reconstruct
 
     base._POOL = None
     reconstruct._ENCODER = None
+    without_awkward()  # a worker runs only our tasks: gigatoken's import of it is 0.12 s each
     if init is not None:
         init(*initargs)

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from itertools import islice
-from typing import Any
+from typing import Any, Literal, overload
 
 from .. import __version__
 from ..errors import DraftdataError, FormatError, ReconstructError
@@ -20,7 +20,7 @@ from ..formats import BoundFormat, Segment, Special
 from ..formats.segments import Layout, PieceEncoder
 from ..formats.segments import TextIds as TextIds  # the callers' name for it
 from ..formats.segments import open_ended_ids as open_ended_ids
-from ..records import ApiView, Message, Provenance, Sample, TokenSource
+from ..records import ApiView, Message, PackedSample, Provenance, Sample, TokenSource
 from .logprobs import ids_from_logprobs
 from .response import answer_segments, cut_loss, model_tool_calls
 
@@ -127,6 +127,7 @@ class Item:
 WINDOW = 512
 
 
+@overload
 def reconstruct_many(
     bound: BoundFormat,
     items: Iterable[Item],
@@ -136,10 +137,39 @@ def reconstruct_many(
     use_logprobs: bool = True,
     prompt_opts: dict[str, Any] | None = None,
     window: int = WINDOW,
-) -> Iterator[Sample | DraftdataError]:
+    packed: Literal[False] = False,
+) -> Iterator[Sample | DraftdataError]: ...
+
+
+@overload
+def reconstruct_many(
+    bound: BoundFormat,
+    items: Iterable[Item],
+    *,
+    thinking: bool | None = None,
+    text_ids: TextIds | None = None,
+    use_logprobs: bool = True,
+    prompt_opts: dict[str, Any] | None = None,
+    window: int = WINDOW,
+    packed: Literal[True],
+) -> Iterator[PackedSample | DraftdataError]: ...
+
+
+def reconstruct_many(
+    bound: BoundFormat,
+    items: Iterable[Item],
+    *,
+    thinking: bool | None = None,
+    text_ids: TextIds | None = None,
+    use_logprobs: bool = True,
+    prompt_opts: dict[str, Any] | None = None,
+    window: int = WINDOW,
+    packed: bool = False,
+) -> Iterator[Sample | PackedSample | DraftdataError]:
     """``reconstruct`` over a stream of answers, in order: each a Sample, or the error that made
     that one answer unusable (a ReconstructError carries the drop reason). Text is encoded in one
-    batched call per ``window`` records; memory holds one window."""
+    batched call per ``window`` records; memory holds one window. ``packed``: each sample a
+    PackedSample, its ids kept as arrays from the encoder on (the same ids)."""
     opts = dict(prompt_opts or {})
     if thinking is not None and bound.format.think is not None:
         opts["thinking"] = thinking
@@ -153,7 +183,7 @@ def reconstruct_many(
         chunk = list(islice(it, window))
         planned = None
         if chunk:
-            enc = PieceEncoder(bound.tokenizer)
+            enc = PieceEncoder(bound.tokenizer, arrays=packed)
             plans: list[_Plan | DraftdataError] = []
             for item in chunk:
                 try:
@@ -169,7 +199,10 @@ def reconstruct_many(
                     yield plan
                     continue
                 try:
-                    yield plan.sample(bound, item, enc_done, text_ids, prov)
+                    if packed:
+                        yield plan.packed(bound, item, enc_done, text_ids, prov)
+                    else:
+                        yield plan.sample(bound, item, enc_done, text_ids, prov)
                 except DraftdataError as e:
                     yield e
         if planned is None:
@@ -197,6 +230,52 @@ class _Plan:
     warnings: list[str]
     #: the trained flag of each piece, where the whole sequence is one layout (all turns)
     flags: list[bool] | None = None
+
+    def packed(
+        self,
+        bound: BoundFormat,
+        item: Item,
+        enc: PieceEncoder,
+        text_ids: TextIds | None,
+        prov: Provenance,
+    ) -> PackedSample:
+        """``sample``, its ids and mask as arrays (``PieceEncoder.assemble_array``)."""
+        import numpy as np
+
+        if self.flags is not None and self.response is not None:
+            ids, mask = enc.assemble_array(self.response, bound.ids, self.flags, text_ids)
+            trained = np.flatnonzero(mask)
+            prompt_len = int(trained[0]) if len(trained) else len(ids)
+        else:
+            if item.prompt_ids is not None:
+                prompt = np.array(item.prompt_ids, dtype=np.int32)
+            else:
+                prompt = enc.assemble_array(self.prompt or [], bound.ids, False)[0]
+            if (
+                item.server_prompt_ids is not None
+                and list(item.server_prompt_ids) != prompt.tolist()
+            ):
+                prompt = np.array(item.server_prompt_ids, dtype=np.int32)  # what the model saw
+                self.warnings.append("prompt_drift")
+            if self.response is not None:
+                response = enc.assemble_array(self.response, bound.ids, True, text_ids)[0]
+            else:
+                response = np.array(self.ids or [], dtype=np.int32)
+            ids = np.concatenate([prompt, response])
+            mask = np.ones(len(ids), dtype=bool)
+            mask[: len(prompt)] = False
+            prompt_len = len(prompt)
+        return PackedSample(
+            id=item.record_id,
+            dataset=item.dataset,
+            input_ids=ids,
+            loss_mask=mask,
+            prompt_len=prompt_len,
+            token_source=self.source,
+            finish_reason=item.view.finish_reason,
+            provenance=prov,
+            warnings=tuple(self.warnings),
+        )
 
     def sample(
         self,
