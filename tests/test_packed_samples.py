@@ -19,46 +19,27 @@ import pytest
 
 from conftest import PROMPTS, TOKENIZERS
 from draftdata.records import ApiView, PackedSample
-from draftdata.records.wire import messages_of
 from draftdata.tokenizers.fast_tiktoken import FAST_MIN_CHARS
 from draftdata.tokens.reconstruct import Item, reconstruct_many
 from draftdata.tokens.response import answer_segments
 from shared import run
+from test_encode_paths import sharegpt
 from test_segments_path import ref_encode
-
-ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
-
-
-def sharegpt(n: int) -> list[tuple[list[dict], str]]:
-    """The first ``n`` ShareGPT conversations that end in an answer: (history, answer)."""
-    out = []
-    for c in json.loads((PROMPTS / "sharegpt_v3_first1000.json").read_text()):
-        msgs = [
-            {"role": ROLES[t["from"]], "content": t["value"]}
-            for t in c["conversations"]
-            if t.get("from") in ROLES
-        ]
-        while msgs and msgs[-1]["role"] != "assistant":
-            msgs.pop()
-        if len(msgs) >= 2 and msgs[-1]["content"] and msgs[0]["role"] != "assistant":
-            out.append((msgs[:-1], msgs[-1]["content"]))
-        if len(out) == n:
-            break
-    return out
 
 
 def items(n: int, reasoning: bool) -> list[Item]:
     """Answers as a server returns them: every fourth cut by max_tokens mid-text, every third
     with reasoning (the previous turn's text) where the format has a think grammar."""
     out = []
-    for i, (history, answer) in enumerate(sharegpt(n)):
+    for i, (_, history, whole) in enumerate(sharegpt()[:n]):
+        answer = whole.content or ""
         cut = i % 4 == 1
         view = ApiView(
             answer[: len(answer) * 2 // 3] if cut else answer,
             "length" if cut else "stop",
-            reasoning=history[-1]["content"][:400] if reasoning and i % 3 == 0 else None,
+            reasoning=(history[-1].content or "")[:400] if reasoning and i % 3 == 0 else None,
         )
-        out.append(Item(messages_of(history), view, record_id=str(i)))
+        out.append(Item(history, view, record_id=str(i)))
     return out
 
 
@@ -187,3 +168,21 @@ def test_a_pool_worker_encodes_arrays_without_importing_awkward(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "True", "False"]
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_a_sample_file_takes_lists_and_arrays_side_by_side(bound, tmp_path, suffix):
+    """A library user may add both kinds to one file (an all-turns sample, whose mask is not
+    one run, among them): each row reads back as the list path wrote it."""
+    from draftdata.export.shards import read_samples, write_samples
+
+    b = bound("smollm2")
+    todo = [replace(it, all_turns=k == 1) for k, it in enumerate(items(4, reasoning=False))]
+    want = list(reconstruct_many(b, todo))
+    packed = list(reconstruct_many(b, todo, packed=True))
+    mixed = [p if k % 2 else s for k, (s, p) in enumerate(zip(want, packed, strict=True))]
+    assert {type(x) for x in mixed} == {type(want[0]), PackedSample}
+    path = tmp_path / f"mixed{suffix}"
+    assert write_samples(mixed, path) == 4
+    _, back = read_samples(path)
+    assert back == want

@@ -65,7 +65,7 @@ def _work(
 ) -> tuple[Any, int, dict[str, int], dict[str, int], dict[str, int]]:
     """One chunk: its samples encoded for the output file (so this process only writes), their
     number, samples by token source, drops by reason and skipped lines by reason."""
-    from ..export.shards import encode_piece
+    from ..export.shards import encode_piece, takes_arrays
     from ..tokens.answers import samples_of
     from .app import jsonl_records
 
@@ -75,7 +75,6 @@ def _work(
     drops: dict[str, int] = {}
     sources: dict[str, int] = {}
     records = jsonl_records(lines, skipped)
-    packed = Path(_state["output"]).suffix == ".parquet"  # its columns built from arrays
     got = samples_of(
         _state["bound"],
         records,
@@ -84,7 +83,7 @@ def _work(
         thinking,
         _state["text_ids"],
         _state["server"],
-        packed=packed,
+        packed=takes_arrays(Path(_state["output"])),
     )
     piece, n = encode_piece(_counted(got, sources), _state["output"])
     return piece, n, sources, drops, skipped

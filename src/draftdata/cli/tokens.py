@@ -168,7 +168,7 @@ def reconstruct(
     ] = 0,
 ) -> None:
     """Turn API text back into the model's exact token ids (input_ids + loss_mask)."""
-    from ..export.shards import SampleFile
+    from ..export.shards import SampleFile, takes_arrays
     from ..tokens.answers import count_sample, samples_of
     from ..tokens.pool import jobs_for
     from ..tokens.prefs import applier_for
@@ -195,7 +195,7 @@ def reconstruct(
             bound = bound_format(tokenizer, format, chat_template)
             records = read_jsonl(input, skipped)
             text_ids = applier_for(prefs, bound.tokenizer)
-            packed = output.suffix == ".parquet"  # its columns built from arrays
+            packed = takes_arrays(output)
             made = samples_of(
                 bound, records, drops, all_turns, thinking, text_ids, server, packed=packed
             )

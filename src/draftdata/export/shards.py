@@ -306,6 +306,12 @@ def _discard(stack: ExitStack) -> None:
     stack.__exit__(type(gone), gone, None)
 
 
+def takes_arrays(path: Path) -> bool:
+    """Whether the sample file ``path`` is best written from PackedSamples (Parquet: its
+    columns are built from the arrays; JSON lines want lists)."""
+    return path.suffix == ".parquet"
+
+
 def encode_piece(
     samples: Iterable[Sample | PackedSample], path: Path
 ) -> tuple[pa.Table | str, int]:
@@ -320,15 +326,11 @@ def encode_piece(
 def _listed(row: dict[str, Any]) -> dict[str, Any]:
     """A row for JSON: a PackedSample's arrays as lists."""
     if isinstance(row["input_ids"], np.ndarray):
-        return {
-            **row,
-            "input_ids": row["input_ids"].tolist(),
-            "loss_mask": row["loss_mask"].tolist(),
-        }
+        return row | {k: row[k].tolist() for k in ("input_ids", "loss_mask")}
     return row
 
 
-def write_samples(samples: Iterable[Sample], path: Path) -> int:
+def write_samples(samples: Iterable[Sample | PackedSample], path: Path) -> int:
     """One file of samples (``reconstruct -o``): .jsonl or .parquet, written atomically; the
     number written."""
     with SampleFile(path) as f:
