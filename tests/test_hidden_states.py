@@ -56,11 +56,55 @@ def captured(lm, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hs")
     rows = sample_file(tmp / "samples.parquet")
     layers = parse_layers("auto", n_layers_of(lm))
+    vocab = {"draft_vocab": DRAFT_VOCAB}  # the trainers' draft vocabulary, beside their files
     docs = {
-        lay: capture_to([tmp / "samples.parquet"], tmp / lay, lm, layers, layout=lay, dtype="fp32")
+        lay: capture_to(
+            [tmp / "samples.parquet"],
+            tmp / lay,
+            lm,
+            layers,
+            layout=lay,
+            dtype="fp32",
+            options=vocab if lay != "safetensors" else None,
+        )
         for lay in ("speculators", "specforge", "safetensors")
     }
     return tmp, rows, layers, docs
+
+
+DRAFT_VOCAB = 64
+
+
+def test_the_draft_vocabulary_beside_the_states_is_the_trainers_own(captured, tmp_path):
+    """speculators' and SpecForge's own code build the same mapping from the capture's dataset
+    (speculators' ``save_to_disk`` rows, read by ``datasets``); speculators loads our files."""
+    from datasets import load_from_disk
+    from specforge.data.preprocessing import generate_vocab_mapping_file
+    from speculators.train.cli import _load_mappings
+    from speculators.train.vocab_mapping import (
+        build_vocab_mappings_from_distribution,
+        save_token_frequency_distribution,
+    )
+
+    from draftdata.hidden.read import verify
+
+    tmp, _, _, docs = captured
+    ds = load_from_disk(str(tmp / "speculators"))
+    ds.set_format(type="torch")
+    save_token_frequency_distribution(ds, tmp_path / "token_freq.pt")
+    freq = torch.load(tmp_path / "token_freq.pt", weights_only=True)
+    assert torch.load(tmp / "speculators" / "token_freq.pt", weights_only=True) == freq
+    d2t, t2d = build_vocab_mappings_from_distribution(freq, DRAFT_VOCAB, 49152)
+    sp = tmp / "speculators"
+    got = _load_mappings(sp / f"d2t-{DRAFT_VOCAB}.npy", sp / f"t2d-{DRAFT_VOCAB}.npy", DRAFT_VOCAB)
+    assert got[0].tolist() == d2t.tolist() and got[1].tolist() == t2d.tolist() and got[2] == 64
+    theirs = torch.load(generate_vocab_mapping_file(ds, 49152, DRAFT_VOCAB, str(tmp_path), "sf"))
+    ours = torch.load(tmp / "specforge" / "vocab_mapping.pt", weights_only=True)
+    assert ours["d2t"].tolist() == theirs["d2t"].tolist()
+    assert ours["t2d"].tolist() == theirs["t2d"].tolist()
+    assert docs["speculators"]["draft_vocab"]["size"] == DRAFT_VOCAB
+    for lay in ("speculators", "specforge"):  # listed, digested, and no sample in them
+        assert verify(tmp / lay).ok, verify(tmp / lay).problems
 
 
 def test_auto_layers_are_the_trainers_layers(captured):

@@ -66,8 +66,9 @@ LayoutOpt = Annotated[
 DraftVocabOpt = Annotated[
     int | None,
     typer.Option(
-        help="nemo-automodel: the draft vocabulary's size, chosen as NeMo chooses it "
-        "(default: the whole target vocabulary)",
+        help="the draft vocabulary's size, chosen from the trained ids by the trainer's own rule: "
+        "speculators' d2t/t2d .npy, SpecForge's vocab_mapping.pt, NeMo's cache (default: the "
+        "whole target vocabulary; speculators always gets token_freq.pt)",
     ),
 ]
 TopKOpt = Annotated[
@@ -223,8 +224,8 @@ def hidden_states(
         _verify_command(verify, target, recipe)
         return
     target, model = _capture_inputs(target, model, recipe)
-    nemo = {"draft_vocab": draft_vocab, "top_k": top_k, "shard_size": shard_size}
-    trainer, options = _checked_options(layout, dtype, layers, codec, nemo)
+    own = {"draft_vocab": draft_vocab, "top_k": top_k, "shard_size": shard_size}
+    trainer, options = _checked_options(layout, dtype, layers, codec, own)
     if actors < 1:
         raise InputError(f"--actors {actors}: give at least 1")
     files = input_files(target)
@@ -284,13 +285,13 @@ def _capture_inputs(
 
 
 def _checked_options(
-    layout: str, dtype: str, layers: str, codec: str, nemo: dict[str, int | None]
+    layout: str, dtype: str, layers: str, codec: str, own: dict[str, int | None]
 ) -> tuple[Trainer, dict[str, Any]]:
     """The layout's trainer and its own options, every rule checked before anything loads."""
     from ..export.trainers import layout_trainer
 
     trainer = layout_trainer(layout, dtype)
-    options = trainer.check_options(nemo)
+    options = trainer.check_options(own)
     trainer.check_layers(layers)
     from ..hidden.codec import check_codec
 

@@ -22,16 +22,26 @@ from ..errors import InputError
 __all__ = ["Layers", "n_layers_in", "parse_layers"]
 
 
-def n_layers_in(folder: Path) -> int:
-    """The decoder layers a model folder's config.json declares (read before any load)."""
+def _config_int(folder: Path, key: str) -> int:
+    """``key`` of a model folder's config.json (or its ``text_config``), read before any load."""
     try:
         cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise InputError(f"{folder}: no readable config.json ({e})") from e
-    n = cfg.get("num_hidden_layers") or (cfg.get("text_config") or {}).get("num_hidden_layers")
+    n = cfg.get(key) or (cfg.get("text_config") or {}).get(key)
     if not isinstance(n, int):
-        raise InputError(f"{folder}/config.json has no num_hidden_layers")
+        raise InputError(f"{folder}/config.json has no {key}")
     return n
+
+
+def n_layers_in(folder: Path) -> int:
+    """The decoder layers a model folder's config.json declares (read before any load)."""
+    return _config_int(folder, "num_hidden_layers")
+
+
+def vocab_size_in(folder: Path) -> int:
+    """The target vocabulary a model folder's config.json declares."""
+    return _config_int(folder, "vocab_size")
 
 
 @dataclass(frozen=True)

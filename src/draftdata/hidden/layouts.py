@@ -57,6 +57,7 @@ from .codec import (
     sha256_file,
 )
 from .items import Item
+from .vocab_files import DraftVocabFiles
 
 if TYPE_CHECKING:
     from ..model.load import LoadedModel
@@ -214,11 +215,11 @@ class _Files:
         return n
 
 
-class Speculators(_Files):
+class Speculators(DraftVocabFiles, _Files):
     name = "speculators"
 
-    def __init__(self, out: Path, torch: Any, enc: Encoder) -> None:
-        self.out, self.torch, self.enc = out, torch, enc
+    def __init__(self, out: Path, torch: Any, enc: Encoder, draft_vocab: int | None = None) -> None:
+        self.out, self.torch, self.enc, self.draft_vocab = out, torch, enc, draft_vocab
         self._start_sums()
         self.folder = out / "hidden_states"
 
@@ -245,11 +246,10 @@ class Speculators(_Files):
         return lambda: self._write(path, lambda t: save_file(tensors, str(t)))
 
     def close(self) -> dict[str, Any]:
-        return {
-            "files": "hidden_states/hs_{i}.safetensors",
-            "dataset": ".",
-            "sha256": dict(sorted(self.sums.items())),
-        }
+        doc: dict[str, Any] = {"files": "hidden_states/hs_{i}.safetensors", "dataset": "."}
+        self.write_vocab(doc, "speculators")
+        doc["sha256"] = dict(sorted(self.sums.items()))
+        return doc
 
 
 class _TorchFiles(_Files):
@@ -276,8 +276,12 @@ class _TorchFiles(_Files):
         return lambda: self._write(path, lambda t: _torch_save(torch, d, t))
 
 
-class SpecForge(_TorchFiles):
+class SpecForge(DraftVocabFiles, _TorchFiles):
     name = "specforge"
+
+    def __init__(self, out: Path, torch: Any, enc: Encoder, draft_vocab: int | None = None) -> None:
+        super().__init__(out, torch, enc)
+        self.draft_vocab = draft_vocab
 
     def path(self, index: int) -> Path:
         a = index // ROWS_PER_FOLDER * ROWS_PER_FOLDER
@@ -295,10 +299,10 @@ class SpecForge(_TorchFiles):
         return self._save(it, d)
 
     def close(self) -> dict[str, Any]:
-        return {
-            "files": f"rows_{{a}}-{{a+{ROWS_PER_FOLDER}}}/data_{{i}}.ckpt",
-            "sha256": dict(sorted(self.sums.items())),
-        }
+        doc: dict[str, Any] = {"files": f"rows_{{a}}-{{a+{ROWS_PER_FOLDER}}}/data_{{i}}.ckpt"}
+        self.write_vocab(doc, "specforge")
+        doc["sha256"] = dict(sorted(self.sums.items()))
+        return doc
 
 
 class ModelOpt(_TorchFiles):

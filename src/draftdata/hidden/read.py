@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .codec import MANIFEST, CorruptFileError, load_tensors
+from ..export.trainers.draft_vocab import is_vocab_file
+from .codec import MANIFEST, CorruptFileError, load_tensors, read_checked
 from .items import iter_items
 from .nemo_cache import EMBEDDINGS, shard_samples
 
@@ -101,6 +102,9 @@ def read_stored(out: Path, torch: Any | None = None) -> Iterator[Stored]:
         import torch
     doc = read_manifest(out)
     for rel, sha in sorted(doc["sha256"].items()):
+        if is_vocab_file(rel):  # the draft vocabulary beside the states: no sample in it
+            read_checked(out / rel, str(sha))
+            continue
         t, meta = load_tensors(out / rel, str(sha), torch)
         yield from _samples(out, rel, t, meta)
 
@@ -136,6 +140,29 @@ def _export_ids(doc: dict[str, Any], out: Path) -> tuple[dict[int, list[int]] | 
         return None, f"{out / MANIFEST}: its export cannot be read ({e})"
 
 
+def _verify_file(
+    rep: VerifyReport,
+    out: Path,
+    rel: str,
+    loaded: tuple[dict[str, Any], dict[str, str]],
+    want: dict[int, list[int]] | None,
+    seen: set[int],
+) -> None:
+    """The samples of one file against the export's ids (each index once)."""
+    path = out / rel
+    for s in _samples(out, rel, *loaded):
+        rep.samples += 1
+        rep.tokens += len(s.token_ids)
+        if s.index in seen:
+            rep.problems.append(f"{path}: sample {s.index} is stored twice")
+        seen.add(s.index)
+        if want is not None and want.get(s.index) != s.token_ids:
+            rep.problems.append(
+                f"{path}: sample {s.index}'s token_ids are not the export's ids for "
+                "that sample; capture it again (rerun with the same -o)"
+            )
+
+
 def verify(
     out: Path, progress: Callable[[VerifyReport, int], None] | None = None, torch: Any = None
 ) -> VerifyReport:
@@ -156,18 +183,10 @@ def verify(
         rep.files += 1
         try:
             rep.bytes += path.stat().st_size
-            t, meta = load_tensors(path, str(sha), torch)
-            for s in _samples(out, rel, t, meta):
-                rep.samples += 1
-                rep.tokens += len(s.token_ids)
-                if s.index in seen:
-                    rep.problems.append(f"{path}: sample {s.index} is stored twice")
-                seen.add(s.index)
-                if want is not None and want.get(s.index) != s.token_ids:
-                    rep.problems.append(
-                        f"{path}: sample {s.index}'s token_ids are not the export's ids for "
-                        "that sample; capture it again (rerun with the same -o)"
-                    )
+            if is_vocab_file(rel):  # checked by its digest; it holds no sample
+                read_checked(path, str(sha))
+            else:
+                _verify_file(rep, out, rel, load_tensors(path, str(sha), torch), want, seen)
         except (CorruptFileError, OSError) as e:
             rep.problems.append(str(e) if isinstance(e, CorruptFileError) else f"{path}: {e}")
         if progress is not None:

@@ -101,6 +101,9 @@ TRAINERS: dict[str, Trainer] = {
                 write=speculators.write_both,
             ),
             layout="draftdata.hidden.layouts:Speculators",
+            options=("draft_vocab",),
+            options_hint="--draft-vocab D writes the draft vocabulary speculators' --draft-vocab-size D "
+            "builds (d2t-D.npy, t2d-D.npy) beside token_freq.pt",
         ),
         _trainer(
             "specforge",
@@ -117,6 +120,8 @@ TRAINERS: dict[str, Trainer] = {
                 lossy=specforge.LOSSY,
             ),
             layout="draftdata.hidden.layouts:SpecForge",
+            options=("draft_vocab",),
+            options_hint="--draft-vocab D writes SpecForge's vocab_mapping.pt for a draft of D ids",
             dtypes=("bf16", "fp32"),
             dtype_hint="SpecForge reads bf16 or fp32 .ckpt files; use fp8 with --for speculators "
             "or --for safetensors",
