@@ -38,6 +38,7 @@ COMMANDS = {
     "score": None,
     "hidden-states": None,
     "contamination": None,
+    "evaluate": None,
 }
 
 

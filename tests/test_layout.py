@@ -34,7 +34,7 @@ LEVELS: tuple[tuple[str, ...], ...] = (
     ("model",),
     ("generate",),
     ("export",),
-    ("hidden", "report", "devtools"),
+    ("hidden", "report", "devtools", "acceptance"),
     ("pipeline",),
     ("cli",),
     ("__main__",),

@@ -42,3 +42,7 @@ class ReconstructError(DraftdataError):
 
 class GenerateError(DraftdataError):
     """Generation cannot start or continue."""
+
+
+class AcceptanceError(DraftdataError):
+    """A drafter cannot be measured: no engine, a busy server, a drafter it cannot load."""

@@ -23,6 +23,7 @@ from ..errors import DraftdataError
 from . import (  # noqa: F401  (registers the commands)
     audit,
     contamination,
+    evaluate,
     hidden,
     model,
     plan,

@@ -22,6 +22,7 @@ from ..errors import InputError
 from ..export.preview import PREVIEW_FILE, Preview, read_preview
 from ..files import parquet_batches
 from ..measure.contamination import Tally
+from ..records.acceptance import ACCEPTANCE_DIR, Acceptance
 from ..records.export import ExportManifest
 from ..store.guard import reading
 from ..store.ledger import Ledger, LedgerError
@@ -119,6 +120,8 @@ class ReportData:
     export: ExportManifest | None = None
     #: dataset -> its contamination tally, from the ledger (datasets the run checked)
     contamination: dict[str, Tally] = field(default_factory=dict)
+    #: the drafters `draftdata evaluate` measured on the run (RUN/acceptance/*.json)
+    acceptance: list[Acceptance] = field(default_factory=list)
 
     def decontaminate(self) -> list[str]:
         """The evaluation sets of the run's ``[run] decontaminate`` (empty: not checked)."""
@@ -369,6 +372,7 @@ def _fingerprint(run_dir: Path) -> tuple[tuple[str, int, int], ...]:
     files = [run_dir / "export" / "manifest.json", run_dir / "export" / PREVIEW_FILE]
     files += [run_dir / "ledger.sqlite", run_dir / "scores.json"]
     files += [run_dir / "ledger.sqlite-wal", *sorted((run_dir / "export").glob("**/*.parquet"))]
+    files += sorted((run_dir / ACCEPTANCE_DIR).glob("*.json"))
     out = []
     for p in files:
         try:
@@ -427,7 +431,19 @@ def _collect(run_dir: Path) -> ReportData:
         scores=load_scores(run_dir, notes),
         export=export,
         contamination=led.contamination if led else {},
+        acceptance=load_acceptance(run_dir, notes),
     )
+
+
+def load_acceptance(run_dir: Path, notes: list[str]) -> list[Acceptance]:
+    """Every drafter measured on the run, oldest first; an unreadable file is a note."""
+    out = []
+    for path in sorted((run_dir / ACCEPTANCE_DIR).glob("*.json")):
+        try:
+            out.append(Acceptance.from_json(json.loads(path.read_text(encoding="utf-8"))))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            notes.append(f"{ACCEPTANCE_DIR}/{path.name} is unreadable ({e}): not shown")
+    return sorted(out, key=lambda a: (a.created_at, a.method, a.k))
 
 
 def load_scores(run_dir: Path, notes: list[str]) -> dict[str, Any] | None:

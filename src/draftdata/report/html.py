@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 from .. import __version__
 from ..store.stats import MIN_RATE_ATTEMPTS, MIN_RATE_WALL_S
+from .acceptance import AcceptanceSections
 from .alerts import alerts
 from .data import ReportData, Throughput
 from .figures import (
@@ -49,7 +50,7 @@ from .svg import (
 from .viewer import ViewerSections, command
 
 
-class Page(QualitySections, ExactnessSections, ViewerSections):
+class Page(QualitySections, ExactnessSections, ViewerSections, AcceptanceSections):
     # --- header ----------------------------------------------------------------------------
     def header(self) -> str:
         m, d, lt = self.m, self.d, self.d.ledger_total
@@ -83,7 +84,8 @@ class Page(QualitySections, ExactnessSections, ViewerSections):
         ]
         notes = "".join(f"<li>{esc(n)}</li>" for n in d.notes)
         warns = "".join(f"<li>{esc(a.text)}</li>" for a in alerts(d, "error"))
-        nav = "".join(f'<a href="#{k}">{v}</a>' for k, v in SECTIONS.items())
+        shown = {k: v for k, v in SECTIONS.items() if k != "acceptance" or d.acceptance}
+        nav = "".join(f'<a href="#{k}">{v}</a>' for k, v in shown.items())
         return (
             f"<header><h1>Run report: {esc(m.get('run', d.run_dir.name))}</h1>"
             f'<p class="lead">{esc(d.run_dir)}</p><div class="panel"><dl class="prov">'
@@ -408,6 +410,7 @@ class Page(QualitySections, ExactnessSections, ViewerSections):
             self.loss_mask,
             self.exactness,
             self.scores,
+            self.acceptance,
             self.truncation,
             self.cost,
             self.shards,

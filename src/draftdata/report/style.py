@@ -10,6 +10,7 @@ SECTIONS = {
     "lengths": "Lengths",
     "loss-mask": "Loss mask",
     "exactness": "Exactness",
+    "acceptance": "Acceptance",
     "truncation": "Truncation and drops",
     "cost": "Cost and throughput",
     "shards": "Shards",
