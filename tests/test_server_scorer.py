@@ -226,7 +226,19 @@ def test_asks_over_a_cached_prefix_are_a_plain_forward(vllm):
     many = server.map(
         lambda a: server.next_position(ids[: a[0]], a[1], 0 if a[1] == 5 else None), asks
     )
-    assert many == one
+    # the same tokens and ranks, and the same log p up to the engine's batch numerics (a batch of
+    # eight is not summed in the order of a batch of one: 1e-5 apart on a loaded machine); a
+    # garbled answer is a different token or a log p whole units away
+    assert len(many) == len(one)
+    for a, b in zip(many, one, strict=True):
+        assert abs(a.lp - b.lp) < 1e-3
+        ta, tb = dict(a.top), dict(b.top)
+        assert all(abs(ta[t] - tb[t]) < 1e-3 for t in ta.keys() & tb.keys())
+        # a token in one top K only is a near tie at its edge, never a different answer
+        edge = min([*ta.values(), *tb.values()], default=0.0)
+        assert all(
+            abs(v - edge) < 1e-3 for t, v in {**ta, **tb}.items() if t not in ta or t not in tb
+        )
 
 
 def test_a_position_the_top_20_leave_open_is_asked_wider(vllm):
