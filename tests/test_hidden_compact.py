@@ -84,7 +84,7 @@ def test_every_file_has_its_sha256_in_the_manifest(caps):
         on_disk = {
             p.relative_to(tmp / name).as_posix()
             for p in (tmp / name).rglob("*")
-            if p.suffix in (".safetensors", ".zst", ".ckpt")
+            if p.suffix in (".safetensors", ".zst", ".ckpt", ".pt", ".npy")  # states, vocabulary
         }
         assert set(doc["sha256"]) == on_disk and len(on_disk) >= 1, name
         assert json.loads((tmp / name / MANIFEST).read_text())["sha256"] == doc["sha256"]

@@ -6,6 +6,7 @@ A handful of records only."""
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import pyarrow as pa
@@ -249,6 +250,94 @@ def test_a_rerun_captures_only_what_is_missing_or_changed(lm, tmp_path):
     doc = again()
     assert (doc["captured"], doc["resumed"]) == (2, 0)
     assert json.loads((out / MANIFEST).read_text())["layers"]["aux"] == [2, 15, 27]
+
+
+def _files(out):
+    return {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_a_rerun_with_other_options_is_refused_before_it_writes(lm, tmp_path):
+    """Issue 53: a folder holds one capture. A rerun with another dtype or other layers wrote
+    its files among the first one's, and its manifest named only the last options."""
+    from draftdata.errors import InputError
+    from draftdata.hidden.identity import CAPTURE_FILE
+
+    sample_file(tmp_path / "s.parquet", IDS[:2])
+    out = tmp_path / "out"
+    src = [tmp_path / "s.parquet"]
+    capture_to(src, out, lm, parse_layers("auto", 30), dtype="fp32")
+    before = _files(out)
+    for kw, says in (
+        ({"dtype": "bf16"}, "holds a capture with dtype fp32; this one asks dtype bf16"),
+        (
+            {"layers": parse_layers("1,2,3", 30)},
+            "aux layers [2, 15, 27]; this one asks aux layers [1, 2, 3]",
+        ),
+        ({"layout": "specforge"}, "layout speculators; this one asks layout specforge"),
+    ):
+        args = {"dtype": "fp32", "layers": parse_layers("auto", 30), **kw}
+        with pytest.raises(InputError, match=re.escape(says)):
+            capture_to(src, out, lm, args.pop("layers"), **args)
+        assert _files(out) == before  # nothing written, nothing replaced
+    # killed before its manifest: the record written first still says what the folder holds
+    (out / MANIFEST).unlink()
+    assert (out / CAPTURE_FILE).exists()
+    with pytest.raises(InputError, match="dtype fp32"):
+        capture_to(src, out, lm, parse_layers("auto", 30), dtype="bf16")
+    # the command line says it in one line, with the fix
+    r = run("hidden-states", str(src[0]), "--model", MODEL, "-o", str(out), "--dtype", "bf16")
+    assert r.returncode == 2 and "capture into another -o, or remove the folder" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_folder_of_an_older_capture_is_read_file_by_file(lm, tmp_path):
+    """No record and no manifest (a capture an older draftdata left when it was killed): a
+    file of another dtype than this capture's is captured again, never kept beside it."""
+    from safetensors import safe_open
+
+    from draftdata.hidden.identity import CAPTURE_FILE
+
+    sample_file(tmp_path / "s.parquet", IDS[:2])
+    out = tmp_path / "out"
+    capture_to([tmp_path / "s.parquet"], out, lm, parse_layers("auto", 30), dtype="fp32")
+    (out / MANIFEST).unlink()
+    (out / CAPTURE_FILE).unlink()
+    doc = capture_to([tmp_path / "s.parquet"], out, lm, parse_layers("auto", 30), dtype="bf16")
+    assert (doc["captured"], doc["resumed"]) == (2, 0)
+    for f in sorted((out / "hidden_states").glob("*.safetensors")):
+        with safe_open(str(f), "pt") as t:
+            assert t.get_tensor("hidden_states").dtype == torch.bfloat16
+
+
+def test_verify_checks_each_files_dtype_and_layers_against_the_manifest(lm, tmp_path):
+    """A file whose digest is recorded but whose states are not what the manifest says (another
+    dtype, fewer layers) fails --verify, naming the file and what it holds."""
+    from safetensors.torch import load_file, save_file
+
+    from draftdata.hidden.codec import sha256_file
+    from draftdata.hidden.read import verify
+
+    sample_file(tmp_path / "s.parquet", IDS[:2])
+    out = tmp_path / "out"
+    capture_to([tmp_path / "s.parquet"], out, lm, parse_layers("auto", 30), dtype="fp32")
+    assert verify(out).ok
+    f = out / "hidden_states" / "hs_1.safetensors"
+    good = load_file(str(f))
+    doc = json.loads((out / MANIFEST).read_text())
+    for bad, says in (
+        (
+            {**good, "hidden_states": good["hidden_states"].bfloat16()},
+            "is bfloat16, the manifest says float32",
+        ),
+        ({**good, "hidden_states": good["hidden_states"][:, 1:].contiguous()}, "not [S, 4, H]"),
+    ):
+        save_file(bad, str(f))
+        doc["sha256"]["hidden_states/hs_1.safetensors"] = sha256_file(f)
+        (out / MANIFEST).write_text(json.dumps(doc))
+        rep = verify(out)
+        assert any(says in p and "hs_1" in p for p in rep.problems), rep.problems
+    r = run("hidden-states", "--verify", str(out))
+    assert r.returncode == 1 and "not [S, 4, H]" in r.stderr + r.stdout
 
 
 def test_cli_refuses_bad_options_in_one_line(tmp_path):

@@ -328,6 +328,7 @@ def _capture_ray(c: _Capture, trainer: Trainer, device: str, plan: _RayPlan) -> 
             gpus_per_actor=plan.gpus_per_actor,
             cpus_per_actor=plan.cpus_per_actor,
             codec=c.codec,
+            options=c.options,
         )
 
 
@@ -335,10 +336,14 @@ def _capture_here(c: _Capture, device: str) -> dict[str, Any]:
     """The capture in this process, the model loaded on ``device``."""
     from ..hidden.capture import n_layers_of
     from ..hidden.export_capture import capture_to
+    from ..hidden.identity import identity, refuse_other
     from ..hidden.layers import n_layers_in, parse_layers
     from ..model.load import load_causal_lm, model_folder
 
-    parse_layers(c.layers, n_layers_in(model_folder(c.model)[0]))  # a bad --layers: before the load
+    folder = model_folder(c.model)[0]
+    early = parse_layers(c.layers, n_layers_in(folder))  # a bad --layers: before the load
+    # a folder that holds another capture: refused before the model loads (the pass checks again)
+    refuse_other(c.dest, identity(c.layout, c.dtype, c.codec, early, folder, c.options))
     lm = load_causal_lm(c.model, device=device)
     chosen = parse_layers(c.layers, n_layers_of(lm))
     control = _control_ids(c.target, c.tokenizer, lm.folder)

@@ -27,6 +27,7 @@ from ..model.load import LoadedModel
 from .capture import Capturer
 from .codec import MANIFEST
 from .engine import EngineCapturer, EngineTarget
+from .identity import claim, identity
 from .items import Item, input_files, iter_items
 from .layers import Layers
 from .layouts import make_layout
@@ -71,15 +72,18 @@ class Pass:
         options: dict[str, Any] | None = None,
         files: list[Path] | None = None,
     ) -> None:
-        out.mkdir(parents=True, exist_ok=True)
         self.lm, self.layers, self.out = lm, layers, out
         self.layout = make_layout(layout, out, lm.torch, dtype, codec, options)
+        engine = isinstance(lm, EngineTarget)  # the engine behind a server
+        self.layout.bind(str(lm.folder), layers, files or [], None if engine else lm)
+        # a folder holds one capture: another is refused before a file is written (and after
+        # its options were checked, so that a refused option is never recorded)
+        self.identity = identity(layout, dtype, codec, layers, lm.folder, options)
+        claim(out, self.identity)
         self.cap: Capturer | EngineCapturer
-        if isinstance(lm, EngineTarget):  # the engine behind a server
-            self.layout.bind(str(lm.folder), layers, files or [], None)
+        if isinstance(lm, EngineTarget):
             self.cap = lm.capturer_for(self.layout)
         else:
-            self.layout.bind(str(lm.folder), layers, files or [], lm)
             self.cap = Capturer(lm, layers, keep_logits=self.layout.keep_logits)
         self.control_ids, self.threshold = control_ids, threshold
         self._pool = ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="hs-writer")
@@ -229,5 +233,6 @@ def capture_to(
         report,
         files,
         time.monotonic() - t0,
+        capture=p.identity,
         **({"engine": lm.to_json()} if isinstance(lm, EngineTarget) else {}),
     )

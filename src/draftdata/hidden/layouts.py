@@ -56,6 +56,7 @@ from .codec import (
     sha256_bytes,
     sha256_file,
 )
+from .identity import CAPTURE_FILE
 from .items import Item
 from .vocab_files import DraftVocabFiles
 
@@ -87,6 +88,14 @@ class Encoder:
         self.codec = check_codec(codec)
         self.err_sq = 0.0
         self.ref_sq = 0.0
+
+    @property
+    def stored(self) -> Any:
+        """The torch dtype the states are stored in."""
+        t = self.torch
+        return {"fp32": t.float32, "bf16": t.bfloat16, "fp8": getattr(t, "float8_e4m3fn", None)}[
+            self.dtype
+        ]
 
     def encode(self, x: Any) -> dict[str, Any]:
         """``hidden_states`` (and ``hidden_states_scales`` for fp8) for a [S, ...] tensor."""
@@ -202,11 +211,15 @@ class _Files:
         self.sums[self.rel(path)] = sha
         return got
 
-    def _holds(self, path: Path, key: str, ids: list[int]) -> bool:
+    def _holds(self, path: Path, key: str, ids: list[int], states: str) -> bool:
         """Whether an earlier run's ``path`` is the recorded file and holds ``ids`` under
-        ``key`` (unreadable or changed: captured again)."""
+        ``key``, and its ``states`` in the dtype this capture stores (unreadable, changed or of
+        another dtype: captured again)."""
         got = self._earlier(path)
-        return got is not None and key in got[0] and got[0][key].tolist() == ids
+        if got is None or key not in got[0] or got[0][key].tolist() != ids:
+            return False
+        enc: Encoder = getattr(self, "enc")  # noqa: B009 (every layout with files has one)
+        return states in got[0] and got[0][states].dtype == enc.stored
 
     def _write(self, path: Path, write: Callable[[Path], Any]) -> int:
         """``_atomic``, the file's digest put in ``sums`` (on the writer thread)."""
@@ -231,10 +244,12 @@ class Speculators(DraftVocabFiles, _Files):
 
         # the rows are written again on every run (ids only: cheap beside the capture); the
         # hidden-state files beside them are kept and checked one by one against the rows
-        write_dataset((it.sample() for it in items), self.out, keep=("hidden_states",))
+        write_dataset(
+            (it.sample() for it in items), self.out, keep=("hidden_states", CAPTURE_FILE, MANIFEST)
+        )
 
     def done(self, it: Item) -> bool:
-        return self._holds(self.path(it.index), "token_ids", it.input_ids)
+        return self._holds(self.path(it.index), "token_ids", it.input_ids, "hidden_states")
 
     def write(self, it: Item, cap: Captured) -> Job:
         from safetensors.torch import save_file
@@ -256,6 +271,9 @@ class _TorchFiles(_Files):
     """A layout of one ``torch.save`` dict per sample (SpecForge, ModelOpt): nothing to prepare,
     a sample is done when its file holds its ids, and the same states make the same bytes."""
 
+    #: the tensor whose dtype says how a file's states are stored
+    states_key = "hidden_states"
+
     def __init__(self, out: Path, torch: Any, enc: Encoder) -> None:
         self.out, self.torch, self.enc = out, torch, enc
         self._start_sums()
@@ -268,7 +286,7 @@ class _TorchFiles(_Files):
             pass
 
     def done(self, it: Item) -> bool:
-        return self._holds(self.path(it.index), "input_ids", it.input_ids)
+        return self._holds(self.path(it.index), "input_ids", it.input_ids, self.states_key)
 
     def _save(self, it: Item, d: dict[str, Any]) -> Job:
         """The job that writes ``d`` as ``it``'s file (on a writer thread)."""
@@ -278,6 +296,7 @@ class _TorchFiles(_Files):
 
 class SpecForge(DraftVocabFiles, _TorchFiles):
     name = "specforge"
+    states_key = "hidden_state"
 
     def __init__(self, out: Path, torch: Any, enc: Encoder, draft_vocab: int | None = None) -> None:
         super().__init__(out, torch, enc)

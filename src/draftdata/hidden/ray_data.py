@@ -74,6 +74,7 @@ class CaptureActor:
             frozenset(cfg["control_ids"]),
             cfg["threshold"],
             cfg["codec"],
+            cfg["options"],
         )
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -176,10 +177,12 @@ def capture_ray(
     cpus_per_actor: float,
     batch_rows: int = CHUNK,
     codec: str = "none",
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     ray = _ray()
     from ..model.folders import import_torch_transformers
     from ..model.load import check_device, check_dtype, model_folder
+    from .identity import claim, identity
     from .layouts import make_layout
 
     t0 = time.monotonic()
@@ -191,8 +194,11 @@ def capture_ray(
     torch, _ = import_torch_transformers()
     folder, _g = model_folder(model)  # a GGUF is converted here once, not by every actor
     chosen = parse_layers(layers_spec, n_layers_in(folder))  # a bad --layers fails here, at once
-    out.mkdir(parents=True, exist_ok=True)
-    make_layout(layout, out, torch, dtype, codec).prepare(iter_items(files))
+    first = make_layout(layout, out, torch, dtype, codec, options)
+    first.bind(str(folder), chosen, files)  # its options checked before anything is recorded
+    ident = identity(layout, dtype, codec, chosen, folder, options)
+    claim(out, ident)  # before any actor writes: a folder holds one capture
+    first.prepare(iter_items(files))
     cfg = {
         "model": model,
         "device": device,
@@ -205,10 +211,11 @@ def capture_ray(
         "control_ids": sorted(control_ids),
         "index": index,
         "cpus_per_actor": cpus_per_actor,
+        "options": options,
     }
     totals = _run_on_cluster(ray, cluster, files, len(ids), cfg, ScoreReport(threshold))
     # the merged manifest (and, for draftdata's shards, the index of every actor's shards)
-    merged = make_layout(layout, out, torch, dtype, codec)
+    merged = make_layout(layout, out, torch, dtype, codec, options)
     merged.bind(str(folder), chosen, files)  # what the trainer's settings name
     # draftdata's shards: the driver reads each shard's digest itself
     merged.sums.update(totals.sums)
@@ -230,6 +237,7 @@ def capture_ray(
         files,
         time.monotonic() - t0,
         ray=cluster.doc(),
+        capture=ident,
     )
 
 

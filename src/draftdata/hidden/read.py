@@ -140,6 +140,76 @@ def _export_ids(doc: dict[str, Any], out: Path) -> tuple[dict[int, list[int]] | 
         return None, f"{out / MANIFEST}: its export cannot be read ({e})"
 
 
+#: the stored dtype each manifest dtype means
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp8": "float8_e4m3fn"}
+
+
+@dataclass
+class _Shape:
+    """What every file of a capture must hold, from its manifest: the stored dtype, the number
+    of aux layers, and the hidden size (from the first file: one model, one size)."""
+
+    dtype: str | None
+    aux: int | None
+    hidden: int | None = None
+
+    @classmethod
+    def of(cls, doc: dict[str, Any]) -> _Shape:
+        layers = doc.get("layers")
+        aux = layers.get("aux") if isinstance(layers, dict) else None
+        return cls(_DTYPES.get(str(doc.get("dtype"))), len(aux) if isinstance(aux, list) else None)
+
+    def problems(self, path: Path, t: dict[str, Any]) -> list[str]:
+        """Where the states of one file are not what the manifest says (dtype, layers, size)."""
+        # (tensor, what its last two dims hold in layers: k+1 stacked, k side by side, 1)
+        k = self.aux
+        want: list[tuple[str, str, int | None]]
+        if "position_mask" in t:  # NeMo's cache shard: the aux layers side by side
+            want = [("aux_hidden_states", "cat", 3 if k is None else k)]
+        elif "aux_hidden_state" in t:  # SpecForge
+            want = [("hidden_state", "one", 1), ("aux_hidden_state", "cat", k)]
+        elif "aux_hidden_states" in t:  # ModelOpt
+            want = [("hidden_states", "one", 1), ("aux_hidden_states", "cat", k)]
+        elif "hidden_states" in t:  # speculators' files and draftdata's shards: [S, k+1, H]
+            want = [("hidden_states", "stack", None if k is None else k + 1)]
+        else:
+            return [f"{path}: holds no hidden states"]
+        out = []
+        for key, how, n in want:
+            x = t.get(key)
+            if x is None:
+                out.append(f"{path}: no {key}")
+                continue
+            dt = str(x.dtype).removeprefix("torch.")
+            if self.dtype is not None and dt != self.dtype:
+                out.append(f"{path}: {key} is {dt}, the manifest says {self.dtype}")
+            if how == "stack":
+                if x.dim() != 3 or (n is not None and x.shape[1] != n):
+                    out.append(f"{path}: {key} holds {tuple(x.shape)}, not [S, {n}, H]")
+                    continue
+                h = int(x.shape[2])
+            elif how == "cat":
+                if n is None:
+                    continue
+                if x.shape[-1] % n:
+                    out.append(f"{path}: {key} is {x.shape[-1]} wide, not {n} layers of one size")
+                    continue
+                h = int(x.shape[-1]) // n
+            else:
+                h = int(x.shape[-1])
+            if self.hidden is None:
+                self.hidden = h
+            elif h != self.hidden:
+                out.append(f"{path}: {key} holds layers of {h}, the other files {self.hidden}")
+        if (
+            self.dtype == "float8_e4m3fn"
+            and "hidden_states" in t
+            and "hidden_states_scales" not in t
+        ):
+            out.append(f"{path}: fp8 states without hidden_states_scales")
+        return out
+
+
 def _verify_file(
     rep: VerifyReport,
     out: Path,
@@ -177,6 +247,7 @@ def verify(
     if why:
         rep.problems.append(why)
     seen: set[int] = set()
+    shape = _Shape.of(doc)
     files = sorted(doc["sha256"].items())
     for rel, sha in files:
         path = out / rel
@@ -186,7 +257,10 @@ def verify(
             if is_vocab_file(rel):  # checked by its digest; it holds no sample
                 read_checked(path, str(sha))
             else:
-                _verify_file(rep, out, rel, load_tensors(path, str(sha), torch), want, seen)
+                loaded = load_tensors(path, str(sha), torch)
+                if rel != EMBEDDINGS:
+                    rep.problems += shape.problems(path, loaded[0])
+                _verify_file(rep, out, rel, loaded, want, seen)
         except (CorruptFileError, OSError) as e:
             rep.problems.append(str(e) if isinstance(e, CorruptFileError) else f"{path}: {e}")
         if progress is not None:
