@@ -66,7 +66,12 @@ def pytest_configure(config: pytest.Config) -> None:
 #: `pytest -n 2 --dist loadfile --no-loadscope-reorder` (the Makefile's) each worker takes the next
 #: file in collection order, so a long file collected last would run alone at the end while the
 #: other worker idles (without the flag xdist starts the files with most tests first)
-FIRST = ("test_vllm_server.py", "test_vllm_engine.py", "test_server_scorer.py")
+FIRST = (
+    "test_vllm_server.py",
+    "test_vllm_engine.py",
+    "test_server_scorer.py",
+    "test_acceptance_engine.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
