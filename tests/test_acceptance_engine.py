@@ -166,6 +166,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict:
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, cwd=tmp)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     (doc,) = json.loads(out.read_text())
+    print(r.stderr)  # the command's own table, engine and simulated AL (`pytest -s` shows it)
     return {"doc": doc, "stderr": r.stderr}
 
 
