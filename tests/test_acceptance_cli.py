@@ -284,6 +284,28 @@ def test_sigterm_leaves_no_server(tmp_path: Path) -> None:
     assert p.returncode != 0
 
 
+def test_the_json_goes_into_a_folder_made_for_it_or_fails_before_measuring(tmp_path: Path) -> None:
+    """Found by the benchmark: ``--json WORK/eval/x.json`` into a folder not yet made failed
+    after 20 minutes of measuring, at the last write. Its folder is made first; one that cannot
+    be is refused in one line before any request."""
+    proc, url = _fake_server(tmp_path, {}, k=4)
+    dest = tmp_path / "not" / "yet" / "al.json"
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    try:
+        r = _evaluate("--prompts", MTBENCH, "--limit", "2", "--server", url, "--json", str(dest))
+        bad = _evaluate(
+            "--prompts", MTBENCH, "--limit", "2", "--server", url, "--json", str(blocked / "x.json")
+        )
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert r.returncode == 0, r.stderr
+    (doc,) = json.loads(dest.read_text())
+    assert doc["k"] == 4
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert "--json" in bad.stderr and "measur" not in bad.stderr.lower()
+
+
 def test_bad_arguments_are_one_line(tmp_path: Path) -> None:
     assert "Missing --drafter" in one_line_exit_2(run("evaluate", "--prompts", MTBENCH))
     assert "READER:PATH" in one_line_exit_2(

@@ -141,6 +141,8 @@ def evaluate(
     ks = k or [3]
     if any(x < 1 for x in ks):
         raise InputError(f"-k {min(ks)}: give at least 1 token per step")
+    if json_out is not None and str(json_out) != "-":
+        _json_folder(json_out)  # before the minutes of measuring, not at their last write
     sets = gather(run, list(prompts or []), limit)
     spec_model = _target(run, model)
     folder = model_folder(spec_model)[0] if spec_model is not None else None
@@ -169,6 +171,19 @@ def evaluate(
     if json_out is not None and emit_json(docs, json_out):
         return
     _table(results, None)
+
+
+def _json_folder(dest: Path) -> None:
+    """Make ``--json``'s folder, or say in one line why it cannot be."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(
+            f"--json {dest}: its folder cannot be made ({e.strerror or e}); give a path in a "
+            "folder you can write"
+        ) from e
+    if dest.is_dir():
+        raise InputError(f"--json {dest}: a folder; give a file's path")
 
 
 def _keep(run: Path, results: list) -> None:  # type: ignore[type-arg]
