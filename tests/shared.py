@@ -310,6 +310,38 @@ def chromium() -> Path:
     return CHROMIUM
 
 
+def screenshot(page: Path, png: Path, size: tuple[int, int]) -> str:
+    """A headless chromium screenshot of ``page`` into ``png`` at ``size`` (a fresh profile, no
+    network, no scrollbars); returns its stderr, for the assertion that the png exists."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as profile:
+        r = subprocess.run(
+            [
+                str(chromium()),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                "--hide-scrollbars",
+                f"--user-data-dir={profile}",
+                f"--window-size={size[0]},{size[1]}",
+                f"--screenshot={png}",
+                page.resolve().as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env={"HOME": profile, "PATH": "/usr/bin:/bin"},
+        )
+    return r.stderr
+
+
 PASSED = {"min_exact": 0.9, "exact_match_rate": 0.95, "passed": True, "forced": False}
 # dataset -> (ground-truth sources, prompts, backend)
 DATASETS = {

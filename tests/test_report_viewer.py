@@ -12,9 +12,7 @@ import re
 import shlex
 import shutil
 import sqlite3
-import subprocess
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,7 @@ from draftdata.store import stats
 from draftdata.store.ledger import Ledger
 from draftdata.store.meta import COMMAND_LINE, MANIFEST
 from draftdata.tokenizers import load_tokenizer
-from shared import EVIL, PASSED, chromium, export_only, make_run, run
+from shared import EVIL, PASSED, export_only, make_run, run, screenshot
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -413,7 +411,6 @@ SHOT = (1200, 900)
 
 
 def test_screenshot_of_the_sample_viewer(run_dir: Path, tmp_path: Path) -> None:
-    browser = chromium()
     view = section(build_report(run_dir).read_text(), "samples")
     doc = tmp_path / "samples.html"
     doc.write_text(
@@ -422,30 +419,8 @@ def test_screenshot_of_the_sample_viewer(run_dir: Path, tmp_path: Path) -> None:
         encoding="utf-8",
     )
     png = tmp_path / "sample-viewer.png"
-    with tempfile.TemporaryDirectory() as profile:
-        r = subprocess.run(
-            [
-                str(browser),
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-                "--hide-scrollbars",
-                f"--user-data-dir={profile}",
-                f"--window-size={SHOT[0]},{SHOT[1]}",
-                f"--screenshot={png}",
-                doc.resolve().as_uri(),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-            env={"HOME": profile, "PATH": "/usr/bin:/bin"},
-        )
-    assert png.exists(), r.stderr[-2000:]
+    err = screenshot(doc, png, SHOT)
+    assert png.exists(), err[-2000:]
     assert pngread.size(png) == SHOT
     pixels = pngread.read(png).pixels()
     assert len(pixels) > 50  # text, chips, highlights: not a blank page
