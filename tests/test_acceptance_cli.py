@@ -276,3 +276,8 @@ def test_bad_arguments_are_one_line(tmp_path: Path) -> None:
     assert "no config.json" in line
     line = one_line_exit_2(run("evaluate", str(tmp_path), "--method", "ngram"))
     assert "not a run folder" in line
+    # what a started server needs is named before anything is measured or printed
+    line = one_line_exit_2(
+        run("evaluate", "--prompts", MTBENCH, "--method", "ngram", "--vllm", str(tmp_path / "py"))
+    )
+    assert "no --model" in line

@@ -101,14 +101,27 @@ def _baseline(p: Plan, say: Say) -> dict[str, float]:
     return {r.dataset: r.tokens_per_s for r in rows}
 
 
+def _can_start(p: Plan) -> None:
+    """Refuse, naming what is missing, a plan that must start servers and cannot."""
+    missing = [
+        what
+        for what, have in (
+            ("no --vllm PYTHON (a venv with vLLM)", p.vllm),
+            ("no --model (the target; or a RUN whose [model] path names it)", p.folder),
+        )
+        if have is None
+    ]
+    if missing:
+        raise AcceptanceError(
+            f"draftdata evaluate: {' and '.join(missing)} to start servers with; give it, or "
+            "measure a running server with --server URL"
+        )
+
+
 @contextlib.contextmanager
 def _started(p: Plan, spec: Speculation | None) -> Iterator[str]:
     """A server started here for ``spec`` (None: the target alone); its base URL."""
-    if p.vllm is None or p.folder is None:
-        raise AcceptanceError(
-            "draftdata evaluate: to start servers give --vllm PYTHON (a venv with vLLM) and the "
-            "target's --model, or measure a running one with --server URL"
-        )
+    assert p.vllm is not None and p.folder is not None  # _can_start, before anything is measured
     name = "baseline" if spec is None else f"{_slug(spec.label)}-k{spec.k}"
     with vllm_server(
         p.vllm,
@@ -164,6 +177,8 @@ def _load_simulator(p: Plan) -> tuple[object, object]:
 
 def evaluate(p: Plan, say: Say, stamp: str = "") -> list[Acceptance]:
     """Measure every drafter of the plan on every dataset; one ``Acceptance`` per drafter and K."""
+    if p.server is None:
+        _can_start(p)
     base = _baseline(p, say)
     sim = _load_simulator(p) if p.simulate else None
     engine_name = f"vLLM ({p.dtype})" if p.server is None else p.server
