@@ -51,7 +51,7 @@ class Served:
 #: a shape: (request body, index of the prompt, answers sent so far) -> what to send. A dict
 #: is sent as JSON with a Content-Length; bytes as they are with a Content-Length; a
 #: ``Stream`` without one (to the close)
-Shape = Callable[[dict[str, Any], int, int], "dict[str, Any] | bytes | Stream"]
+Shape = Callable[[dict[str, Any], int, int], "dict[str, Any] | bytes | Stream | Events"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,15 @@ class Stream:
 
     head: bytes
     chunk: bytes
+    total: int
+
+
+@dataclass(frozen=True)
+class Events:
+    """Server-sent events with no end: ``event(k)`` for k = 0, 1, ... until ``total`` bytes of
+    them are written or the client hangs up (what a field the client does not count grows)."""
+
+    event: Callable[[int], dict[str, Any]]
     total: int
 
 
@@ -104,11 +113,26 @@ class Hostile:
     server bills for a stream it was hung up on)."""
 
     def __init__(
-        self, shape: Shape, hit: Callable[[int], bool] = lambda i: True, token_s: float = 0.0
+        self,
+        shape: Shape,
+        hit: Callable[[int], bool] = lambda i: True,
+        token_s: float = 0.0,
+        *,
+        whole_only: bool = False,
+        rechunk: int = 0,
+        details: str = "",
     ) -> None:
+        """``whole_only``: ``stream: true`` is ignored (every answer is sent whole);
+        ``rechunk``: a proxy between: the stream's bytes go out in HTTP chunks of this size,
+        whatever the events' edges; ``details``: the reasoning is streamed as OpenRouter's
+        ``reasoning_details`` entries, beside the same ``reasoning`` text ("both", as
+        OpenRouter does) or alone ("only")."""
         self.shape = shape
         self.hit = hit
         self.token_s = token_s
+        self.whole_only = whole_only
+        self.rechunk = rechunk
+        self.details = details
         self.served = Served()
         self.hold = threading.Event()  # set: requests are held until it is cleared
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -153,14 +177,16 @@ class Hostile:
         user = next(m["content"] for m in req["messages"] if m["role"] == "user")
         m = _INDEX.match(user)
         index = int(m.group(1)) if m else 0
-        out: dict[str, Any] | bytes | Stream
+        out: dict[str, Any] | bytes | Stream | Events
         if self.hit(index):
             out = self.shape(req, index, self.served.answers)
             self.served.by_shape["hit"] = self.served.by_shape.get("hit", 0) + 1
         else:
             out = honest()
         self.served.answers += 1
-        if isinstance(out, dict) and req.get("stream") is True:
+        if isinstance(out, Events):
+            return await self._endless(out, w)
+        if isinstance(out, dict) and req.get("stream") is True and not self.whole_only:
             return await self._events(out, req, w)
         if isinstance(out, dict):
             n = self._count(out)  # billed: decoded whether or not the client waits for it
@@ -202,7 +228,14 @@ class Hostile:
             text = msg.get(key) or ""
             pos = 0  # a character split over tokens goes with the first of them
             for _, b in TOKENIZER.encode(text, add_special_tokens=False).offsets:
-                deltas.append({key: text[pos : max(pos, b)]})
+                piece = text[pos : max(pos, b)]
+                d: dict[str, Any] = {key: piece}
+                if key == "reasoning" and self.details:  # OpenRouter's shape
+                    entry = {"type": "reasoning.text", "text": piece, "format": "x", "index": 0}
+                    d = {"reasoning_details": [entry]}
+                    if self.details == "both":
+                        d[key] = piece
+                deltas.append(d)
                 pos = max(pos, b)
         for i, call in enumerate(msg.get("tool_calls") or []):  # as OpenAI streams a call
             fn = call["function"]
@@ -216,9 +249,23 @@ class Hostile:
                 for k in range(0, len(args), 7)
             ]
 
+        pending = bytearray()  # what a re-chunking proxy holds until it has a chunk's worth
+
         def chunk(event: dict[str, Any] | str) -> bytes:
             data = b"data: " + (json.dumps(event) if isinstance(event, dict) else event).encode()
-            return b"%x\r\n%s\n\n\r\n" % (len(data) + 2, data)
+            if not self.rechunk:
+                return b"%x\r\n%s\n\n\r\n" % (len(data) + 2, data)
+            pending.extend(data + b"\n\n")
+            out = b""
+            while len(pending) >= self.rechunk:
+                out += b"%x\r\n%s\r\n" % (self.rechunk, bytes(pending[: self.rechunk]))
+                del pending[: self.rechunk]
+            return out
+
+        def flush() -> bytes:
+            out = b"%x\r\n%s\r\n" % (len(pending), bytes(pending)) if pending else b""
+            pending.clear()
+            return out
 
         def delta(d: dict[str, Any], finish: Any = None) -> dict[str, Any]:
             ch = {"index": 0, "delta": d, "finish_reason": finish}
@@ -243,11 +290,35 @@ class Hostile:
                 "include_usage"
             ):
                 tail += chunk({"id": "x", "choices": [], "usage": out["usage"]})
-            w.write(tail + chunk("[DONE]") + b"0\r\n\r\n")
+            w.write(tail + chunk("[DONE]") + flush() + b"0\r\n\r\n")
             await w.drain()
         except ConnectionError:
             return False
         return True
+
+    async def _endless(self, out: Events, w: asyncio.StreamWriter) -> bool:
+        """``out``'s events, each one HTTP chunk, until its bytes are written or the client
+        has gone."""
+        w.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        sent, k = 0, 0
+        try:
+            while sent < out.total:
+                data = b"data: " + json.dumps(out.event(k)).encode() + b"\n\n"
+                w.write(b"%x\r\n%s\r\n" % (len(data), data))
+                sent += len(data)
+                k += 1
+                if k % 64 == 0:
+                    await w.drain()
+                    if w.is_closing():
+                        return False
+            w.write(b"0\r\n\r\n")
+            await w.drain()
+        except ConnectionError:
+            pass
+        return False
 
     def _count(self, out: dict[str, Any]) -> int:
         try:

@@ -53,6 +53,7 @@ def manifest(
     run_extra: str = "",
     max_tokens: int = 128,
     concurrency: int = 8,
+    timeout_s: float = 30,
 ) -> Path:
     text = f"""
 [run]
@@ -69,7 +70,7 @@ model = "hostile"
 kind = "openai"
 base_url = "{url}"
 concurrency = {concurrency}
-timeout_s = 30
+timeout_s = {timeout_s}
 max_retries = 3
 backoff_s = 0.05
 {backend}

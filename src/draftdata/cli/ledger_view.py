@@ -94,16 +94,19 @@ def print_status_notes(run_status: RunStatus, st: dict[str, Any]) -> None:
                 f"{name}: the server's usage was not taken as sent for {why} answers "
                 "(charged draftdata's own count of their tokens)",
             )
-        if ds.interrupted or ds.in_flight:
+        if ds.interrupted or ds.unanswered or ds.in_flight:
             say(
                 out,
-                f"{name}: {ds.interrupted} requests were in flight at an interrupt and asked "
-                f"again (possibly paid, up to ${ds.possibly_paid_usd:.4f}, counted against the "
-                f"budget); {ds.in_flight} in flight now",
+                f"{name}: {ds.interrupted} requests were in flight at an interrupt and "
+                f"{ds.unanswered} were sent and never answered (timed out or cut): possibly "
+                f"paid, up to ${ds.possibly_paid_usd:.4f}, counted against the budget, and "
+                f"asked again; {ds.in_flight} in flight now",
             )
     possibly = sum(d.possibly_paid_usd for d in run_status.datasets.values())
     say(
         out,
         f"cost so far ${st['cost_usd']:.4f}"
-        + (f" (+ up to ${possibly:.4f} possibly paid in flight at interrupts)" if possibly else ""),
+        + (
+            f" (+ up to ${possibly:.4f} possibly paid: requests never answered)" if possibly else ""
+        ),
     )

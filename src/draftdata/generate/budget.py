@@ -53,10 +53,29 @@ class Budget:
             self._freed.clear()
             await self._freed.wait()
 
+    def reserve_now(self, estimate: float, floor: float = 0.0) -> float | None:
+        """``reserve_when_free`` without the wait: None where there is no room now (and
+        ``hit`` where nothing in flight could free any). For the retry of an attempt that
+        may have been paid: it is already inside the backend (the capability probe holds
+        back the requests behind it, which hold their reservations), so waiting there for
+        room could wait for ever."""
+        amount = max(estimate * self.overspend, floor)
+        if self.cap_usd is None or self.spent + self.reserved + amount <= self.cap_usd:
+            self.reserved += amount
+            return amount
+        if self.reserved <= 1e-12:
+            self.hit = True
+        return None
+
     def release(self, amount: float) -> None:
         self.reserved -= amount
         if self._freed is not None:
             self._freed.set()
+
+    def charge_unanswered(self, cost: float) -> None:
+        """An attempt that may have been paid and gave no answer (a timeout, a cut
+        connection): spent, but it tells nothing of what answers cost."""
+        self.spent += cost
 
     def charge(self, cost: float, estimate: float | None = None) -> None:
         self.spent += cost

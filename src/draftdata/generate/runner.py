@@ -28,7 +28,7 @@ from ..tokens.history import answer_message, n_turns, turn_messages
 from ..tokens.run_samples import RunTokens, Tokenized, stored_view
 from ..tokens.sample_maker import TokensStage
 from .backends import make_backend
-from .backends.base import Backend, GenRequest
+from .backends.base import Backend, BudgetRefused, GenRequest
 from .backends.retry import PROBE_REFUSED
 from .budget import Budget
 from .chains import PROMPT_WINDOW, Chain, chain_pages, first_prompts
@@ -100,6 +100,9 @@ class Runner(DecontaminateMixin):
             )
         spent = status(self.ledger).cost_usd + self.ledger.answers.possibly_paid()
         self.budget = Budget(manifest.run.budget_usd, spent=spent)
+        #: what each request being asked holds of the budget: 0 once an attempt that may have
+        #: been paid took it (the next attempt reserves again before it is sent)
+        self.held: dict[Key, float] = {}
         self.extend = extend
         #: datasets whose source file changed since the run began: read again
         self.reread: set[str] = set()
@@ -146,6 +149,14 @@ class Runner(DecontaminateMixin):
             b = make_backend(name, self.m.backends[name], self.m, self.bound)
 
             async def before_send(req: GenRequest) -> int:
+                # a retry after an attempt that may have been paid (its reservation was
+                # charged for it) reserves again, or is not sent (the key stays pending)
+                if self.held.get(req.key) == 0.0:
+                    worst = self.uncharged_worst(req, b) or 0.0
+                    again = self.budget.reserve_now(b.max_cost(req), worst)
+                    if again is None:
+                        raise BudgetRefused(req.key.sample_id)
+                    self.held[req.key] = again
                 # written before the request leaves, at what it may cost: a kill in flight
                 # leaves it counted as possibly paid
                 most = max(
@@ -269,7 +280,16 @@ class Runner(DecontaminateMixin):
 
     # --- recording -----------------------------------------------------------------------------
     def on_failure(self, bars: Bars, req: GenRequest, f: FailedAttempt, backend: str) -> None:
-        self.ledger.answers.record_failure(req.key, backend, f)
+        charged = None
+        if f.paid_usd is not None:  # it may have been paid: charged now, its reservation gone
+            held = self.held.get(req.key, 0.0)
+            charged = f.paid_usd if f.settled else max(f.paid_usd, held)
+            if req.key in self.held:
+                self.budget.release(held)
+                self.held[req.key] = 0.0
+            self.budget.charge_unanswered(charged)
+            bars.update(req.key.dataset, cost=charged)
+        self.ledger.answers.record_failure(req.key, backend, f, charged)
         # the capability probe's expected refusal is recorded, but it is not an error
         bars.update(req.key.dataset, errors=int(f.reason != PROBE_REFUSED), done=int(f.final))
         if f.asked_s is not None and f.asked_s >= LONG_WAIT_S:
@@ -450,12 +470,13 @@ class Runner(DecontaminateMixin):
         held = await self.budget.reserve_when_free(estimate, worst)
         if held is None:
             return None  # scheduling stops before the budget could be passed
+        self.held[req.key] = held
         try:
             [c] = await backend.run_batch(
                 [req], lambda r, f: self.on_failure(bars, r, f, backend.name)
             )
         finally:
-            self.budget.release(held)
+            self.budget.release(self.held.pop(req.key))
         if c is not None:
             await self.store(bars, req, c, backend, estimate)
         return c

@@ -206,6 +206,14 @@ class FailedAttempt:
     intent: int | None = None
     #: the server's own words for a refusal (its error message), one line; "" where none
     detail: str = ""
+    #: what the attempt may have cost (USD): None where it cost nothing (never sent, or
+    #: refused by the server); else at least what draftdata counted of it (its prompt, and the
+    #: answer's tokens streamed before the client stopped waiting)
+    paid_usd: float | None = None
+    #: the server's own answer says what it cost (``paid_usd`` as it is); False: no answer
+    #: does (a timeout, a cut connection, a body that cannot be read), so it is charged at
+    #: least what was reserved for it, the most it may have cost
+    settled: bool = False
 
     @property
     def why(self) -> str:

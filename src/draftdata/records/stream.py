@@ -15,7 +15,13 @@ last ``finish_reason``, ``stop_reason`` and ``matched_stop``; at the top level t
 ``created``, ``provider``, the ids of the prompt (vLLM sends them in the first event) and the
 last ``usage``. ``stream_events`` counts the events read. Comments (``: PROCESSING``) are
 skipped; ``[DONE]`` ends the stream. An event whose fields have the wrong type, or that is not
-JSON, makes the answer ``problem`` (quarantined by its reader); an ``error`` event ends it."""
+JSON, makes the answer ``problem`` (quarantined by its reader); an ``error`` event ends it.
+
+What a caller can stop on: ``chars`` counts the answer's text (its content, its reasoning,
+whether sent as text or only in ``reasoning_details`` (the longer of the two per event: OpenRouter
+sends both), tool-call names and arguments), and ``held`` what the answer keeps in memory,
+every field included (encrypted reasoning, choices and tool calls by index, log-probabilities),
+so that no field a caller does not count grows without bound."""
 
 from __future__ import annotations
 
@@ -31,6 +37,11 @@ LIST_FIELDS = ("token_ids", "response_token_ids")
 LAST_FIELDS = ("stop_reason", "matched_stop")
 #: top-level fields kept as the first event gives them
 FIRST_FIELDS = ("id", "model", "created", "provider", "system_fingerprint")
+#: the delta fields that hold the reasoning as text (``reasoning_details`` may repeat it)
+REASONING_FIELDS = ("reasoning", "reasoning_content")
+#: bytes taken for what a new choice, tool call, detail or log-probability entry keeps beside
+#: its text (Python objects: a few hundred bytes each)
+ENTRY_BYTES = 256
 
 
 @dataclass
@@ -108,6 +119,27 @@ def _join_details(have: list[Any], new: list[Any]) -> list[Any]:
     return have
 
 
+def _detail_sizes(new: list[Any]) -> tuple[str, int]:
+    """One event's ``reasoning_details``: the reasoning text its entries carry (a text or a
+    summary), and the bytes of all else they hold (encrypted data, other fields)."""
+    text: list[str] = []
+    other = 0
+    for d in new:
+        other += ENTRY_BYTES
+        if not isinstance(d, dict):
+            continue
+        kind = d.get("type")
+        key = DETAIL_TEXT.get(kind) if isinstance(kind, str) else None
+        for k, v in d.items():
+            if k == key and isinstance(v, str):
+                text.append(v)
+            elif isinstance(v, str):
+                other += len(v)
+            elif isinstance(v, (dict, list)):
+                other += len(json.dumps(v))
+    return "".join(text), other
+
+
 def _details_out(have: list[Any]) -> list[Any]:
     return [x.whole() if isinstance(x, _Detail) else x for x in have]
 
@@ -124,6 +156,9 @@ class StreamAssembly:
         self.error: str | None = None
         self.problem: str | None = None
         self.chars = 0
+        #: what the answer so far keeps in memory, in bytes (about): ``chars`` and every other
+        #: field (encrypted reasoning, new choices and calls, log-probabilities, ids)
+        self.held = 0
         #: the text received since a caller last took it (``take_fresh``), to count in pieces
         self.fresh: list[str] = []
         self.ids = 0
@@ -149,8 +184,14 @@ class StreamAssembly:
             self._line.clear()
             start = end + 1
 
-    def finish(self) -> None:
-        """The stream ended: a last event not followed by a blank line still counts."""
+    def finish(self, hung_up: bool = False) -> None:
+        """The stream ended: a last event not followed by a blank line still counts, unless
+        the client hung up (``hung_up``): then the last line may be an event cut in two (a proxy
+        passes a stream on in pieces of its own size), and it is not part of the answer."""
+        if hung_up:
+            self._line.clear()
+            self._data.clear()
+            return
         if self._line:
             self._take(bytes(self._line).rstrip(b"\r"))
             self._line.clear()
@@ -212,7 +253,10 @@ class StreamAssembly:
             index = ch.get("index", 0)
             if not isinstance(index, int):
                 raise TypeError("a choice's index is not a number")
-            self._merge_choice(self._choices.setdefault(index, _Choice()), ch)
+            if index not in self._choices:
+                self._choices[index] = _Choice()
+                self.held += ENTRY_BYTES
+            self._merge_choice(self._choices[index], ch)
 
     def _merge_choice(self, c: _Choice, ch: dict[str, Any]) -> None:
         delta = ch.get("delta") or {}
@@ -220,6 +264,7 @@ class StreamAssembly:
             raise TypeError("a delta is not an object")
         if delta.get("role") is not None:
             c.role = delta["role"]
+        thought: list[str] = []  # the reasoning as text in this event
         for k in TEXT_FIELDS:
             v = delta.get(k)
             if v is None:
@@ -227,13 +272,23 @@ class StreamAssembly:
             if not isinstance(v, str):
                 raise TypeError(f"delta.{k} is not text")
             c.texts.setdefault(k, []).append(v)
-            if k != "refusal":
+            if k in REASONING_FIELDS:
+                thought.append(v)
+            elif k == "content":
                 self._grew(v)
+            else:
+                self.held += len(v)
         details = delta.get("reasoning_details")
         if details is not None:
             if not isinstance(details, list):
                 raise TypeError("delta.reasoning_details is not a list")
             c.details = _join_details(c.details or [], details)
+            in_details, other = _detail_sizes(details)
+            self.held += other
+            if len(in_details) > sum(map(len, thought)):  # the reasoning, sent only here
+                thought = [in_details]
+        for v in thought:
+            self._grew(v)
         calls = delta.get("tool_calls")
         if calls is not None:
             if not isinstance(calls, list):
@@ -248,9 +303,14 @@ class StreamAssembly:
                 raise TypeError(f"{k} is not a list")
             c.lists.setdefault(k, []).extend(v)
             self.ids += len(v)
+            self.held += 8 * len(v)
         lp = ch.get("logprobs")
         if isinstance(lp, dict) and isinstance(lp.get("content"), list):
             c.logprobs = (c.logprobs or []) + lp["content"]
+            self.held += ENTRY_BYTES * sum(
+                1 + len(e.get("top_logprobs") or ()) if isinstance(e, dict) else 1
+                for e in lp["content"]
+            )
         if ch.get("finish_reason") is not None:
             c.finish_reason = ch["finish_reason"]
         for k in LAST_FIELDS:
@@ -268,9 +328,13 @@ class StreamAssembly:
             index = len(c.calls) if new or not c.calls else max(c.calls)
         if not isinstance(index, int):
             raise TypeError("a tool call's index is not a number")
-        call = c.calls.setdefault(index, _Call())
+        if index not in c.calls:
+            c.calls[index] = _Call()
+            self.held += ENTRY_BYTES
+        call = c.calls[index]
         if tc.get("id") is not None and call.id is None:
             call.id = tc["id"]
+            self.held += len(str(call.id))
         if tc.get("type") is not None and call.type is None:
             call.type = tc["type"]
         fn = tc.get("function") or {}
@@ -291,6 +355,7 @@ class StreamAssembly:
 
     def _grew(self, text: str) -> None:
         self.chars += len(text)
+        self.held += len(text)
         self.fresh.append(text)
 
     def take_fresh(self) -> str:

@@ -27,6 +27,9 @@ from .part import KEY, Part
 
 #: the reason of an attempt that was in flight when its run was interrupted (possibly paid)
 INTERRUPTED = "interrupted"
+#: the ``inflight`` states of requests that may have been paid and gave no answer: in flight at
+#: an interrupt, or sent and never answered (a timeout, a cut connection)
+POSSIBLY_PAID = ("interrupted", "unanswered")
 
 #: a stored answer's columns (``_stored`` reads them in this order) and where they come from.
 #: A first turn's ``our_prompt_ids`` equal to the ids stored with its prompt are not stored
@@ -122,18 +125,37 @@ class Answers(Part):
 
     @guarded
     def possibly_paid(self) -> float:
-        """USD of the requests in flight at an interrupt: counted against the budget."""
+        """USD of the requests that may have been paid and gave no answer (in flight at an
+        interrupt, or sent and never answered): counted against the budget."""
         (usd,) = self.db.execute(
-            "SELECT coalesce(sum(estimate_usd), 0) FROM inflight WHERE state='interrupted'"
+            "SELECT coalesce(sum(estimate_usd), 0) FROM inflight WHERE state IN (?, ?)",
+            POSSIBLY_PAID,
         ).fetchone()
         return float(usd)
 
     # --- the write that matters ----------------------------------------------------------------
     @guarded
-    def record_failure(self, key: Key, backend: str, f: FailedAttempt) -> None:
-        """A failed attempt, verbatim; the key stays pending unless the failure is final."""
+    def record_failure(
+        self, key: Key, backend: str, f: FailedAttempt, charged: float | None = None
+    ) -> None:
+        """A failed attempt, verbatim; the key stays pending unless the failure is final.
+        ``charged``: what it was charged as possibly paid (a timeout, a cut connection): its
+        request stays in ``inflight`` as ``unanswered`` at that figure, counted against the
+        budget of every later run."""
         with self.tx():
-            self._end(f.intent)
+            if charged is None:
+                self._end(f.intent)
+            elif f.intent is not None:
+                self.db.execute(
+                    "UPDATE inflight SET state='unanswered', estimate_usd=? WHERE id=?",
+                    (charged, f.intent),
+                )
+            else:
+                self.db.execute(
+                    "INSERT INTO inflight (dataset, prompt_id, sample_idx, turn, backend, "
+                    "started_at, estimate_usd, state) VALUES (?,?,?,?,?,?,?,'unanswered')",
+                    (*key.tuple(), backend, f.started_at, charged),
+                )
             self._attempt(
                 self._attempt_row(key, backend, False, f.reason, f, f.request, f.response_text)
             )

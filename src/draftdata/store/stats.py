@@ -38,8 +38,10 @@ class DatasetStatus:
     #: answers whose server ``usage`` was not taken as it is: ``invalid`` (not finite,
     #: negative, out of range), ``under`` (fewer tokens than draftdata's own count)
     usage_notes: dict[str, int] = field(default_factory=dict)
-    #: requests in flight when a run was interrupted (asked again), and what they may have cost
+    #: requests in flight when a run was interrupted (asked again), requests sent and never
+    #: answered (timed out, cut), and what both may have cost (charged against the budget)
     interrupted: int = 0
+    unanswered: int = 0
     possibly_paid_usd: float = 0.0
     #: requests written as in flight now (by a writer that is running, or one killed since)
     in_flight: int = 0
@@ -60,6 +62,7 @@ class DatasetStatus:
             "warnings": dict(self.warnings),
             "usage_notes": dict(self.usage_notes),
             "interrupted": self.interrupted,
+            "unanswered": self.unanswered,
             "possibly_paid_usd": self.possibly_paid_usd,
             "in_flight": self.in_flight,
         }
@@ -154,9 +157,10 @@ def status(led: Ledger) -> RunStatus:
         ):
             if state == "open":
                 d(dataset)["in_flight"] = n
-            else:
-                d(dataset)["interrupted"] = n
-                d(dataset)["possibly_paid_usd"] = round(usd or 0.0, 6)
+                continue
+            d(dataset)["unanswered" if state == "unanswered" else "interrupted"] = n
+            paid = d(dataset).get("possibly_paid_usd", 0.0) + (usd or 0.0)
+            d(dataset)["possibly_paid_usd"] = round(paid, 6)
     for dataset in ds:
         notes = led.meta.get(USAGE_NOTES.of(dataset))
         if notes:

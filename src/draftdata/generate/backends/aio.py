@@ -47,6 +47,8 @@ class AiohttpClient:
                         return Reply(r.status, got, bytes(data))
                     data += chunk
                 return Reply(r.status, got, bytes(data[: self.limit]), cut=True)
+        except aiohttp.ClientConnectorError as e:  # no connection: nothing reached the server
+            raise TransportError(type(e).__name__, str(e), sent=False) from e
         except aiohttp.ClientError as e:
             raise TransportError(type(e).__name__, str(e)) from e
 

@@ -30,8 +30,14 @@ class GenRequest:
 
 #: called for every failed attempt the moment it ends (the ledger stores it verbatim)
 OnFailure = Callable[[GenRequest, FailedAttempt], None]
-#: awaited before every request is sent: writes it to the ledger as in flight, returns the row
+#: awaited before every request is sent: writes it to the ledger as in flight, returns the row;
+#: raises ``BudgetRefused`` where the budget has no room left for the attempt
 BeforeSend = Callable[[GenRequest], Awaitable[int]]
+
+
+class BudgetRefused(Exception):
+    """The budget has no room for another attempt of a request (its reservation went to an
+    earlier attempt that may have been paid): the request is not sent, and stays pending."""
 
 
 class Backend(ABC):

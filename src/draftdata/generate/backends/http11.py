@@ -43,9 +43,11 @@ Sink = Callable[[Mapping[str, str]], Feed | None]
 
 
 class TransportError(Exception):
-    def __init__(self, reason: str, detail: str = "") -> None:
+    def __init__(self, reason: str, detail: str = "", *, sent: bool = True) -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+        #: the request may have reached the server (False: the connection never opened)
+        self.sent = sent
 
 
 class _Stale(Exception):
@@ -157,9 +159,9 @@ class LeanHttp:
                 limit=HEAD_LIMIT,
             )
         except ConnectionRefusedError as e:
-            raise TransportError("refused", str(e)) from e
+            raise TransportError("refused", str(e), sent=False) from e
         except (ssl.SSLError, OSError) as e:
-            raise TransportError("os_error", str(e)) from e
+            raise TransportError("os_error", str(e), sent=False) from e
         return _Conn(r, w)
 
     async def _exchange(

@@ -27,7 +27,7 @@ from ...records import ApiView
 from ...records.servers import profile as server_profile
 from ...records.wire import WireAnswer, ids_field, messages_to_wire, parse_answer
 from .aio import AiohttpClient, RateLimiter
-from .base import Backend, Completion, FailedAttempt, GenRequest, OnFailure
+from .base import Backend, BudgetRefused, Completion, FailedAttempt, GenRequest, OnFailure
 from .charges import BYTES_PER_TOKEN, RUNAWAY_FACTOR, RUNAWAY_SLACK, answer_tokens, charge
 from .http11 import LeanHttp, Reply, TransportError
 from .reach import reachable
@@ -188,9 +188,13 @@ class OpenAIBackend(Backend):
                 await self.rpm.acquire(1)
             if self.tpm:
                 await self.tpm.acquire(est_tokens)
-            intent = await self.before_send(req) if self.before_send is not None else None
+            try:
+                intent = await self.before_send(req) if self.before_send is not None else None
+            except BudgetRefused:
+                return None  # not sent: the key stays pending for a run with more budget
             sent = await self._send(req, body)
             reason = sent.reason
+            settled: float | None = None  # an answer's own cost, where it came and is not kept
             if reason is None and sent.reply is not None and sent.text is not None:
                 done = self._parse(
                     req, body, sent.reply, sent.text, sent.t0, sent.latency, probing, with_ids,
@@ -202,7 +206,7 @@ class OpenAIBackend(Backend):
                     # an answer still empty after its retries is kept as such
                     return replace(done, intent=intent)
                 else:
-                    reason = "empty_response"
+                    reason, settled = "empty_response", done.cost_usd
             refused = self._refused_option(sent, probing)
             if refused is not None:  # asked again at once, without the option refused
                 probing = probing and refused != PROBE_REFUSED
@@ -214,7 +218,9 @@ class OpenAIBackend(Backend):
                     ),
                 )  # fmt: skip
                 continue
-            wait = self._failed(req, on_failure, body, sent, reason or "no_body", attempt, intent)
+            wait = self._failed(
+                req, on_failure, body, sent, reason or "no_body", attempt, intent, settled
+            )
             if wait is None:
                 return None
             await asyncio.sleep(wait)
@@ -228,6 +234,7 @@ class OpenAIBackend(Backend):
         text: str | None = None
         reply: Reply | None = None
         detail = ""
+        unsent = False
         watch = self._watch(req) if self.streaming else None
         try:
             reply = await self.transport.post(
@@ -248,7 +255,10 @@ class OpenAIBackend(Backend):
             reason = "timeout"
         except TransportError as e:
             reason = f"connection_error:{e.reason}"
-        return Sent(t0, time.time() - t0, status, headers, text, reply, reason, detail, watch)
+            unsent = not e.sent
+        return Sent(
+            t0, time.time() - t0, status, headers, text, reply, reason, detail, watch, unsent
+        )
 
     def _refused_option(self, sent: Sent, probing: bool) -> str | None:
         """The option the server refused, turned off for every later request (its ids on the
@@ -271,9 +281,11 @@ class OpenAIBackend(Backend):
         reason: str,
         attempt: int,
         intent: int | None,
+        settled: float | None = None,
     ) -> float | None:
-        """A failed attempt, recorded; the seconds to wait before the next one, None when it was
-        the last (a refused key also stops the backend)."""
+        """A failed attempt, recorded with what it may have cost (``paid``); the seconds to
+        wait before the next one, None when it was the last (a refused key also stops the
+        backend)."""
         status, headers = sent.status, sent.headers
         if status in AUTH_STATUSES:
             self.fatal = (
@@ -303,9 +315,22 @@ class OpenAIBackend(Backend):
                 asked_s=asked,
                 intent=intent,
                 detail=detail,
+                paid_usd=settled if settled is not None else self.paid(req, sent),
+                settled=settled is not None,
             ),
         )
         return wait if retry else None
+
+    def paid(self, req: GenRequest, sent: Sent) -> float | None:
+        """What an attempt with no usable answer may have cost, at least: None where the
+        server's own answer says it failed (an HTTP error) or nothing reached it; else its
+        prompt and the answer's tokens counted as they streamed in. A provider bills a
+        generation the client stopped waiting for: the runner charges such an attempt what
+        was reserved for it where that is more."""
+        if sent.unsent or (sent.status is not None and sent.status != 200):
+            return None
+        written = sent.watch.written() if sent.watch is not None else 0
+        return self.cost_usd(self.cfg, len(req.prompt_ids), written)
 
     def _parse(
         self,
@@ -336,14 +361,18 @@ class OpenAIBackend(Backend):
             )
 
         if watch is not None and watch.asm.problem is not None:
-            return unread({"bad_stream": watch.asm.problem}, f"bad_stream: {watch.asm.problem}")
+            return unread(
+                {"bad_stream": watch.asm.problem},
+                f"bad_stream: {watch.asm.problem}",
+                counted=max(req.sampling.max_tokens, watch.written()),
+            )
         if watch is not None and watch.stopped == "oversized":
-            size = watch.asm.chars
+            size = watch.asm.held
             return unread(
                 {"oversized_chars": size},
-                f"oversized: more than {size:,} characters streamed, more than "
+                f"oversized: more than {size:,} bytes of answer streamed, more than "
                 f"max_answer_bytes = {self.cfg.max_answer_bytes:,} (the rest was not read)",
-                counted=size // BYTES_PER_TOKEN,
+                counted=max(size // BYTES_PER_TOKEN, watch.written()),
             )
         if reply.cut or size > self.cfg.max_answer_bytes:
             more = "more than " if reply.cut else ""

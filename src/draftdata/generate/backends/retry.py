@@ -104,3 +104,5 @@ class Sent(NamedTuple):
     reason: str | None
     detail: str
     watch: StreamWatch | None
+    #: the connection never opened: nothing reached the server, nothing can be billed
+    unsent: bool = False

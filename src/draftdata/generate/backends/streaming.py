@@ -59,14 +59,24 @@ class StreamWatch:
             self._counted_chars = self.asm.chars
         if self.tokens > self.limit_tokens:
             self.stopped = "runaway"
-        elif self.asm.chars > self.max_bytes:
+        elif self.asm.held > self.max_bytes:
             self.stopped = "oversized"
         return self.stopped is not None
+
+    def written(self) -> int:
+        """The answer's tokens so far: the ids, or its text counted, what came since the last
+        count included (what a stream hung up on, or timed out, was billed for at least)."""
+        if self.asm.ids:
+            return self.asm.ids
+        if self.asm.chars > self._counted_chars:
+            self.tokens += self.count(self.asm.take_fresh())
+            self._counted_chars = self.asm.chars
+        return self.tokens
 
     def ended(self) -> str | None:
         """The stream has ended (or was hung up on): None where the answer can be read, or the
         reason to ask again (an ``error`` event, a stream cut before its end)."""
-        self.asm.finish()
+        self.asm.finish(hung_up=self.stopped is not None)
         if self.asm.error is not None:
             return "stream_error"
         if self.stopped is not None or self.asm.problem is not None or self.asm.done:
