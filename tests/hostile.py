@@ -51,7 +51,7 @@ class Served:
 #: a shape: (request body, index of the prompt, answers sent so far) -> what to send. A dict
 #: is sent as JSON with a Content-Length; bytes as they are with a Content-Length; a
 #: ``Stream`` without one (to the close)
-Shape = Callable[[dict[str, Any], int, int], "dict[str, Any] | bytes | Stream | Events"]
+Shape = Callable[[dict[str, Any], int, int], "dict[str, Any] | bytes | Stream | Events | Refusal"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,14 @@ class Stream:
     head: bytes
     chunk: bytes
     total: int
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An HTTP error: ``status`` and ``body`` (JSON) as they are."""
+
+    status: int
+    body: bytes
 
 
 @dataclass(frozen=True)
@@ -177,7 +185,7 @@ class Hostile:
         user = next(m["content"] for m in req["messages"] if m["role"] == "user")
         m = _INDEX.match(user)
         index = int(m.group(1)) if m else 0
-        out: dict[str, Any] | bytes | Stream | Events
+        out: dict[str, Any] | bytes | Stream | Events | Refusal
         if self.hit(index):
             out = self.shape(req, index, self.served.answers)
             self.served.by_shape["hit"] = self.served.by_shape.get("hit", 0) + 1
@@ -186,6 +194,13 @@ class Hostile:
         self.served.answers += 1
         if isinstance(out, Events):
             return await self._endless(out, w)
+        if isinstance(out, Refusal):
+            w.write(
+                b"HTTP/1.1 %d Refused\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % (out.status, len(out.body)) + out.body
+            )
+            await w.drain()
+            return True
         if isinstance(out, dict) and req.get("stream") is True and not self.whole_only:
             return await self._events(out, req, w)
         if isinstance(out, dict):

@@ -18,6 +18,7 @@ from ..files import not_a_file
 from ..lines import capped_lines
 from ..nesting import TooDeep, loads_json
 from ..progress import Ticker as _Ticker
+from ..shown import redact, shown
 
 app = typer.Typer(
     name="draftdata",
@@ -35,8 +36,9 @@ err = Console(stderr=True, soft_wrap=True)
 
 
 def say(console: Console, message: str, style: str | None = None) -> None:
-    """Print ``message`` as it is: no markup is interpreted in text that names user input."""
-    console.print(Text(message, style=style or ""), soft_wrap=True)
+    """Print ``message`` as it is: no markup is interpreted in text that names user input, no
+    secret is shown and no control byte reaches the terminal raw (``draftdata.shown``)."""
+    console.print(Text(shown(message), style=style or ""), soft_wrap=True)
 
 
 def example(*lines: str) -> str:
@@ -182,8 +184,9 @@ def jsonl_records(
 
 
 def command_line() -> list[str]:
-    """The command as the user typed it (recorded in the run's ledger for the report)."""
-    return ["draftdata", *sys.argv[1:]]
+    """The command as the user typed it (recorded in the run's ledger for the report, and in
+    the run folder's lock), with any secret in it redacted (a URL's password, a key)."""
+    return ["draftdata", *(redact(a) for a in sys.argv[1:])]
 
 
 class Ticker(_Ticker):

@@ -125,7 +125,9 @@ def url_problem(url: str) -> str | None:
 
 #: a query parameter whose name holds one of these carries a credential (api-key, api_key,
 #: access_token, client_secret, password, sig, X-Amz-Signature, auth, ...)
-_SECRET_PARAM = re.compile(r"key|token|secret|passw|sig|auth|credential", re.IGNORECASE)
+_SECRET_PARAM = re.compile(
+    r"key|token|secret|passw|sig|auth|credential|^code$", re.IGNORECASE
+)  # code: Azure Functions' function key
 #: the user:password@ of a URL (or of a string too malformed to parse as one)
 _USERINFO = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?[^/?#]*@")
 

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 
+from ..shown import visible
+
 # Okabe-Ito (readable with the common colour-vision deficiencies), then two darker extras.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#8C6D31", "#6A3D9A")
 INK = "#1f2933"
@@ -28,7 +30,8 @@ def color(i: int) -> str:
 
 
 def esc(value: object) -> str:
-    return escape(str(value), quote=True)
+    """``value`` as HTML text: escaped, its control bytes visible (a page holds none raw)."""
+    return escape(visible(str(value)), quote=True)
 
 
 def short_num(v: float) -> str:

@@ -26,6 +26,7 @@ from ...formats import BoundFormat
 from ...records import ApiView
 from ...records.servers import profile as server_profile
 from ...records.wire import WireAnswer, ids_field, messages_to_wire, parse_answer
+from ...shown import redact, shown
 from .aio import AiohttpClient, RateLimiter
 from .base import Backend, BudgetRefused, Completion, FailedAttempt, GenRequest, OnFailure
 from .charges import BYTES_PER_TOKEN, RUNAWAY_FACTOR, RUNAWAY_SLACK, answer_tokens, charge
@@ -83,6 +84,8 @@ class OpenAIBackend(Backend):
                 "use one of them (the key in the variable is the usual way)"
             )
         self.headers = auth_headers(cfg)
+        #: the API key, kept out of everything stored or shown of a failure
+        self.key = key
         why = reachable(cfg.base_url)
         if why is not None:  # name it now: not after 90 refused attempts and 40 s
             raise BackendConfigError(
@@ -299,6 +302,10 @@ class OpenAIBackend(Backend):
             )
         retry = will_retry(reason, status, attempt, self.cfg.max_retries)
         detail = error_text(sent.text) if status not in (None, 200) else sent.detail
+        # the server's words, verbatim but for a secret (a refusal may quote the key it got);
+        # shown with their control bytes visible (they reach a terminal: `status --failed`)
+        detail = shown(detail, (self.key,))
+        text = redact(sent.text, (self.key,)) if sent.text is not None else None
         wait = retry_delay(attempt, headers, self.rng, self.cfg.backoff_s) if retry else 0.0
         asked = retry_after(headers, cap=float("inf"))
         on_failure(
@@ -307,7 +314,7 @@ class OpenAIBackend(Backend):
                 reason,
                 status,
                 body,
-                sent.text,
+                text,
                 sent.t0,
                 sent.latency,
                 not retry,
