@@ -20,7 +20,7 @@ class Meter:
     errors: int = 0
     tokens: int = 0
     cost: float = 0.0
-    started: float = field(default_factory=time.time)
+    started: float = field(default_factory=time.monotonic)
     #: answers that were already in the ledger when this session started (not this session's rate)
     resumed: int = 0
 
@@ -86,8 +86,8 @@ class Bars:
     def add(self, name: str, total: int, done: int) -> None:
         self.meters[name] = Meter(total, done, resumed=done)
         if self.every_s > 0:
-            self._last_line[name] = time.time()
-            self._say(line(name, self.meters[name], time.time()))
+            self._last_line[name] = time.monotonic()
+            self._say(line(name, self.meters[name], time.monotonic()))
         self.tasks[name] = self.progress.add_task(
             name, total=total, completed=done, rps=0.0, tps=0.0, errors=0, cost=0.0
         )
@@ -100,7 +100,7 @@ class Bars:
         m.errors += errors
         m.tokens += tokens
         m.cost += cost
-        now = time.time()
+        now = time.monotonic()
         dt = now - m.started
         self.progress.update(
             self.tasks[name],
@@ -118,7 +118,7 @@ class Bars:
 
     def note(self, text: str) -> None:
         """A line about the run (a long wait, a stop), once per distinct text a minute."""
-        now = time.time()
+        now = time.monotonic()
         if now - self._notes.get(text, 0.0) >= 60:
             self._notes[text] = now
             self._say(text)

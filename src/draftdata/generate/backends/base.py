@@ -7,6 +7,7 @@ what the budget reserves per request (``max_cost``)."""
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -14,6 +15,23 @@ from typing import Any, ClassVar
 
 from ...config import Manifest, Sampling
 from ...records import Completion, FailedAttempt, Key, Message
+
+
+@dataclass(frozen=True)
+class Began:
+    """When an attempt began: the wall clock's time (what the ledger shows as its start) and
+    the monotonic clock's, which its duration is measured from: a wall clock set back a day or
+    forward ten years during a run changes no stored duration."""
+
+    wall: float
+    mono: float
+
+    @classmethod
+    def now(cls) -> Began:
+        return cls(time.time(), time.monotonic())
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.mono
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from ...config import EngineBackendCfg, Manifest
 from ...errors import DraftdataError
 from ...formats import BoundFormat, derive_view
-from .base import Backend, Completion, GenRequest, OnFailure, model_path_problems
+from .base import Backend, Began, Completion, GenRequest, OnFailure, model_path_problems
 
 
 class EngineUnavailable(DraftdataError):
@@ -18,7 +17,7 @@ class EngineUnavailable(DraftdataError):
 
 
 def engine_completion(
-    bound: BoundFormat, req: GenRequest, ids: list[int], finish: str, engine: str, t0: float
+    bound: BoundFormat, req: GenRequest, ids: list[int], finish: str, engine: str, t0: Began
 ) -> Completion:
     view = derive_view(bound, ids, finish)
     resp = {"engine": engine, "output_ids": ids, "finish_reason": finish}
@@ -36,8 +35,8 @@ def engine_completion(
         prompt_ids=tuple(req.prompt_ids),
         prompt_tokens=len(req.prompt_ids),
         completion_tokens=len(ids),
-        started_at=t0,
-        latency_s=time.time() - t0,
+        started_at=t0.wall,
+        latency_s=t0.elapsed(),
     )
 
 
@@ -77,7 +76,7 @@ class VLLMBackend(_Engine):
     def _run(self, requests: Sequence[GenRequest]) -> list[Completion | None]:
         from vllm import SamplingParams, TokensPrompt
 
-        t0 = time.time()
+        t0 = Began.now()
         stops = sorted(self.bound.stop_ids)
         params = [
             SamplingParams(
@@ -125,7 +124,7 @@ class SGLangBackend(_Engine):
         return await asyncio.to_thread(self._run, requests)
 
     def _run(self, requests: Sequence[GenRequest]) -> list[Completion | None]:
-        t0 = time.time()
+        t0 = Began.now()
         stops = sorted(self.bound.stop_ids)
         params: list[dict[str, Any]] = [
             {

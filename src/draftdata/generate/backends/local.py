@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from ...config import HFBackendCfg, Manifest
 from ...formats import BoundFormat
 from ...model.folders import ensure_hf_folder, resolve_model
-from .base import Backend, Completion, GenRequest, OnFailure, model_path_problems
+from .base import Backend, Began, Completion, GenRequest, OnFailure, model_path_problems
 from .engines import engine_completion
 
 
@@ -61,7 +60,7 @@ class HFBackend(Backend):
         for (temp, top_p, max_tokens), idx in groups.items():
             for k in range(0, len(idx), self.cfg.batch_size):
                 chunk = idx[k : k + self.cfg.batch_size]
-                t0 = time.time()
+                t0 = Began.now()
                 res = self.engine.generate(
                     [requests[i].prompt_ids for i in chunk],
                     max_new_tokens=max_tokens,

@@ -14,7 +14,6 @@ import asyncio
 import json
 import os
 import random
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -28,7 +27,7 @@ from ...records.servers import profile as server_profile
 from ...records.wire import WireAnswer, ids_field, messages_to_wire, parse_answer
 from ...shown import redact, shown
 from .aio import AiohttpClient, RateLimiter
-from .base import Backend, BudgetRefused, Completion, FailedAttempt, GenRequest, OnFailure
+from .base import Backend, Began, BudgetRefused, Completion, FailedAttempt, GenRequest, OnFailure
 from .charges import BYTES_PER_TOKEN, RUNAWAY_FACTOR, RUNAWAY_SLACK, answer_tokens, charge
 from .http11 import LeanHttp, Reply, TransportError
 from .reach import reachable
@@ -231,7 +230,7 @@ class OpenAIBackend(Backend):
 
     async def _send(self, req: GenRequest, body: str) -> Sent:
         """One attempt on the wire: the reply as it came, or the reason it did not."""
-        t0 = time.time()
+        began = Began.now()
         status: int | None = None
         headers: dict[str, str] = {}
         text: str | None = None
@@ -260,8 +259,9 @@ class OpenAIBackend(Backend):
             reason = f"connection_error:{e.reason}"
             unsent = not e.sent
         return Sent(
-            t0, time.time() - t0, status, headers, text, reply, reason, detail, watch, unsent
-        )
+            began.wall, began.elapsed(), status, headers, text, reply, reason, detail, watch,
+            unsent,
+        )  # fmt: skip
 
     def _refused_option(self, sent: Sent, probing: bool) -> str | None:
         """The option the server refused, turned off for every later request (its ids on the
