@@ -26,7 +26,7 @@ LEVELS: tuple[tuple[str, ...], ...] = (
     ("lines",),
     ("records",),
     ("config",),
-    ("tokenizers", "sources", "store"),
+    ("tokenizers", "sources", "store", "shown"),
     ("formats",),
     ("tokens",),
     ("session",),

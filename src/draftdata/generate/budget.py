@@ -15,6 +15,7 @@ reserves that bound until an answer is charged (``bounded``, ``floor``)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 
@@ -32,6 +33,46 @@ class Budget:
     _first: asyncio.Lock | None = field(default=None, repr=False)
     #: set when a reservation is released (``reserve_when_free`` waits on it)
     _freed: asyncio.Event | None = field(default=None, repr=False)
+    #: what each request being asked holds (by its key): 0 once an attempt that may have been
+    #: paid was charged it (the next attempt reserves again: ``reserve_again``)
+    _held: dict[Hashable, float] = field(default_factory=dict, repr=False)
+
+    async def hold(self, key: Hashable, estimate: float, floor: float = 0.0) -> bool:
+        """``reserve_when_free`` for one request, held under its key until ``let_go``; False
+        (nothing held) where the cap is reached."""
+        amount = await self.reserve_when_free(estimate, floor)
+        if amount is None:
+            return False
+        self._held[key] = amount
+        return True
+
+    def let_go(self, key: Hashable) -> None:
+        """The request is over: what it still holds is released."""
+        self.release(self._held.pop(key, 0.0))
+
+    def reserve_again(self, key: Hashable, estimate: float, floor: float = 0.0) -> bool:
+        """Before an attempt is sent: True where its request still holds its reservation or
+        gets a new one now (``reserve_now``), False where the cap leaves no room."""
+        if self._held.get(key) != 0.0:
+            return True
+        amount = self.reserve_now(estimate, floor)
+        if amount is None:
+            return False
+        self._held[key] = amount
+        return True
+
+    def charge_unanswered(self, key: Hashable, paid: float, settled: bool) -> float:
+        """An attempt that may have been paid and gave no answer (a timeout, a cut
+        connection): charged ``paid`` where the server's answer said so (``settled``), else at
+        least what its request holds, which goes to it; returns the charge. It tells nothing
+        of what answers cost (no calibration)."""
+        held = self._held.get(key, 0.0)
+        cost = paid if settled else max(paid, held)
+        if key in self._held:
+            self.release(held)
+            self._held[key] = 0.0
+        self.spent += cost
+        return cost
 
     async def reserve_when_free(self, estimate: float, floor: float = 0.0) -> float | None:
         """Reserve ``estimate`` (scaled by the overspend seen; at least ``floor``) and return
@@ -71,11 +112,6 @@ class Budget:
         self.reserved -= amount
         if self._freed is not None:
             self._freed.set()
-
-    def charge_unanswered(self, cost: float) -> None:
-        """An attempt that may have been paid and gave no answer (a timeout, a cut
-        connection): spent, but it tells nothing of what answers cost."""
-        self.spent += cost
 
     def charge(self, cost: float, estimate: float | None = None) -> None:
         self.spent += cost

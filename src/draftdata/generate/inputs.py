@@ -8,10 +8,12 @@ from collections.abc import Iterator, Sequence
 from collections.abc import Set as AbstractSet
 
 from ..config import DatasetCfg, Manifest
-from ..errors import DraftdataError
+from ..errors import DraftdataError, GenerateError
 from ..measure.contamination import Detector, Tally
 from ..records import Message, Prompt
 from ..sources import iter_prompts
+from ..store.ledger import Ledger
+from ..store.stats import status
 from ..tokens.history import turn_messages
 from ..tokens.sample_maker import TokensStage
 from .requests import tools_as_system, with_system
@@ -79,3 +81,27 @@ def first_turn_ids(
             continue
     got = dict(zip(todo, tokens.render_prompts(list(todo.values())), strict=True))
     return [got.get(i) for i in range(len(prompts))]
+
+
+def no_prompts(
+    m: Manifest, d: DatasetCfg, ledger: Ledger, dups: AbstractSet[str], drops: Counter[str]
+) -> GenerateError:
+    """Why dataset ``d`` holds no prompt: every prompt it read is already under a dataset the
+    manifest no longer names (renamed, most likely; a dataset of the manifest that holds them
+    is a plain duplicate), or its source gave none that could be kept."""
+    named = {x.name for x in m.datasets}
+    held = [
+        n
+        for n in sorted(status(ledger).datasets)
+        if n not in named and dups & ledger.prompts.ids_of(n)
+    ]
+    if held:
+        under = ", ".join(f'"{n}"' for n in held)
+        one = len(held) == 1
+        return GenerateError(
+            f"dataset {d.name}: its prompts are already in this run under dataset"
+            f"{'' if one else 's'} {under}, which {'is' if one else 'are'} not in the "
+            f"manifest: was it renamed? Give it its old name again, or write to a new "
+            f"[run] output folder (not {m.output_dir})"
+        )
+    return GenerateError(f"dataset {d.name}: {d.source} gave no prompts (skipped: {dict(drops)})")

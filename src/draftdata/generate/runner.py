@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..config import DatasetCfg, Manifest
-from ..errors import DraftdataError, GenerateError
+from ..errors import DraftdataError
 from ..formats import BoundFormat
 from ..measure.contamination import Tally
 from ..records import ApiView, Completion, FailedAttempt, Key, Message, Prompt, StoredResponse
@@ -35,7 +35,7 @@ from .chains import PROMPT_WINDOW, Chain, chain_pages, first_prompts
 from .commits import GroupCommit
 from .contaminated import DecontaminateMixin
 from .contract import Serving, check_dataset, over_context
-from .inputs import DUPLICATE, drop_reason, first_turn_ids, iter_dataset
+from .inputs import DUPLICATE, drop_reason, first_turn_ids, iter_dataset, no_prompts
 from .progress import Bars
 from .requests import sample_seed
 from .settings import check, settings_of, stored_manifest
@@ -100,9 +100,6 @@ class Runner(DecontaminateMixin):
             )
         spent = status(self.ledger).cost_usd + self.ledger.answers.possibly_paid()
         self.budget = Budget(manifest.run.budget_usd, spent=spent)
-        #: what each request being asked holds of the budget: 0 once an attempt that may have
-        #: been paid took it (the next attempt reserves again before it is sent)
-        self.held: dict[Key, float] = {}
         self.extend = extend
         #: datasets whose source file changed since the run began: read again
         self.reread: set[str] = set()
@@ -149,20 +146,15 @@ class Runner(DecontaminateMixin):
             b = make_backend(name, self.m.backends[name], self.m, self.bound)
 
             async def before_send(req: GenRequest) -> int:
-                # a retry after an attempt that may have been paid (its reservation was
-                # charged for it) reserves again, or is not sent (the key stays pending)
-                if self.held.get(req.key) == 0.0:
-                    worst = self.uncharged_worst(req, b) or 0.0
-                    again = self.budget.reserve_now(b.max_cost(req), worst)
-                    if again is None:
-                        raise BudgetRefused(req.key.sample_id)
-                    self.held[req.key] = again
-                # written before the request leaves, at what it may cost: a kill in flight
-                # leaves it counted as possibly paid
-                most = max(
-                    b.max_cost(req) * self.budget.overspend, self.uncharged_worst(req, b) or 0.0
+                # a retry after an attempt that may have been paid reserves again, or is not
+                # sent (the key stays pending); a request is written before it leaves, at what
+                # it may cost: a kill in flight leaves it counted as possibly paid
+                cost, worst = b.max_cost(req), self.uncharged_worst(req, b) or 0.0
+                if not self.budget.reserve_again(req.key, cost, worst):
+                    raise BudgetRefused(req.key.sample_id)
+                return await self.commits.begin(
+                    req.key, name, max(cost * self.budget.overspend, worst)
                 )
-                return await self.commits.begin(req.key, name, most)
 
             b.before_send = before_send
             self.backends[name] = b
@@ -216,26 +208,7 @@ class Runner(DecontaminateMixin):
         new = (p for p in kept(iter_dataset(self.m, d, drops)) if p.id not in have)
         added = self.ledger.prompts.add(d.name, new, *how[:2], start=stored, render=how[2])
         if not stored + added:
-            # every prompt already under a dataset the manifest no longer names: renamed, most
-            # likely (a dataset of the manifest that holds them is a plain duplicate)
-            named = {x.name for x in self.m.datasets}
-            held = [
-                n
-                for n in sorted(status(self.ledger).datasets)
-                if n not in named and dups & self.ledger.prompts.ids_of(n)
-            ]
-            if held:
-                under = ", ".join(f'"{n}"' for n in held)
-                one = len(held) == 1
-                raise GenerateError(
-                    f"dataset {d.name}: its prompts are already in this run under dataset"
-                    f"{'' if one else 's'} {under}, which {'is' if one else 'are'} not in the "
-                    f"manifest: was it renamed? Give it its old name again, or write to a new "
-                    f"[run] output folder (not {self.m.output_dir})"
-                )
-            raise GenerateError(
-                f"dataset {d.name}: {d.source} gave no prompts (skipped: {dict(drops)})"
-            )
+            raise no_prompts(self.m, d, self.ledger, dups, drops)
         self.ledger.meta.put(READ_DROPS.of(d.name), dict(drops))
         self.record_contamination(d, tally, det is not None)
         return stored + added
@@ -282,12 +255,7 @@ class Runner(DecontaminateMixin):
     def on_failure(self, bars: Bars, req: GenRequest, f: FailedAttempt, backend: str) -> None:
         charged = None
         if f.paid_usd is not None:  # it may have been paid: charged now, its reservation gone
-            held = self.held.get(req.key, 0.0)
-            charged = f.paid_usd if f.settled else max(f.paid_usd, held)
-            if req.key in self.held:
-                self.budget.release(held)
-                self.held[req.key] = 0.0
-            self.budget.charge_unanswered(charged)
+            charged = self.budget.charge_unanswered(req.key, f.paid_usd, f.settled)
             bars.update(req.key.dataset, cost=charged)
         self.ledger.answers.record_failure(req.key, backend, f, charged)
         # the capability probe's expected refusal is recorded, but it is not an error
@@ -467,16 +435,14 @@ class Runner(DecontaminateMixin):
     ) -> Completion | None:
         """One request within the budget: ``estimate`` (at least ``worst``) reserved before,
         charged after."""
-        held = await self.budget.reserve_when_free(estimate, worst)
-        if held is None:
+        if not await self.budget.hold(req.key, estimate, worst):
             return None  # scheduling stops before the budget could be passed
-        self.held[req.key] = held
         try:
             [c] = await backend.run_batch(
                 [req], lambda r, f: self.on_failure(bars, r, f, backend.name)
             )
         finally:
-            self.budget.release(self.held.pop(req.key))
+            self.budget.let_go(req.key)
         if c is not None:
             await self.store(bars, req, c, backend, estimate)
         return c

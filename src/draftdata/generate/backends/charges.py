@@ -3,10 +3,16 @@ whatever the server's ``usage`` says, and the server's figure only where it is m
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ...config import OpenAIBackendCfg
 from ...records import ApiView
 from ...records.wire import WireAnswer
 from ...tokenizers.base import Tokenizer
+
+if TYPE_CHECKING:
+    from .base import GenRequest
+    from .retry import Sent
 
 #: bytes a token is taken for where an answer is too large to read (English runs 4-5)
 BYTES_PER_TOKEN = 4
@@ -71,3 +77,15 @@ def charge(
     elif ct is not None and counted is not None and ct < counted * UNDER_REPORT - 4:
         note = "under"
     return cost, note
+
+
+def attempt_paid(cfg: OpenAIBackendCfg, req: GenRequest, sent: Sent) -> float | None:
+    """What an attempt with no usable answer may have cost, at least: None where the server's
+    own answer says it failed (an HTTP error) or nothing reached it; else its prompt and the
+    answer's tokens counted as they streamed in. A provider bills a generation the client
+    stopped waiting for: the runner charges such an attempt what was reserved for it where
+    that is more (``Budget.charge_unanswered``)."""
+    if sent.unsent or (sent.status is not None and sent.status != 200):
+        return None
+    written = sent.watch.written() if sent.watch is not None else 0
+    return (len(req.prompt_ids) * cfg.price_in_per_mtok + written * cfg.price_out_per_mtok) / 1e6

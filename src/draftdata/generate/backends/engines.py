@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,8 +18,17 @@ class EngineUnavailable(DraftdataError):
 
 
 def engine_completion(
-    bound: BoundFormat, req: GenRequest, ids: list[int], finish: str, engine: str, t0: Began
+    bound: BoundFormat,
+    req: GenRequest,
+    ids: list[int],
+    finish: str,
+    engine: str,
+    t0: Began | float,
 ) -> Completion:
+    """An engine's answer as a Completion. ``t0``: when the request began (``Began.now()``;
+    a plugin's ``time.time()`` is taken as the wall clock's start, its duration from it)."""
+    if not isinstance(t0, Began):
+        t0 = Began(t0, time.monotonic() - max(0.0, time.time() - t0))
     view = derive_view(bound, ids, finish)
     resp = {"engine": engine, "output_ids": ids, "finish_reason": finish}
     return Completion(

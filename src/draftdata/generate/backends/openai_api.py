@@ -28,7 +28,14 @@ from ...records.wire import WireAnswer, ids_field, messages_to_wire, parse_answe
 from ...shown import redact, shown
 from .aio import AiohttpClient, RateLimiter
 from .base import Backend, Began, BudgetRefused, Completion, FailedAttempt, GenRequest, OnFailure
-from .charges import BYTES_PER_TOKEN, RUNAWAY_FACTOR, RUNAWAY_SLACK, answer_tokens, charge
+from .charges import (
+    BYTES_PER_TOKEN,
+    RUNAWAY_FACTOR,
+    RUNAWAY_SLACK,
+    answer_tokens,
+    attempt_paid,
+    charge,
+)
 from .http11 import LeanHttp, Reply, TransportError
 from .reach import reachable
 from .retry import (
@@ -36,6 +43,7 @@ from .retry import (
     PROBE_REFUSED,
     STREAM_REFUSED,
     Sent,
+    refused_option,
     retry_after,
     retry_delay,
     will_retry,
@@ -264,28 +272,19 @@ class OpenAIBackend(Backend):
         )  # fmt: skip
 
     def _refused_option(self, sent: Sent, probing: bool) -> str | None:
-        """The option the server refused, turned off for every later request (its ids on the
-        capability probe, or streaming where the manifest left it to draftdata); None if none."""
-        status, text = sent.status, sent.text
-        if probing and status in (400, 422) and text and "return_token_ids" in text:
+        """The option the server refused (``retry.refused_option``), turned off for every
+        later request; None if none."""
+        refused = refused_option(sent, probing, self.streaming and self.cfg.stream == "auto")
+        if refused == PROBE_REFUSED:
             self.token_ids = False  # the server refuses the extension: plain text from now
-            return PROBE_REFUSED
-        if self._stream_refused(status, text):
+        elif refused == STREAM_REFUSED:
             self.streaming = False  # whole answers from now: the old bound on runaways
-            return STREAM_REFUSED
-        return None
+        return refused
 
     def _failed(
-        self,
-        req: GenRequest,
-        on_failure: OnFailure,
-        body: str,
-        sent: Sent,
-        reason: str,
-        attempt: int,
-        intent: int | None,
-        settled: float | None = None,
-    ) -> float | None:
+        self, req: GenRequest, on_failure: OnFailure, body: str, sent: Sent, reason: str,
+        attempt: int, intent: int | None, settled: float | None = None,
+    ) -> float | None:  # fmt: skip
         """A failed attempt, recorded with what it may have cost (``paid``); the seconds to
         wait before the next one, None when it was the last (a refused key also stops the
         backend)."""
@@ -308,36 +307,16 @@ class OpenAIBackend(Backend):
         text = redact(sent.text, (self.key,)) if sent.text is not None else None
         wait = retry_delay(attempt, headers, self.rng, self.cfg.backoff_s) if retry else 0.0
         asked = retry_after(headers, cap=float("inf"))
+        paid = settled if settled is not None else attempt_paid(self.cfg, req, sent)
         on_failure(
             req,
             FailedAttempt(
-                reason,
-                status,
-                body,
-                text,
-                sent.t0,
-                sent.latency,
-                not retry,
-                wait_s=wait,
-                asked_s=asked,
-                intent=intent,
-                detail=detail,
-                paid_usd=settled if settled is not None else self.paid(req, sent),
+                reason, status, body, text, sent.t0, sent.latency, not retry, wait_s=wait,
+                asked_s=asked, intent=intent, detail=detail, paid_usd=paid,
                 settled=settled is not None,
             ),
-        )
+        )  # fmt: skip
         return wait if retry else None
-
-    def paid(self, req: GenRequest, sent: Sent) -> float | None:
-        """What an attempt with no usable answer may have cost, at least: None where the
-        server's own answer says it failed (an HTTP error) or nothing reached it; else its
-        prompt and the answer's tokens counted as they streamed in. A provider bills a
-        generation the client stopped waiting for: the runner charges such an attempt what
-        was reserved for it where that is more."""
-        if sent.unsent or (sent.status is not None and sent.status != 200):
-            return None
-        written = sent.watch.written() if sent.watch is not None else 0
-        return self.cost_usd(self.cfg, len(req.prompt_ids), written)
 
     def _parse(
         self,
@@ -486,16 +465,6 @@ class OpenAIBackend(Backend):
         limit = RUNAWAY_FACTOR * req.sampling.max_tokens + RUNAWAY_SLACK
         tok = self.bound.tokenizer
         return StreamWatch(limit, self.cfg.max_answer_bytes, lambda t: len(tok.encode(t)))
-
-    def _stream_refused(self, status: int | None, text: str | None) -> bool:
-        """A server that refuses streamed answers, where the manifest left it to draftdata."""
-        return (
-            self.streaming
-            and self.cfg.stream == "auto"
-            and status in (400, 422)
-            and text is not None
-            and "stream" in text.lower()
-        )
 
     def max_cost(self, req: GenRequest) -> float:
         """The most one request can cost at the manifest's prices."""

@@ -106,3 +106,17 @@ class Sent(NamedTuple):
     watch: StreamWatch | None
     #: the connection never opened: nothing reached the server, nothing can be billed
     unsent: bool = False
+
+
+def refused_option(sent: Sent, probing: bool, stream_left_to_us: bool) -> str | None:
+    """The option a server refused, to turn off for every later request: its ids on the
+    capability probe (``PROBE_REFUSED``), or streaming where the manifest left it to draftdata
+    (``STREAM_REFUSED``); None if none."""
+    status, text = sent.status, sent.text
+    if status not in (400, 422) or not text:
+        return None
+    if probing and "return_token_ids" in text:
+        return PROBE_REFUSED
+    if stream_left_to_us and "stream" in text.lower():
+        return STREAM_REFUSED
+    return None
