@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -208,6 +209,39 @@ def test_a_run_output_that_is_a_file_is_one_line(tmp_path):
     line = one_line_exit_2(run("generate", str(m), "--quiet"))
     assert str(tmp_path / "run") in line
     assert (tmp_path / "run").read_text() == "kept\n"
+
+
+@pytest.mark.parametrize("link", ["dangling", "loop"])
+def test_a_run_output_that_is_a_broken_symlink_says_so(link, tmp_path):
+    """Issue 53 item 13: on 42e677c both said "is a file where a folder belongs"."""
+    src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:2])
+    m = manifest(tmp_path, "http://127.0.0.1:9/v1", src, limit=2)
+    out = tmp_path / "run"
+    if link == "dangling":
+        out.symlink_to(tmp_path / "gone")
+    else:
+        out.symlink_to(tmp_path / "other")
+        (tmp_path / "other").symlink_to(out)
+    line = one_line_exit_2(run("generate", str(m), "--quiet"))
+    assert str(out) in line and "symlink" in line, line
+    assert "a file where a folder belongs" not in line, line
+    if link == "dangling":
+        assert str(tmp_path / "gone") in line, line
+    assert out.is_symlink()  # left as it was
+
+
+def test_a_save_to_disk_state_naming_a_file_outside_its_folder_is_refused(tmp_path):
+    """Issue 53 item 13: a ``state.json`` naming ``../../../../etc/passwd`` was followed."""
+    from draftdata.errors import InputError
+    from draftdata.sources.tabular import data_files
+
+    folder = tmp_path / "split"
+    folder.mkdir()
+    for name in ("../../../../etc/passwd", "/etc/passwd", "sub/../../x.arrow"):
+        state = {"_data_files": [{"filename": name}]}
+        (folder / "state.json").write_text(json.dumps(state))
+        with pytest.raises(InputError, match="outside"):
+            data_files(folder)
 
 
 # --- an output folder that is not the run's own ---------------------------------------------------

@@ -18,6 +18,7 @@ from .errors import InputError
 from .formats import BoundFormat, get_format
 from .store.ledger import Ledger
 from .store.lock import RunLock
+from .store.meta import MANIFEST
 from .tokenizers import Tokenizer, load_tokenizer
 from .tokens.checks import RunChecks
 from .tokens.reconstruct import TextIds
@@ -34,6 +35,28 @@ def bind_target(m: Manifest) -> BoundFormat:
         m.resolve(t.chat_template) if t.chat_template else None,
     )
     return get_format(t.format, relative_to=m.base_dir).bind(tok)
+
+
+def check_owner(manifest: Manifest, ledger: Ledger) -> None:
+    """A writer's manifest is the run's own: the run folder was made by a manifest of the same
+    ``[run] name`` that shares a dataset with it. Another manifest whose output leads here (a
+    symlink, a copied path) would otherwise add its prompts to this ledger and replace this
+    run's export with its own datasets'. ``force_output`` lets it write all the same."""
+    was = ledger.meta.get(MANIFEST)
+    if not isinstance(was, dict) or manifest.run.force_output:
+        return
+    name = (was.get("run") or {}).get("name")
+    had = {d.get("name") for d in was.get("datasets") or [] if isinstance(d, dict)}
+    names = {d.name for d in manifest.datasets}
+    if name == manifest.run.name and (not had or had & names):
+        return
+    out = manifest.output_dir
+    raise InputError(
+        f"{out} holds the run {name!r} (datasets {', '.join(sorted(map(str, had))) or 'none'}), "
+        f"made by another manifest than this one (run {manifest.run.name!r}, datasets "
+        f"{', '.join(sorted(names))}); give this run a [run] output of its own, or set "
+        "force_output = true in [run] to write into it all the same"
+    )
 
 
 @dataclass(frozen=True)
@@ -106,9 +129,14 @@ class RunSession:
             tokenization = tokenization_of(manifest)
             path = out / "ledger.sqlite"
             writable = write or os.access(out, os.W_OK)
-            return cls(
-                manifest, Ledger(path) if writable else Ledger.read(path), tokenization, lock
-            )
+            ledger = Ledger(path) if writable else Ledger.read(path)
+            if write:
+                try:
+                    check_owner(manifest, ledger)
+                except InputError:
+                    ledger.close()
+                    raise
+            return cls(manifest, ledger, tokenization, lock)
         except BaseException:
             if lock is not None:
                 lock.release()

@@ -97,6 +97,25 @@ _PATH_ERRORS = {
 }
 
 
+def _broken_link(path: Path) -> str | None:
+    """The line for a symlink that leads nowhere (to a path that does not exist, or round in
+    a loop) where a folder belongs; None where ``path`` is not one."""
+    if not path.is_symlink() or path.exists():
+        return None
+    target = os.readlink(path)
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:  # a loop (Python 3.11 raises this for one)
+        return f"{path} is a symlink loop (to {target}); remove it or choose another folder"
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return f"{path} is a symlink loop (to {target}); remove it or choose another folder"
+    return (
+        f"{path} is a symlink to {target}, which does not exist; create that folder, remove "
+        "the link, or choose another folder"
+    )
+
+
 def os_error_line(e: OSError) -> tuple[str, int]:
     """One line for an OSError that reached the boundary, and the exit code: a full disk
     (exit 1: free space and rerun) or a path the user chose that cannot be used (exit 2);
@@ -107,6 +126,8 @@ def os_error_line(e: OSError) -> tuple[str, int]:
             "again: everything stored so far is kept",
             1,
         )
+    if e.errno in (errno.EEXIST, errno.ELOOP) and (broken := _broken_link(Path(_named(e)))):
+        return broken, 2
     if e.errno in _PATH_ERRORS:
         what, fix = _PATH_ERRORS[e.errno]
         path = Path(_named(e))

@@ -51,6 +51,13 @@ def data_files(path: Path) -> list[Path]:
             names = [f["filename"] for f in json.loads(state.read_text())["_data_files"]]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise InputError(f"{state}: unreadable save_to_disk state ({e})") from e
+        inside = path.resolve()
+        for n in names:  # save_to_disk names its files beside the state, nothing else
+            if not isinstance(n, str) or not (inside / n).resolve().is_relative_to(inside):
+                raise InputError(
+                    f"{state}: names a data file outside its folder ({n!r}); a save_to_disk "
+                    "state names only the files beside it: fix or remove state.json"
+                )
         return [path / n for n in names]
     files = sorted(path.glob("*.arrow")) or sorted(path.rglob("*.parquet"))
     if not files:

@@ -1,0 +1,42 @@
+"""No export replaced by another manifest (issue 53, item 7). On 42e677c a second manifest with
+another dataset, whose output was a symlink to run A's folder, added its prompts to A's ledger
+and replaced A's export (120 rows, then 30)."""
+
+from __future__ import annotations
+
+import json
+
+from hostile import Hostile, honest
+from shared import one_line_exit_2, run
+from test_hostile_servers import manifest, prompts
+
+
+def test_a_foreign_manifest_cannot_write_into_another_runs_folder(tmp_path):
+    server = Hostile(lambda req, i, n: honest())
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    with server.running() as url:
+        ma = manifest(a, url, {"first": prompts(a / "p.jsonl", 6)})
+        r = run("run", str(ma), "--quiet", "--force")
+        assert r.returncode == 0, r.stderr
+        before = json.loads((a / "run" / "export" / "manifest.json").read_text())
+        (b / "run").symlink_to(a / "run")  # B's output leads to A's folder
+        mb = manifest(b, url, {"second": prompts(b / "p.jsonl", 2, tag="b")})
+        mb.write_text(mb.read_text().replace('name = "hostile"', 'name = "other"'))
+        sent = server.served.requests
+        line = one_line_exit_2(run("run", str(mb), "--quiet", "--force"))
+        assert "another manifest" in line and "force_output" in line, line
+        assert server.served.requests == sent  # nothing was paid for
+        # the same [run] name, but no dataset in common: still another run's folder
+        mb.write_text(mb.read_text().replace('name = "other"', 'name = "hostile"'))
+        line = one_line_exit_2(run("generate", str(mb), "--quiet"))
+        assert "another manifest" in line, line
+        # A's own manifest still writes there
+        r = run("run", str(ma), "--quiet", "--force")
+        assert r.returncode == 0, r.stderr
+    after = json.loads((a / "run" / "export" / "manifest.json").read_text())
+    assert after["counts"]["samples"] == before["counts"]["samples"] == 6
+    assert after["datasets"] == before["datasets"]
+    st = json.loads(run("status", str(ma), "--json").stdout)
+    assert set(st["datasets"]) == {"first"}
