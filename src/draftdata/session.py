@@ -39,16 +39,17 @@ def bind_target(m: Manifest) -> BoundFormat:
 
 def check_owner(manifest: Manifest, ledger: Ledger) -> None:
     """A writer's manifest is the run's own: the run folder was made by a manifest of the same
-    ``[run] name`` that shares a dataset with it. Another manifest whose output leads here (a
-    symlink, a copied path) would otherwise add its prompts to this ledger and replace this
-    run's export with its own datasets'. ``force_output`` lets it write all the same."""
+    ``[run] name``. Another manifest whose output leads here (a symlink, a copied path) would
+    otherwise add its prompts to this ledger and replace this run's export with its own
+    datasets'. ``force_output`` lets it write all the same. (Datasets are not compared: a
+    dataset renamed in the run's own manifest is said as such by the generate stage.)"""
     was = ledger.meta.get(MANIFEST)
     if not isinstance(was, dict) or manifest.run.force_output:
         return
     name = (was.get("run") or {}).get("name")
     had = {d.get("name") for d in was.get("datasets") or [] if isinstance(d, dict)}
     names = {d.name for d in manifest.datasets}
-    if name == manifest.run.name and (not had or had & names):
+    if name == manifest.run.name:
         return
     out = manifest.output_dir
     raise InputError(
