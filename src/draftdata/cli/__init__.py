@@ -105,11 +105,13 @@ def _broken_link(path: Path) -> str | None:
     target = os.readlink(path)
     try:
         path.resolve(strict=True)
+        loop = False
     except RuntimeError:  # a loop (Python 3.11 raises this for one)
-        return f"{path} is a symlink loop (to {target}); remove it or choose another folder"
+        loop = True
     except OSError as e:
-        if e.errno == errno.ELOOP:
-            return f"{path} is a symlink loop (to {target}); remove it or choose another folder"
+        loop = e.errno == errno.ELOOP
+    if loop:
+        return f"{path} is a symlink loop (to {target}); remove it or choose another folder"
     return (
         f"{path} is a symlink to {target}, which does not exist; create that folder, remove "
         "the link, or choose another folder"

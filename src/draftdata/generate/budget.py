@@ -82,13 +82,9 @@ class Budget:
         once stopped a run at 61% of its cap when its answers came back slowly (more of them
         reserved at once)."""
         while True:
-            amount = max(estimate * self.overspend, floor)
-            if self.cap_usd is None or self.spent + self.reserved + amount <= self.cap_usd:
-                self.reserved += amount
+            amount = self.reserve_now(estimate, floor)
+            if amount is not None or self.hit:
                 return amount
-            if self.reserved <= 1e-12 or self.hit:
-                self.hit = True
-                return None
             if self._freed is None:
                 self._freed = asyncio.Event()
             self._freed.clear()
