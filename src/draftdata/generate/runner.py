@@ -22,6 +22,7 @@ from ..formats import BoundFormat
 from ..measure.contamination import Tally
 from ..records import ApiView, Completion, FailedAttempt, Key, Message, Prompt, StoredResponse
 from ..session import RunSession
+from ..store.guard import LedgerFull
 from ..store.meta import COMMAND_LINE, LIMIT, MANIFEST, MANIFEST_BASE_DIR, READ_DROPS, SETTINGS
 from ..store.stats import status
 from ..tokens.history import answer_message, n_turns, turn_messages
@@ -79,7 +80,7 @@ class Runner(DecontaminateMixin):
         self.owns_session = session is None
         self.session = session or RunSession.open(manifest, write=True, what=what)
         self.ledger = self.session.ledger
-        self.commits = GroupCommit(self.ledger)
+        self.commits = GroupCommit.for_run(self.ledger, manifest)
         self.bound: BoundFormat = self.session.tokenization.bound
         self.backends: dict[str, Backend] = {}
         #: what each server says it serves (engine, context), asked once, before any request
@@ -120,6 +121,7 @@ class Runner(DecontaminateMixin):
     def close(self) -> None:
         """Close the ledger and free the run folder for the next writer (where the Runner opened
         the session)."""
+        self.commits.close()
         if self.owns_session:
             self.session.close()
 
@@ -257,7 +259,11 @@ class Runner(DecontaminateMixin):
         if f.paid_usd is not None:  # it may have been paid: charged now, its reservation gone
             charged = self.budget.charge_unanswered(req.key, f.paid_usd, f.settled)
             bars.update(req.key.dataset, cost=charged)
-        self.ledger.answers.record_failure(req.key, backend, f, charged)
+        try:
+            self.ledger.answers.record_failure(req.key, backend, f, charged)
+        except LedgerFull as e:  # its intent stays open: the next run counts it possibly paid
+            self.commits.stall(e)
+        self.commits.settled(f.intent)  # its request is no longer in flight
         # the capability probe's expected refusal is recorded, but it is not an error
         bars.update(req.key.dataset, errors=int(f.reason != PROBE_REFUSED), done=int(f.final))
         if f.asked_s is not None and f.asked_s >= LONG_WAIT_S:
@@ -295,6 +301,7 @@ class Runner(DecontaminateMixin):
         rep = RunReport(chosen=[d.name for d in chosen])
         with Bars(self.quiet, self.console, self.progress_every) as bars:
             runs: list[asyncio.Task[None]] = []
+            self.commits.say = bars.note  # a full disk's wait, said where the progress goes
             try:
                 for d in chosen:
                     # the next dataset starts once this one has handed out its last

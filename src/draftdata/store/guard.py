@@ -1,11 +1,18 @@
 """Ledger errors as one line that names the fix: a full disk, a damaged page, a file that is
 not a ledger. Every method of a ledger's parts that touches the file is wrapped with
-``guarded``."""
+``guarded``.
+
+A full disk is its own error (``LedgerFull``): its fix is to free space, never to move the ledger
+aside (that would throw away every paid answer), and a writer waits on it rather than stopping
+(``generate.commits``). SQLite reports it as ``SQLITE_FULL``, or, where it could not grow the
+``-shm`` index of its write-ahead log, as a plain ``disk I/O error``: that one is told apart by
+the free space left beside the ledger."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import shutil
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,14 +36,68 @@ class LedgerError(DraftdataError):
     """The ledger file is unusable."""
 
 
+class LedgerFull(LedgerError):
+    """The disk holding the ledger is full: free space, and the same command goes on."""
+
+
+#: below this many free bytes beside a ledger, an I/O error of SQLite's is taken as a full disk,
+#: and a ledger is not opened for writing at all: SQLite maps its ``-shm`` index into memory,
+#: and a page of it that the full disk cannot back kills the process (SIGBUS, no message)
+LOW_ROOM = 256 * 1024
+#: SQLite's primary result codes for an I/O error and a full disk
+SQLITE_IOERR, SQLITE_FULL = 10, 13
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes free to this user on the disk holding ``path`` (a file or folder); None where that
+    cannot be told."""
+    for p in (path, *path.parents):
+        try:
+            return shutil.disk_usage(p).free
+        except OSError:
+            continue
+    return None
+
+
+def _mb(n: int | None) -> str:
+    return "unknown" if n is None else f"{n / 1e6:.2f} MB"
+
+
+def full_line(path: Path, detail: str = "") -> str:
+    """The one line for a full disk under ``path`` (the ledger): free space; never move it."""
+    why = f"{detail}; " if detail else ""
+    return (
+        f"{path}: the disk is full ({why}{_mb(free_bytes(path))} free); free space on it and "
+        "run the same command again: the ledger keeps every answer stored so far (do not move "
+        "it aside)"
+    )
+
+
+def is_full(path: Path, e: sqlite3.Error) -> bool:
+    """Whether ``e`` on ``path`` is a full disk: SQLite's ``SQLITE_FULL``, or an I/O error with
+    less than ``LOW_ROOM`` free beside the ledger."""
+    code = getattr(e, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    if primary == SQLITE_FULL or "disk is full" in str(e):
+        return True
+    if primary == SQLITE_IOERR or "disk I/O error" in str(e):
+        free = free_bytes(path)
+        return free is not None and free < LOW_ROOM
+    return False
+
+
+def error_of(path: Path, e: sqlite3.Error) -> LedgerError:
+    """``e`` as the ledger error that names its fix: ``LedgerFull`` for a full disk."""
+    if is_full(path, e):
+        return LedgerFull(full_line(path, str(e)))
+    return LedgerError(explain(path, e))
+
+
 def explain(path: Path, e: sqlite3.Error) -> str:
     """One line for a sqlite error on ``path``: what happened and the fix."""
     text = str(e)
-    if "full" in text:
-        return (
-            f"{path}: the disk is full ({text}); free space and run the same command again: "
-            "every answer stored so far is kept"
-        )
+    if is_full(path, e):
+        return full_line(path, text)
     if "malformed" in text or "not a database" in text or "damaged" in text:
         return (
             f"{path}: the ledger is damaged ({text}); restore it from a backup, or move "
@@ -54,7 +115,7 @@ def guarded(fn: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R
         try:
             return fn(self, *args, **kwargs)
         except sqlite3.Error as e:
-            raise LedgerError(explain(self.path, e)) from e
+            raise error_of(self.path, e) from e
 
     return inner
 
@@ -66,4 +127,4 @@ def reading(path: Path) -> Iterator[None]:
     try:
         yield
     except sqlite3.Error as e:
-        raise LedgerError(explain(path, e)) from e
+        raise error_of(path, e) from e

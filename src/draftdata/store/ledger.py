@@ -25,7 +25,7 @@ from pathlib import Path
 
 from . import schema
 from .answers import INTERRUPTED, Answers
-from .guard import LedgerError
+from .guard import LOW_ROOM, LedgerError, LedgerFull, free_bytes, full_line, is_full
 from .meta import MIGRATED_FROM, SCHEMA_VERSION, Meta
 from .part import Tx
 from .prompts import Prompts
@@ -35,11 +35,29 @@ from .scores import Scores
 __all__ = ["INTERRUPTED", "Ledger", "LedgerError"]
 
 
+def _no_log(path: Path) -> bool:
+    """Whether the ledger has no write-ahead log to replay (closed cleanly)."""
+    wal = path.with_name(path.name + "-wal")
+    return not wal.exists() or not wal.stat().st_size
+
+
+def _low_room(path: Path) -> bool:
+    free = free_bytes(path)
+    return free is not None and free < LOW_ROOM
+
+
 def _open_read_only(path: Path) -> sqlite3.Connection:
     """``path`` opened read-only. A WAL ledger needs its ``-shm`` file, which SQLite makes
     beside it when missing: on a read-only mount it cannot, so a ledger with no write-ahead
-    log to replay is opened ``immutable`` (no one can write to that folder either)."""
+    log to replay is opened ``immutable`` (no one can write to that folder either). On a full
+    disk SQLite cannot back that file either (SIGBUS, or an I/O error): a ledger closed cleanly
+    is read ``immutable`` (no writer can commit on a full disk), and one with a log to replay
+    is refused in one line."""
     uri = path.resolve().as_uri()
+    if _low_room(path):
+        if _no_log(path):
+            return sqlite3.connect(uri + "?mode=ro&immutable=1", uri=True, timeout=30)
+        raise LedgerFull(full_line(path, "reading its write-ahead log needs room beside it"))
     db = sqlite3.connect(uri + "?mode=ro", uri=True, timeout=30)
     try:
         db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
@@ -48,8 +66,7 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
         db.close()
         if os.access(path.parent, os.W_OK):  # a writer may be at work: never read past it
             raise
-        wal = path.with_name(path.name + "-wal")
-        if not wal.exists() or not wal.stat().st_size:
+        if _no_log(path):
             return sqlite3.connect(uri + "?mode=ro&immutable=1", uri=True, timeout=30)
         raise LedgerError(
             f"{path}: its write-ahead log cannot be read in a read-only folder; copy the run "
@@ -59,6 +76,8 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
 
 def _open_for_writing(path: Path) -> sqlite3.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
+    if _low_room(path):  # refused before SQLite maps an index the disk cannot back
+        raise LedgerFull(full_line(path))
     db = sqlite3.connect(str(path), timeout=30, isolation_level=None)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
@@ -115,6 +134,8 @@ class Ledger:
                 if version is None or version == schema.VERSION:
                     self.db.executescript(schema.SCHEMA)
         except sqlite3.DatabaseError as e:
+            if is_full(path, e):
+                raise LedgerFull(full_line(path, str(e))) from e
             if readonly:
                 raise LedgerError(f"{path}: not a readable draftdata ledger ({e})") from e
             raise LedgerError(

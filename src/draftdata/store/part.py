@@ -5,11 +5,12 @@ it, whichever part opened it."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
 from typing import Any
 
-from .guard import LedgerError, explain
+from .guard import error_of
 
 #: a work key's columns, as a WHERE clause
 KEY = "dataset=? AND prompt_id=? AND sample_idx=? AND turn=?"
@@ -51,4 +52,9 @@ class Tx:
             self.db.execute("ROLLBACK" if exc_type else "COMMIT")
         except sqlite3.Error as e:
             if exc_type is None:  # a COMMIT that failed (a full disk): nothing of it is kept
-                raise LedgerError(explain(Path(self.db_path), e)) from e
+                # a failed COMMIT leaves its transaction open, and the next BEGIN would fail
+                # on it ("cannot start a transaction within a transaction")
+                if self.db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self.db.execute("ROLLBACK")
+                raise error_of(Path(self.db_path), e) from e
