@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import TracebackType
 
 from rich.console import Console
@@ -18,7 +19,7 @@ from .errors import InputError
 from .formats import BoundFormat, get_format
 from .store.ledger import Ledger
 from .store.lock import RunLock
-from .store.meta import MANIFEST
+from .store.meta import MANIFEST, MANIFEST_BASE_DIR
 from .tokenizers import Tokenizer, load_tokenizer
 from .tokens.checks import RunChecks
 from .tokens.reconstruct import TextIds
@@ -38,11 +39,13 @@ def bind_target(m: Manifest) -> BoundFormat:
 
 
 def check_owner(manifest: Manifest, ledger: Ledger) -> None:
-    """A writer's manifest is the run's own: the run folder was made by a manifest of the same
-    ``[run] name``. Another manifest whose output leads here (a symlink, a copied path) would
-    otherwise add its prompts to this ledger and replace this run's export with its own
-    datasets'. ``force_output`` lets it write all the same. (Datasets are not compared: a
-    dataset renamed in the run's own manifest is said as such by the generate stage.)"""
+    """A writer's manifest is the run's own. Another manifest whose output leads here (a
+    symlink, a copied path) would otherwise add its prompts to this ledger and replace this
+    run's export with its own datasets'. It is another one where the ledger's stored manifest
+    has another ``[run] name``, or, of the same name (names repeat: a template copied), lies in
+    another folder and shares none of its datasets. ``force_output`` lets it write all the
+    same. (A dataset renamed in the run's own manifest, in its own folder, is said as such by
+    the generate stage.)"""
     was = ledger.meta.get(MANIFEST)
     if not isinstance(was, dict) or manifest.run.force_output:
         return
@@ -50,7 +53,10 @@ def check_owner(manifest: Manifest, ledger: Ledger) -> None:
     had = {d.get("name") for d in was.get("datasets") or [] if isinstance(d, dict)}
     names = {d.name for d in manifest.datasets}
     if name == manifest.run.name:
-        return
+        base = ledger.meta.get(MANIFEST_BASE_DIR)
+        elsewhere = base is not None and Path(base).resolve() != manifest.base_dir.resolve()
+        if not (elsewhere and had and not had & names):
+            return
     out = manifest.output_dir
     raise InputError(
         f"{out} holds the run {name!r} (datasets {', '.join(sorted(map(str, had))) or 'none'}), "
