@@ -203,6 +203,12 @@ def reconstruct(
                 ticker.tick()
                 f.add(sample)
                 count_sample(sample, by_source)
+        if not f.count:  # raised in the block: the file is not replaced by an empty one
+            why = ", ".join(f"{k}: {v}" for k, v in {**skipped, **drops}.items()) or "it is empty"
+            raise InputError(
+                f"{input}: no usable line ({why}); {output} is left as it was. Each line needs "
+                "`messages` and an `api_view`, or a raw chat-completion `response`"
+            )
     _print_written(f.count, output, by_source, drops)
     _print_skipped(skipped)
 

@@ -8,6 +8,7 @@ carries logprobs with token bytes or ids, those give the ids directly (``token_s
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -330,7 +331,7 @@ def _plan(
 
         segs, warns = joined_turns(bound, item.messages, item.view, item.tools, opts, thinking)
         layout, flags = _layout(bound, segs, enc, item.view.finish_reason == "length")
-        warns = [*warns, *_cut_with_tools(bound, item)]
+        warns = [*warns, *_cut_with_tools(bound, item), *_lone_surrogates(item.view)]
         return _Plan(None, layout, None, "reconstructed", list(warns), flags)
     prompt = None
     if item.prompt_ids is None:
@@ -353,9 +354,22 @@ def _plan(
             view = replace(view, tool_calls=calls)
             warnings.append("tool_call_ids_rebuilt")
     segs, warns = answer_segments(bound, item.messages, view, thinking)
-    warnings += warns + _cut_with_tools(bound, item)
+    warnings += warns + _cut_with_tools(bound, item) + _lone_surrogates(view)
     response, _ = _layout(bound, segs, enc, view.finish_reason == "length")
     return _Plan(prompt, response, None, "reconstructed", warnings)
+
+
+def _lone_surrogates(view: ApiView) -> list[str]:
+    """Text the vocabulary cannot hold: a lone surrogate (half a character in JSON's
+    ``\\udXXX``, a server that cut an emoji in two) has no UTF-8 bytes, so no token; the
+    encoder writes U+FFFD there. The sample says so (``lossy:lone_surrogate``), never in
+    silence."""
+    texts = [view.content or "", view.reasoning or ""]
+    texts += [c.name + c.arguments for c in view.tool_calls]
+    return ["lossy:lone_surrogate"] if any(_SURROGATE.search(t) for t in texts) else []
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _cut_with_tools(bound: BoundFormat, item: Item) -> list[str]:

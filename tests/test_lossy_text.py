@@ -1,0 +1,64 @@
+"""Text the vocabulary cannot hold, and an input with nothing usable (issue 55, items 3 and 4).
+Each failed on 31fb7a8:
+
+- a lone surrogate in an answer (JSON's ``"\\ud83d"`` with no partner: a server that cut an
+  emoji in two) became U+FFFD in the trained ids, with no label: the sample said nothing of it;
+- ``reconstruct`` on an input with no usable line wrote 0 samples and exited 0 (and replaced a
+  good output file with an empty one)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tokenizers import Tokenizer
+
+from conftest import GROUNDTRUTH, TOKENIZERS
+from shared import one_line_exit_2, run
+
+SMOL = ["--tokenizer", str(TOKENIZERS / "smollm2"), "--format", "chatml"]
+
+
+def _record(content: str, rid: str = "r") -> dict:
+    rec = json.loads(GROUNDTRUTH.read_text().splitlines()[0])
+    rec["id"] = rid
+    rec["api_view"] = {"content": content, "finish_reason": "stop"}
+    return rec
+
+
+@pytest.mark.parametrize("lone", ["\ud83d", "\ude00", "\udcff"])
+def test_a_lone_surrogate_is_labelled_lossy_never_replaced_in_silence(tmp_path, lone):
+    text = f"Here is a face {lone} and the rest of the answer."
+    src = tmp_path / "in.jsonl"
+    # as a server sends it: JSON escapes (json.dumps writes the lone surrogate as \\udXXX)
+    src.write_text(json.dumps(_record(text)) + "\n" + json.dumps(_record("Plain.", "ok")) + "\n")
+    out = tmp_path / "out.jsonl"
+    r = run("reconstruct", str(src), *SMOL, "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = {x["id"]: x for x in map(json.loads, out.read_text().splitlines())}
+    assert any(w.startswith("lossy:") for w in rows["r"]["warnings"]), rows["r"]["warnings"]
+    assert not any(w.startswith("lossy:") for w in rows["ok"]["warnings"])
+    assert "lossy views" in r.stderr, r.stderr
+    # what the ids hold there is not the text: HF's own tokenizer cannot even take it as given
+    hf = Tokenizer.from_file(str(TOKENIZERS / "smollm2" / "tokenizer.json"))
+    with pytest.raises(TypeError):  # the Rust side refuses a str it cannot encode as UTF-8
+        hf.encode(text, add_special_tokens=False)
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        ['{"foo": 1}', "not json", json.dumps({"id": "x", "messages": "not a list"})],
+        [],
+    ],
+    ids=["no-usable-line", "empty"],
+)
+def test_an_input_with_no_usable_line_exits_non_zero_and_keeps_the_old_output(tmp_path, lines):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(x + "\n" for x in lines))
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"kept": true}\n')  # a good output of an earlier run
+    line = one_line_exit_2(run("reconstruct", str(src), *SMOL, "-o", str(out)))
+    assert str(src) in line and "no usable" in line, line
+    assert out.read_text() == '{"kept": true}\n'
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.jsonl")]
