@@ -62,3 +62,76 @@ def test_an_input_with_no_usable_line_exits_non_zero_and_keeps_the_old_output(tm
     assert str(src) in line and "no usable" in line, line
     assert out.read_text() == '{"kept": true}\n'
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.jsonl")]
+
+
+# --- issue 55, item 2: an engine's ids against its own text ---------------------------------------
+
+
+def _raw(rid: str, content: str, ids: list[int]) -> dict:
+    rec = json.loads(GROUNDTRUTH.read_text().splitlines()[0])
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": content},
+        "finish_reason": "stop",
+        "stop_reason": None,
+        "token_ids": ids,
+    }
+    return {"id": rid, "messages": rec["messages"], "response": {"choices": [choice]}}
+
+
+def test_engine_ids_that_contradict_their_own_text_are_never_exported_as_engine(tmp_path):
+    hf = Tokenizer.from_file(str(TOKENIZERS / "smollm2" / "tokenizer.json"))
+    end = hf.token_to_id("<|im_end|>")
+    text = " ".join(["The river that runs through Paris is the Seine."] * 40)
+    src = tmp_path / "in.jsonl"
+    src.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in (
+                # the ids of "Hi." beside 400 words of text (or of another text)
+                _raw("hi", text, [*hf.encode("Hi.", add_special_tokens=False).ids, end]),
+                _raw("other", text, [*hf.encode("Another answer.").ids, end]),
+                # the ids of the text itself, as HF's tokenizer encodes it
+                _raw("honest", text, [*hf.encode(text, add_special_tokens=False).ids, end]),
+            )
+        )
+        + "\n"
+    )
+    out = tmp_path / "out.jsonl"
+    r = run("reconstruct", str(src), *SMOL, "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = {x["id"]: x for x in map(json.loads, out.read_text().splitlines())}
+    assert set(rows) == {"honest"} and rows["honest"]["token_source"] == "engine", rows.keys()
+    assert "ids_contradict_text: 2" in r.stderr, r.stderr
+
+
+def test_the_budget_charges_the_text_where_the_ids_say_less(tmp_path):
+    """A priced server whose ``token_ids`` are those of "Hi." beside 400 words: charged for the
+    text (its tokens by HF's own count), and no sample exported from those ids."""
+    from hostile import Hostile, completion, tokens
+    from test_hostile_servers import manifest, prompts
+
+    hf = Tokenizer.from_file(str(TOKENIZERS / "smollm2" / "tokenizer.json"))
+    hi = [*hf.encode("Hi.", add_special_tokens=False).ids, hf.token_to_id("<|im_end|>")]
+    text = " ".join(["The river that runs through Paris is the Seine."] * 40)
+    shape = lambda req, i, n: completion(  # noqa: E731
+        text,
+        usage={"prompt_tokens": 30, "completion_tokens": len(hi)},
+        extra_choice={"token_ids": hi, "stop_reason": None},
+    )
+    server = Hostile(shape)
+    n = 6
+    with server.running() as url:
+        m = manifest(
+            tmp_path,
+            url,
+            {"d": prompts(tmp_path / "p.jsonl", n)},
+            backend='price_in_per_mtok = 1.0\nprice_out_per_mtok = 1000.0\ntoken_ids = "always"',
+            max_tokens=1024,
+        )
+        r = run("generate", str(m), "--quiet")
+        assert r.returncode == 0, r.stderr
+    st = json.loads(run("status", str(m), "--json").stdout)["datasets"]["d"]
+    text_usd = n * tokens(text) * 1000.0 / 1e6
+    assert st["cost_usd"] >= 0.95 * text_usd, (st["cost_usd"], text_usd)
+    assert st["samples"] == 0 and st["drops"].get("ids_contradict_text") == n, st

@@ -341,7 +341,10 @@ def _plan(
     view = item.view
     warnings: list[str] = []
     if item.output_ids is not None and not item.all_turns:
-        engine = bound.closed(check_ids(bound, item.output_ids, "token_ids"), view.finish_reason)
+        given = check_ids(bound, item.output_ids, "token_ids")
+        if (why := ids_contradict(bound, given, view)) is not None:
+            raise ReconstructError(why, "ids_contradict_text")
+        engine = bound.closed(given, view.finish_reason)
         return _Plan(prompt, None, engine, "engine", warnings)
     if use_logprobs and view.logprobs:
         ids, reason = ids_from_logprobs(bound, view)
@@ -357,6 +360,36 @@ def _plan(
     warnings += warns + _cut_with_tools(bound, item) + _lone_surrogates(view)
     response, _ = _layout(bound, segs, enc, view.finish_reason == "length")
     return _Plan(prompt, response, None, "reconstructed", warnings)
+
+
+def ids_contradict(bound: BoundFormat, ids: Sequence[int], view: ApiView) -> str | None:
+    """Where an engine's ids cannot be the answer it sent beside them: its content or reasoning
+    does not run, in order, through what the ids decode to (the ids of "Hi." beside 960 words,
+    or of another text); None where each does. Compared as a subsequence, without what servers
+    drop or re-write: whitespace (parsers strip and re-space), control tokens (skipped in
+    decoding) and U+FFFD (an incomplete character withheld or replaced); a parser may also cut
+    text out of the middle (vLLM deletes a marker's text the model typed, and joins the text
+    around a call). Tool calls are not compared (parsers write their arguments again)."""
+    said = [t for t in (view.content, view.reasoning) if t and not t.isspace()]
+    if not said:
+        return None
+    control = bound.tokenizer.control_tokens
+    decoded = _squeezed(bound.tokenizer.decode([i for i in ids if i not in control]))
+    for t in said:
+        for c in {info.text for info in control.values()}:
+            if c and c in t:
+                t = t.replace(c, "")
+        rest = iter(decoded)
+        if not all(ch in rest for ch in _squeezed(t)):  # a subsequence, in one pass
+            return (
+                f"the server's token_ids ({len(ids)}) decode to a text that does not hold its "
+                f"own answer text ({len(t)} characters); the ids are not that answer's"
+            )
+    return None
+
+
+def _squeezed(text: str) -> str:
+    return "".join(text.split()).replace("\ufffd", "")
 
 
 def _lone_surrogates(view: ApiView) -> list[str]:

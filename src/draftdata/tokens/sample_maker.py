@@ -31,6 +31,7 @@ from .reconstruct import (
     Item,
     TextIds,
     check_ids,
+    ids_contradict,
     prompt_ids_many,
     provenance,
     reconstruct_many,
@@ -172,7 +173,10 @@ class TokensStage:
             else self.render_prompt(messages, prompt)
         )
         if stored.output_ids is not None and not self.joined:
-            return self._engine(key, prompt, ours, stored, stored.output_ids)
+            given = check_ids(self.bound, stored.output_ids, "output_ids")
+            if (why := ids_contradict(self.bound, given, view)) is not None:
+                raise ReconstructError(why, "ids_contradict_text")  # never exported as engine
+            return self._engine(key, prompt, ours, stored, given)
         if not (view.content or view.reasoning or view.tool_calls):
             raise ReconstructError("the API returned an empty answer", "empty_response")
         if self.joined:  # the whole conversation is laid out: no prompt ids are taken as given

@@ -418,16 +418,18 @@ class OpenAIBackend(Backend):
         if counted is None:
             if problem is not None:  # unreadable: count the most it may have been
                 counted = req.sampling.max_tokens
-            elif got.output_ids is not None:
-                counted = len(got.output_ids)
-            else:  # None where nothing depends on it
+            else:  # the text's count (None: nothing depends on it); with ids the larger:
+                # the ids of "Hi." beside 960 words of text do not price the text at theirs
+                ids_n = len(got.output_ids) if got.output_ids is not None else None
                 counted = answer_tokens(
                     self.bound.tokenizer,
                     view,
                     priced=self.cfg.price_out_per_mtok > 0,
                     most=RUNAWAY_FACTOR * req.sampling.max_tokens + RUNAWAY_SLACK,
-                    reported=usage.completion_tokens,
+                    reported=usage.completion_tokens if ids_n is None else ids_n,
                 )
+                if ids_n is not None:
+                    counted = max(ids_n, counted or 0)
         cost, note = charge(self.cfg, len(req.prompt_ids), counted, got, self.max_cost(req))
         ct, pt = usage.completion_tokens, usage.prompt_tokens
         limit = req.sampling.max_tokens
