@@ -36,18 +36,21 @@ Answer = tuple[Key, str, Completion, list[int]]
 ROOM_PER_REQUEST = 64 * 1024
 #: and for SQLite's write-ahead log and its index
 ROOM_BASE = 512 * 1024
+#: and no more than this in all (a backend of concurrency 4096 would keep 256 MB)
+ROOM_MOST = 64 * 1024 * 1024
 
 
 class Reserve:
-    """Room kept on the run folder's disk: a file of ``size`` bytes (at most a quarter of what
-    is free), freed when the disk fills so that the answers in flight can still be written."""
+    """Room kept on the run folder's disk: a file of ``size`` bytes (at most ``ROOM_MOST`` and a
+    quarter of what is free), freed when the disk fills so that the answers in flight can still
+    be written."""
 
     NAME = ".draftdata.reserve"
 
     def __init__(self, folder: Path, size: int) -> None:
         self.path = folder / self.NAME
         free = free_bytes(folder) or 0
-        self.size = max(0, min(size, (free - LOW_ROOM) // 4))
+        self.size = max(0, min(size, ROOM_MOST, (free - LOW_ROOM) // 4))
         try:
             with open(self.path, "wb") as f:
                 if self.size:
