@@ -56,14 +56,13 @@ class Reserve:
                 if self.size:
                     os.posix_fallocate(f.fileno(), 0, self.size)
         except OSError:  # no room for it (or no such call here): nothing kept
-            self.size = 0
-            with contextlib.suppress(OSError):
-                self.path.unlink(missing_ok=True)
+            self.free()
 
     def free(self) -> int:
         """Give the room back; returns the bytes freed."""
         size, self.size = self.size, 0
-        self.path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.path.unlink(missing_ok=True)
         return size
 
 

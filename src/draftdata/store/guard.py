@@ -73,6 +73,13 @@ def full_line(path: Path, detail: str = "") -> str:
     )
 
 
+def low_room(path: Path) -> bool:
+    """Whether less than ``LOW_ROOM`` is free on the disk holding ``path`` (False where that
+    cannot be told)."""
+    free = free_bytes(path)
+    return free is not None and free < LOW_ROOM
+
+
 def is_full(path: Path, e: sqlite3.Error) -> bool:
     """Whether ``e`` on ``path`` is a full disk: SQLite's ``SQLITE_FULL``, or an I/O error with
     less than ``LOW_ROOM`` free beside the ledger."""
@@ -81,8 +88,7 @@ def is_full(path: Path, e: sqlite3.Error) -> bool:
     if primary == SQLITE_FULL or "disk is full" in str(e):
         return True
     if primary == SQLITE_IOERR or "disk I/O error" in str(e):
-        free = free_bytes(path)
-        return free is not None and free < LOW_ROOM
+        return low_room(path)
     return False
 
 
@@ -94,10 +100,9 @@ def error_of(path: Path, e: sqlite3.Error) -> LedgerError:
 
 
 def explain(path: Path, e: sqlite3.Error) -> str:
-    """One line for a sqlite error on ``path``: what happened and the fix."""
+    """One line for a sqlite error on ``path`` that is not a full disk (``error_of`` tells that
+    apart first): what happened and the fix."""
     text = str(e)
-    if is_full(path, e):
-        return full_line(path, text)
     if "malformed" in text or "not a database" in text or "damaged" in text:
         return (
             f"{path}: the ledger is damaged ({text}); restore it from a backup, or move "

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from . import schema
 from .answers import INTERRUPTED, Answers
-from .guard import LOW_ROOM, LedgerError, LedgerFull, free_bytes, full_line, is_full
+from .guard import LedgerError, LedgerFull, full_line, is_full, low_room
 from .meta import MIGRATED_FROM, SCHEMA_VERSION, Meta
 from .part import Tx
 from .prompts import Prompts
@@ -41,11 +41,6 @@ def _no_log(path: Path) -> bool:
     return not wal.exists() or not wal.stat().st_size
 
 
-def _low_room(path: Path) -> bool:
-    free = free_bytes(path)
-    return free is not None and free < LOW_ROOM
-
-
 def _open_read_only(path: Path) -> sqlite3.Connection:
     """``path`` opened read-only. A WAL ledger needs its ``-shm`` file, which SQLite makes
     beside it when missing: on a read-only mount it cannot, so a ledger with no write-ahead
@@ -54,7 +49,7 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
     is read ``immutable`` (no writer can commit on a full disk), and one with a log to replay
     is refused in one line."""
     uri = path.resolve().as_uri()
-    if _low_room(path):
+    if low_room(path):
         if _no_log(path):
             return sqlite3.connect(uri + "?mode=ro&immutable=1", uri=True, timeout=30)
         raise LedgerFull(full_line(path, "reading its write-ahead log needs room beside it"))
@@ -76,7 +71,7 @@ def _open_read_only(path: Path) -> sqlite3.Connection:
 
 def _open_for_writing(path: Path) -> sqlite3.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
-    if _low_room(path):  # refused before SQLite maps an index the disk cannot back
+    if low_room(path):  # refused before SQLite maps an index the disk cannot back
         raise LedgerFull(full_line(path))
     db = sqlite3.connect(str(path), timeout=30, isolation_level=None)
     db.execute("PRAGMA journal_mode=WAL")

@@ -375,9 +375,10 @@ def ids_contradict(bound: BoundFormat, ids: Sequence[int], view: ApiView) -> str
         return None
     control = bound.tokenizer.control_tokens
     decoded = _squeezed(bound.tokenizer.decode([i for i in ids if i not in control]))
+    texts = {info.text for info in control.values() if info.text}
     for t in said:
-        for c in {info.text for info in control.values()}:
-            if c and c in t:
+        for c in texts:
+            if c in t:
                 t = t.replace(c, "")
         rest = iter(decoded)
         if not all(ch in rest for ch in _squeezed(t)):  # a subsequence, in one pass
