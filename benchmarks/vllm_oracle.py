@@ -497,10 +497,11 @@ def _from_ids(bound: Any, view: Any, out: Any, prompt: Any, tools: Any, thinking
 def _compared(s: Any, truth: list[int], view: Any, bound: Any, thinking: bool) -> dict[str, Any]:
     got = list(s.response_ids)
     labels = [w for w in s.warnings if w.startswith("lossy:")]
+    counted = "count_mismatch" in s.warnings  # the response's usage disagrees with the ids
     k = first_divergence(got, truth)
     out: dict[str, Any] = {"labels": labels, "warnings": list(s.warnings), "server": view.server}
     if k is None:
-        out["class"] = "lossy_held" if labels else "exact"
+        out["class"] = "COUNT_FALSE" if counted else "lossy_held" if labels else "exact"
         return out
     where = divergence_segment(bound, truth, k, thinking)
     out.update(
@@ -510,6 +511,8 @@ def _compared(s: Any, truth: list[int], view: Any, bound: Any, thinking: bool) -
     if labels:
         out["class"] = "lossy_wrong"
         out["label_names_divergence"] = label_names_it(labels, where)
+    elif counted:
+        out["class"] = "count_caught"  # no text label, but the server's own counts tell
     else:
         out["class"] = "SILENT_WRONG"
     return out
@@ -541,9 +544,13 @@ def corpus_runs(runs: dict[str, list[str]], only: str | None) -> Any:
             if fam.kwargs_on is None and bound.format.think is None:
                 thinking = False
             truth = raw_ids(bound.tokenizer, case["raw"])
-            prompt_ids = bound.prompt_ids(
-                (Message("user", USER),), **({"thinking": thinking} if bound.format.think else {})
-            )
+            opts = {"thinking": thinking} if bound.format.think else {}
+            # the request offers TOOLS: the prompt is rendered with them, as vLLM's renderer
+            # does (its usage counts these ids); a template that takes none renders without
+            try:
+                prompt_ids = bound.prompt_ids((Message("user", USER),), TOOLS, **opts)
+            except DraftdataError:
+                prompt_ids = bound.prompt_ids((Message("user", USER),), **opts)
             yield case, fname, fam, bound, thinking, truth, prompt_ids
 
 
@@ -587,7 +594,16 @@ def main() -> int:
     return 0
 
 
-CLASSES = ["exact", "lossy_held", "lossy_wrong", "dropped", "SILENT_WRONG", "vllm_error"]
+CLASSES = [
+    "exact",
+    "lossy_held",
+    "lossy_wrong",
+    "count_caught",
+    "COUNT_FALSE",
+    "dropped",
+    "SILENT_WRONG",
+    "vllm_error",
+]
 
 
 def report(

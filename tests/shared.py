@@ -241,17 +241,23 @@ SERVED = {
 
 
 def served(tmp_path):
-    """The prompts file and the replay records answering it."""
+    """The prompts file and the replay records answering it. Their ids are what the replay
+    server counts in its ``usage``: HF's own encoding of each answer (and the end of turn of
+    one that ended), so the counts describe the text it serves."""
+    from tokenizers import Tokenizer
+
+    hf = Tokenizer.from_file(str(TOKENIZERS / "smollm2" / "tokenizer.json"))
     prompts, records = [], []
     for pid, (user, answer, finish) in SERVED.items():
         msgs = [{"role": "user", "content": user}]
         prompts.append({"id": pid, "messages": msgs})
+        out = hf.encode(answer, add_special_tokens=False).ids + ([2] if finish == "stop" else [])
         records.append(
             {
                 "id": pid,
                 "messages": msgs,
                 "prompt_ids": [1],
-                "output_ids": [1] * 40,
+                "output_ids": out,
                 "api_view": {"content": answer, "finish_reason": finish},
             }
         )

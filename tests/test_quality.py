@@ -223,7 +223,7 @@ def test_language_mismatch_with_a_callers_detector() -> None:
 
 def test_every_check_is_listed_once() -> None:
     names = [n for n, _ in QUALITY_CHECKS]
-    assert len(set(names)) == len(names) == 6
+    assert len(set(names)) == len(names) == 7
     assert all(d and "\n" not in d for _, d in QUALITY_CHECKS)
 
 

@@ -40,6 +40,7 @@ QUALITY = {
     "think_unclosed",
     "near_duplicate_answer",
     "language_mismatch",
+    "count_mismatch",
 }
 
 

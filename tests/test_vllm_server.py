@@ -109,6 +109,96 @@ def test_first_run_engine_ids_gate_the_text_dataset(tmp_path, folder, vllm):
     assert st["template_drift"] == {"checked": 6, "differs": 0}  # second turns too
 
 
+def _greedy(backend: str) -> str:
+    return f"""
+[[datasets]]
+name = "sg"
+source = "{PROMPTS / "sharegpt_v3_first1000.json"}"
+reader = "sharegpt"
+backend = "{backend}"
+limit = 12
+turns = "first"
+sampling = {{ temperature = 0.0, max_tokens = 96 }}
+"""
+
+
+def _bodies(run: Path) -> dict[str, dict]:
+    from draftdata.store import codec
+
+    db = sqlite3.connect(run / "ledger.sqlite")
+    try:
+        return {
+            pid: json.loads(codec.unpack_text(b))
+            for pid, b in db.execute(
+                "SELECT r.prompt_id, a.response FROM responses r "
+                "JOIN attempts a ON a.id = r.attempt_id"
+            )
+        }
+    finally:
+        db.close()
+
+
+def test_the_servers_counts_agree_with_every_exact_text_sample(tmp_path, folder, vllm):
+    """Issue 55's count witness on the real server. The same 12 ShareGPT prompts, greedy, asked
+    twice: with the server's ids (its counts checked against its own ids: the convention), and
+    as text only (``token_ids = "never"``). Where the two answers are the same text, the text
+    run's sample is exact when its ids are the engine's: the counts agree on every exact one.
+    One of the server's own answers with a newline stripped is then caught by its counts
+    alone."""
+    from draftdata.config import load_manifest
+    from draftdata.records.wire import view_from_record
+    from draftdata.session import bind_target
+    from draftdata.tokens.reconstruct import reconstruct
+
+    url, _ = vllm
+    (tmp_path / "ids").mkdir()
+    (tmp_path / "text").mkdir()
+    m_ids = manifest(tmp_path / "ids", folder, url, _greedy("vllm"))
+    m_text = manifest(tmp_path / "text", folder, url, _greedy("text"))
+    r = cli("run", str(m_ids), "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = json.loads(r.stdout)["counting"]["vllm"]
+    assert "agree with its own ids on 12 of 12 answers, counted as declared" in line, line
+    r = cli("run", str(m_text), "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    engine = {x["prompt_id"]: x for x in rows(tmp_path / "ids" / "run")}
+    text = {x["prompt_id"]: x for x in rows(tmp_path / "text" / "run")}
+    ids_bodies, text_bodies = _bodies(tmp_path / "ids" / "run"), _bodies(tmp_path / "text" / "run")
+    same = exact = 0
+    for pid, s in text.items():
+        e = engine.get(pid)
+        a, b = ids_bodies.get(pid), text_bodies.get(pid)
+        if e is None or a is None or b is None:
+            continue
+        if a["choices"][0]["message"] != b["choices"][0]["message"]:
+            continue  # the server answered the same prompt otherwise (batch numerics)
+        same += 1
+        if s["input_ids"] == e["input_ids"]:
+            exact += 1
+            assert "count_mismatch" not in s["warnings"], (pid, s["warnings"])
+    print(f"{same} answers the same text twice, {exact} exact from text, none flagged")
+    assert exact >= 6, (same, exact)
+    # a server that strips one newline from an answer: only its counts can tell
+    bound = bind_target(load_manifest(m_text))
+    for pid, s in text.items():
+        body = text_bodies.get(pid)
+        content = (body or {}).get("choices", [{}])[0].get("message", {}).get("content") or ""
+        if "\n" not in content or s["input_ids"] != (engine.get(pid) or {}).get("input_ids"):
+            continue
+        msg = body["choices"][0]["message"]
+        cut = content.replace("\n", "", 1)
+        body = {**body, "choices": [{**body["choices"][0], "message": {**msg, "content": cut}}]}
+        view = view_from_record({"response": body})
+        prompt = s["input_ids"][: s["prompt_len"]]
+        got = reconstruct(bound, (), view, prompt_ids=prompt)
+        assert got.input_ids != s["input_ids"]
+        assert "count_mismatch" in got.warnings, (cut, got.warnings)
+        assert not [w for w in got.warnings if w.startswith("lossy:")]
+        break
+    else:
+        pytest.fail("no exact text answer holds a newline")
+
+
 def _source(tmp: Path, folder: Path, url: str, context: int = 2048) -> tuple[Path, int]:
     """A ShareGPT file of real conversations: the three shortest first prompts of the first 200
     and the two longest (past the context alone); and how many of them the server's own

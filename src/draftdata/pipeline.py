@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.text import Text
 
 from .config import DatasetCfg, Manifest, ModelCfg
 from .errors import ReconstructError
@@ -24,8 +25,10 @@ from .measure.validate import ValidationReport
 from .model.sample_repair import validate_repaired
 from .progress import Ticker
 from .records import GroundTruth
+from .records.servers import profile
 from .session import RunSession, Tokenization
-from .store.meta import GATE
+from .store.meta import COUNTING, GATE
+from .tokens.counts import fit, shape_of
 from .tokens.reconstruct import check_ids
 from .tokens.run_samples import Tokenized
 from .tokens.sample_maker import TokensStage
@@ -40,6 +43,10 @@ class PipelineResult:
     datasets: dict[str, Tokenized] = field(default_factory=dict)
     budget_stopped: bool = False
     scores: dict[str, Any] | None = None
+    #: datasets stopped before their last answer, with the line that says why
+    stopped: dict[str, str] = field(default_factory=dict)
+    #: per engine backend: what its token counts showed against its own ids (one line)
+    counting: dict[str, str] = field(default_factory=dict)
 
 
 def ground_truth(
@@ -170,6 +177,8 @@ def _stages(session: RunSession, runner: Runner, shown: Shown, force: bool) -> P
         for d in exact:
             got = list(ground_truth(session, d, with_view=d.name in engine))
             evidence += got
+            if d.name in engine:
+                res.counting.update(check_counting(session, d, got, shown))
             who = f"the {engine[d.name]} server's own ids" if d.name in engine else "answers"
             said.append(f"{who} of {d.name} ({len(got)})")
         waits += [n for n in engine if _reconstructed(res, n)]
@@ -182,9 +191,10 @@ def _stages(session: RunSession, runner: Runner, shown: Shown, force: bool) -> P
     res.gate = gate_stage(session, res.validation, said, bool(waits), force)
     # 5. the text backends
     if text:
+        runner.watch.text_ids = tok.text_ids  # the count gate reads text as the run will
         rep = asyncio.run(runner.generate([d.name for d in text]))
         res.datasets.update(tokens_stage(session, tok, text, shown))
-        res.budget_stopped = rep.budget_stopped
+        res.budget_stopped, res.stopped = rep.budget_stopped, rep.stopped
     # 6. the model stage: score every sample, repair the reconstructed ones
     if scorer is not None and m.model is not None:
         res.scores = model_stage(session, tok, scorer, m.model, shown)
@@ -200,6 +210,28 @@ def _stages(session: RunSession, runner: Runner, shown: Shown, force: bool) -> P
         console=shown.to,
     )
     return res
+
+
+def check_counting(
+    session: RunSession, d: DatasetCfg, got: list[GroundTruth], shown: Shown
+) -> dict[str, str]:
+    """The server's counting convention checked on its own ids (``tokens.counts.fit``): kept
+    for its backend's text answers where they show another one than its profile declares."""
+    bound = session.tokenization.bound
+    obs = [
+        (shape_of(bound, [*g.prompt_ids, *g.output_ids], len(g.prompt_ids)), g.view.usage)
+        for g in got
+        if g.view is not None and g.view.usage is not None and g.prompt_ids is not None
+    ]
+    server = next((g.view.server for g in got if g.view is not None), None)
+    fitted = fit(obs, profile(server).counting)
+    if fitted is None:
+        return {}
+    session.ledger.meta.put(COUNTING.of(d.backend), fitted.counting)
+    line = fitted.line(f"{d.backend} ({server or 'auto'})")
+    if shown.to is not None:
+        shown.to.print(Text(line))
+    return {d.backend: line}
 
 
 def tokens_stage(

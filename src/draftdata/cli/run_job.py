@@ -250,7 +250,9 @@ def run_cmd(
             f"budget_usd = {m.run.budget_usd}",
             "bold yellow",
         )
-    if report_failures(st, res.datasets, manifest, failed):
+    for name, why in res.stopped.items():
+        say(err, f"{name} stopped: {why}", "bold red")
+    if report_failures(st, res.datasets, manifest, failed) or res.stopped:
         raise typer.Exit(1)
 
 
@@ -294,6 +296,8 @@ def _outcome_json(res: PipelineResult, st: RunStatus) -> dict[str, Any]:
         "validation": v.to_json() if v is not None else None,
         "datasets": {k: {"samples": d.samples, "drops": d.drops} for k, d in res.datasets.items()},
         "budget_stopped": res.budget_stopped,
+        "stopped": res.stopped,
+        "counting": res.counting,
         "export": str(res.export_dir) if res.export_dir else None,
         "report": str(build_report(res.run_dir)),
         "status": st.to_json(),

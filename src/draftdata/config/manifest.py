@@ -67,6 +67,7 @@ QualityCheck = Literal[
     "think_unclosed",
     "near_duplicate_answer",
     "language_mismatch",
+    "count_mismatch",
 ]
 QUALITY_CHECK_NAMES: tuple[str, ...] = get_args(QualityCheck)
 #: ``[run] decontaminate``: the built-in evaluation sets (``measure.contamination.BUILTIN_SETS``);
@@ -95,6 +96,12 @@ class RunCfg(_Strict):
     output: str
     budget_usd: float | None = Field(None, ge=0)
     min_exact: float = Field(0.9, ge=0.0, le=1.0)
+    #: a text-only dataset stops once more than this share of its answers (after the first
+    #: ``count_probe``) carry ``count_mismatch``: the server's own token counts disagree with
+    #: the ids reconstructed from its text (``generate.count_watch``); 1 never stops one
+    max_count_mismatch: float = Field(0.1, ge=0.0, le=1.0)
+    #: the answers a text-only dataset is judged on before that share can stop it
+    count_probe: int = Field(50, ge=1)
     #: learn split preferences from the ground-truth datasets and apply them when text answers
     #: are reconstructed; the gate then measures them cross-validated (learned on one half of the
     #: prompts, measured on the other)

@@ -36,6 +36,7 @@ from .chains import PROMPT_WINDOW, Chain, chain_pages, first_prompts
 from .commits import GroupCommit
 from .contaminated import DecontaminateMixin
 from .contract import Serving, check_dataset, over_context
+from .count_watch import CountWatch
 from .inputs import DUPLICATE, drop_reason, first_turn_ids, iter_dataset, no_prompts
 from .progress import Bars
 from .requests import sample_seed
@@ -89,6 +90,8 @@ class Runner(DecontaminateMixin):
         self.contract_checked: set[str] = set()
         #: the run's cross-answer quality checks (one answer index for every dataset)
         self.checks = self.session.checks
+        #: the count witness's gate on text-only datasets (``generate.count_watch``)
+        self.watch = CountWatch(manifest, self.ledger, self.tokens)
         # requests in flight when the last writer was killed or interrupted: possibly paid,
         # so counted against the budget, and asked again
         interrupted, usd = self.ledger.answers.settle_interrupted()
@@ -281,6 +284,7 @@ class Runner(DecontaminateMixin):
         self.budget.charge(c.cost_usd, estimate)
         await self.commits.put((req.key, backend.name, c, req.prompt_ids))
         self.counted(bars, req, c)
+        self.watch.see(self.m.dataset(req.key.dataset), req, c)
 
     def counted(self, bars: Bars, req: GenRequest, c: Completion) -> None:
         bars.update(req.key.dataset, done=1, tokens=c.completion_tokens or 0, cost=c.cost_usd)
@@ -317,8 +321,8 @@ class Runner(DecontaminateMixin):
                 await asyncio.gather(*runs)
                 for d in chosen:
                     fatal = self.backends[d.backend].fatal if d.backend in self.backends else None
-                    if fatal:
-                        rep.stopped[d.name] = fatal
+                    if fatal or d.name in self.watch.stopped:
+                        rep.stopped[d.name] = fatal or self.watch.stopped[d.name]
             finally:
                 for t in runs:
                     t.cancel()
@@ -347,7 +351,9 @@ class Runner(DecontaminateMixin):
         total, todo = self.ledger.prompts.work_counts(d.name)
         backend = self.backend(d.backend) if todo else None  # refuses a bad config first
         bars.add(d.name, total, total - todo)
-        if backend is None:
+        if todo and self.serving.engine(d) is None:
+            self.watch.start(d, status(self.ledger).datasets.get(d.name))
+        if backend is None or d.name in self.watch.stopped:
             return
         self.check_contract(d)
         if backend.batches_turns:
@@ -369,7 +375,7 @@ class Runner(DecontaminateMixin):
                 ready.extend(first_prompts(self.tokens, d, page))
 
         async def worker() -> None:
-            while not self.budget.hit and not backend.fatal:
+            while not (self.budget.hit or backend.fatal or d.name in self.watch.stopped):
                 if not ready and not drained.is_set():
                     refill()
                 if not ready:

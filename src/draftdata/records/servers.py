@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from . import ServerProfile
+from . import Counting, ServerProfile
 
 __all__ = [
     "BEHAVIOURS",
@@ -107,7 +107,8 @@ class ServerLoss:
 # --- the servers: what each one's parsers do, for every family and per family ----------------
 
 PROFILES: dict[str, ServerProfile] = {
-    "auto": ServerProfile("auto"),
+    # a server not known: whether it counts the end marker, and how it counts the prompt
+    "auto": ServerProfile("auto", counting=Counting(end_marker=None, prompt_extra=None)),
     "vllm": ServerProfile(
         "vllm",
         does=frozenset(
@@ -155,6 +156,9 @@ PROFILES: dict[str, ServerProfile] = {
         # the provider's parser is unknown: taken to do what vLLM's and SGLang's Kimi parsers
         # do, and tool-call ids are often rewritten (``call_``)
         does_for={"kimi-k2": frozenset({STRIPS_TOOL_CALL_WHITESPACE, RENUMBERS_TOOL_CALL_IDS})},
+        # a real Kimi K2.5 answer's total agreed with the ids, with the prompt's prefilled
+        # <think> counted as completion; the end marker and other providers' prompts not known
+        counting=Counting(end_marker=None, think_opener_in_completion=True, prompt_extra=None),
     ),
 }
 

@@ -166,7 +166,8 @@ def view_from_record(rec: Mapping[str, Any]) -> ApiView | None:
     InputError where a field is not of its type."""
     if isinstance(rec.get("api_view"), Mapping):
         v = rec["api_view"]
-        return view_from_message(v, v.get("finish_reason"), v.get("logprobs"))
+        view = view_from_message(v, v.get("finish_reason"), v.get("logprobs"))
+        return replace(view, usage=counted_usage(rec.get("usage")))
     resp = rec["response"] if isinstance(rec.get("response"), Mapping) else rec
     choices = resp.get("choices")
     if isinstance(choices, list) and choices:
@@ -176,8 +177,18 @@ def view_from_record(rec: Mapping[str, Any]) -> ApiView | None:
         view = view_from_message(
             ch.get("message") or {}, ch.get("finish_reason"), ch.get("logprobs")
         )
-        return replace(view, server=detect_server(resp))
+        return replace(view, server=detect_server(resp), usage=counted_usage(resp.get("usage")))
     return None
+
+
+def counted_usage(raw: Any) -> Usage | None:
+    """``usage`` as the count witness reads it: None where it holds no count to check (absent,
+    or no valid prompt or completion count)."""
+    return _counted(usage_of(raw)[0])
+
+
+def _counted(usage: Usage) -> Usage | None:
+    return None if usage.prompt_tokens is None and usage.completion_tokens is None else usage
 
 
 @dataclass(frozen=True)
@@ -214,8 +225,8 @@ def usage_of(raw: Any) -> tuple[Usage, tuple[str, ...]]:
         return Usage(), ("usage",) if raw is not None else ()
     bad: list[str] = []
 
-    def count(name: str) -> int | None:
-        v = raw.get(name)
+    def count(name: str, within: Mapping[str, Any] = raw) -> int | None:
+        v = within.get(name)
         if v is None:
             return None
         if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < COUNT_LIMIT:
@@ -224,6 +235,8 @@ def usage_of(raw: Any) -> tuple[Usage, tuple[str, ...]]:
         return None
 
     pt, ct = count("prompt_tokens"), count("completion_tokens")
+    details = raw.get("completion_tokens_details")
+    rt = count("reasoning_tokens", details) if isinstance(details, Mapping) else None
     cost = raw.get("cost")
     if cost is not None:
         ok = (
@@ -235,7 +248,7 @@ def usage_of(raw: Any) -> tuple[Usage, tuple[str, ...]]:
         if not ok:
             bad.append("cost")
         cost = float(cost) if ok else None
-    return Usage(pt, ct, cost), tuple(bad)
+    return Usage(pt, ct, cost, rt), tuple(bad)
 
 
 def parse_answer(text: str, *, want_ids: bool, server: str | None = None) -> WireAnswer | str:
@@ -266,7 +279,11 @@ def parse_answer(text: str, *, want_ids: bool, server: str | None = None) -> Wir
         if msg is None:
             msg = {}
         view = view_from_message(msg, finish, ch.get("logprobs"))
-        view = replace(view, server=server if server is not None else detect_server(data))
+        view = replace(
+            view,
+            server=server if server is not None else detect_server(data),
+            usage=_counted(usage),
+        )
         field = ids_field(ch) if want_ids else None
         out = bounded_ids(ch[field], field) if field else None
         prompt = prompt_ids_of(data, ch) if want_ids else None

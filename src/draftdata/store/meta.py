@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar, cast, overload
 
+from ..records import Counting
 from ..records.meta import Contamination, DatasetSettings, FlaggedPrompt, GateRecord
 from .guard import LedgerError, guarded
 from .part import Part, has_table
@@ -200,6 +201,22 @@ CONTAMINATION: PerDataset[Contamination] = PerDataset(
 )
 #: answers whose server ``usage`` was not taken as it is, by why (``invalid``, ``under``)
 USAGE_NOTES: PerDataset[dict[str, int]] = PerDataset("usage_notes", _counts_json, _counts)
+
+
+def _counting(doc: Any) -> Counting:
+    if not isinstance(doc, dict):
+        raise TypeError("not a JSON object")
+    end, extra, why = doc.get("end_marker"), doc.get("prompt_extra"), doc.get("reasoning")
+    return Counting(
+        None if end is None else bool(end),
+        bool(doc.get("think_opener_in_completion", False)),
+        None if extra is None else int(extra),
+        why if isinstance(why, str) else None,
+    )
+
+
+#: per backend: how its server counts ``usage``, as its own ids showed it (``tokens.counts.fit``)
+COUNTING: PerDataset[Counting] = PerDataset("counting", asdict, _counting)
 
 
 class Meta(Part):

@@ -70,6 +70,10 @@ QUALITY_CHECKS: tuple[tuple[str, str], ...] = (
     ("think_unclosed", "the answer finished inside its think block (no close marker)"),
     ("near_duplicate_answer", "same normalised text as an earlier answer to a different prompt"),
     ("language_mismatch", "the answer's language differs from its prompt's (caller's detector)"),
+    (
+        "count_mismatch",
+        "the server's own token counts (usage) disagree with the sample's ids (tokens.counts)",
+    ),
 )
 
 #: the longest block a loop may repeat, in ids

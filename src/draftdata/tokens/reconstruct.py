@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from itertools import islice
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
 from .. import __version__
 from ..errors import DraftdataError, FormatError, ReconstructError
@@ -21,7 +21,16 @@ from ..formats import BoundFormat, Segment, Special
 from ..formats.segments import Layout, PieceEncoder
 from ..formats.segments import TextIds as TextIds  # the callers' name for it
 from ..formats.segments import open_ended_ids as open_ended_ids
-from ..records import ApiView, Message, PackedSample, Provenance, Sample, TokenSource
+from ..records import (
+    ApiView,
+    Counting,
+    Message,
+    PackedSample,
+    Provenance,
+    Sample,
+    TokenSource,
+)
+from .counts import witness
 from .logprobs import ids_from_logprobs
 from .response import answer_segments, cut_loss, model_tool_calls
 
@@ -121,6 +130,9 @@ class Item:
     #: the prompt ids the server fed the model (``prompt_token_ids``): kept where they differ
     #: from our rendering, with a ``prompt_drift`` warning
     server_prompt_ids: Sequence[int] | None = None
+    #: how the server counts its ``usage`` where the run checked it on the server's own ids
+    #: (``tokens.counts.fit``); None: as its profile declares
+    counting: Counting | None = None
 
 
 #: records encoded per batched call: large enough that the tokenizer's batch pays, small enough
@@ -201,14 +213,31 @@ def reconstruct_many(
                     continue
                 try:
                     if packed:
-                        yield plan.packed(bound, item, enc_done, text_ids, prov)
+                        yield _witnessed(
+                            bound, item, plan.packed(bound, item, enc_done, text_ids, prov)
+                        )
                     else:
-                        yield plan.sample(bound, item, enc_done, text_ids, prov)
+                        yield _witnessed(
+                            bound, item, plan.sample(bound, item, enc_done, text_ids, prov)
+                        )
                 except DraftdataError as e:
                     yield e
         if planned is None:
             return
         ahead = planned
+
+
+_S = TypeVar("_S", Sample, PackedSample)
+
+
+def _witnessed(bound: BoundFormat, item: Item, s: _S) -> _S:
+    """``s`` with the count witness's label where the server's own counts disagree with its
+    ids (``tokens.counts``); a joined conversation is not what the server counted."""
+    if item.all_turns or item.view.usage is None:
+        return s
+    ids = s.input_ids if isinstance(s, Sample) else s.input_ids.tolist()
+    labels: tuple[str, ...] = witness(bound, ids, s.prompt_len, item.view, item.counting)
+    return replace(s, warnings=(*s.warnings, *labels)) if labels else s
 
 
 _ENCODER: ThreadPoolExecutor | None = None

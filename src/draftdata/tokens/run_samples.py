@@ -25,6 +25,7 @@ from ..records import Answered, ApiView, Drop, Key, Message, SampleRow, StoredRe
 from ..records.wire import view_from_record
 from ..store import codec
 from ..store.ledger import Ledger
+from ..store.meta import COUNTING
 from .checks import RunChecks, for_checks
 from .history import answer_message, n_turns, turn_messages
 from .reconstruct import WINDOW, TextIds
@@ -151,7 +152,8 @@ class RunTokens:
         todo = self.ledger.samples.undecided(d.name) if only_missing else None
         if todo == 0:
             return Tokenized({}, {})  # every answer has its sample or drop: nothing to walk
-        stage = self.stage
+        # the server's counting convention as its own ids showed it, where the run checked it
+        stage = replace(self.stage, counting=self.ledger.meta.get(COUNTING.of(d.backend)))
         done = self.ledger.samples.decided(d.name) if only_missing else set()
         joined = d.turns == "joined"
         if joined:

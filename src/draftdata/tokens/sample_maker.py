@@ -24,7 +24,8 @@ from typing import Any
 
 from ..errors import DraftdataError, ReconstructError
 from ..formats import BoundFormat
-from ..records import Answered, ApiView, Key, Message, Prompt, Sample, StoredResponse
+from ..records import Answered, ApiView, Counting, Key, Message, Prompt, Sample, StoredResponse
+from .counts import witness
 from .quality import Markers, check_sample
 from .reconstruct import (
     WINDOW,
@@ -69,6 +70,9 @@ class TokensStage:
     joined: bool = False
     #: add the names of the per-answer quality checks that fire to each sample's warnings
     quality: bool = True
+    #: how the server counts its ``usage``, where the run checked it on the server's own ids
+    #: (``tokens.counts``); None: as each answer's server profile declares
+    counting: Counting | None = None
 
     def markers(self) -> Markers:
         """The control ids the quality checks read, from the bound format."""
@@ -176,12 +180,20 @@ class TokensStage:
             given = check_ids(self.bound, stored.output_ids, "output_ids")
             if (why := ids_contradict(self.bound, given, view)) is not None:
                 raise ReconstructError(why, "ids_contradict_text")  # never exported as engine
-            return self._engine(key, prompt, ours, stored, given)
+            return self._engine(key, prompt, ours, stored, given, view)
         if not (view.content or view.reasoning or view.tool_calls):
             raise ReconstructError("the API returned an empty answer", "empty_response")
         if self.joined:  # the whole conversation is laid out: no prompt ids are taken as given
             return Item(messages, view, prompt.tools, key.sample_id, prompt.dataset, None, True)
-        return Item(messages, view, prompt.tools, key.sample_id, prompt.dataset, ours)
+        return Item(
+            messages,
+            view,
+            prompt.tools,
+            key.sample_id,
+            prompt.dataset,
+            ours,
+            counting=self.counting,
+        )
 
     def _checked(self, key: Key, s: Sample | DraftdataError) -> Sample | DraftdataError:
         if isinstance(s, DraftdataError):
@@ -199,6 +211,7 @@ class TokensStage:
         ours: list[int],
         stored: StoredResponse,
         output_ids: Sequence[int],
+        view: ApiView,
     ) -> Sample:
         out = self.bound.closed(
             check_ids(self.bound, output_ids, "output_ids"), stored.finish_reason
@@ -209,6 +222,8 @@ class TokensStage:
             theirs = check_ids(self.bound, stored.server_prompt_ids, "prompt_token_ids")
             if theirs != ours:
                 prompt_ids, warnings = theirs, (PROMPT_DRIFT,)
+        counted = witness(self.bound, prompt_ids + out, len(prompt_ids), view, self.counting)
+        warnings += counted
         return Sample(
             id=key.sample_id,
             key=key,

@@ -1,0 +1,75 @@
+"""The count witness as a gate while a text-only dataset is generated (``tokens.counts``).
+
+Each answer that came as text with the server's own counts is reconstructed as it arrives and
+held against those counts. Once a dataset has ``[run] count_probe`` such answers, a share of
+disagreements past ``[run] max_count_mismatch`` stops it before more is paid: its ids are not
+what the model wrote, and more answers would be more of the same. A rerun starts from what the
+dataset's stored samples already show, so it stops again before its first request, until the
+threshold or the run's settings change."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ..config import DatasetCfg, Manifest
+from ..errors import DraftdataError
+from ..records import Completion, Counting
+from ..store.ledger import Ledger
+from ..store.meta import COUNTING
+from ..store.stats import DatasetStatus
+from ..tokens.counts import LABEL
+from ..tokens.reconstruct import Item, TextIds, reconstruct_many
+from ..tokens.sample_maker import TokensStage
+from .backends.base import GenRequest
+
+
+class CountWatch:
+    """Per dataset: the answers with counts seen, and those whose ids disagree."""
+
+    def __init__(self, m: Manifest, ledger: Ledger, stage: TokensStage) -> None:
+        self.max_share = m.run.max_count_mismatch
+        self.probe = m.run.count_probe
+        self.ledger = ledger
+        self.stage = stage
+        #: learned split preferences the run reconstructs with (``pipeline``: after the gate)
+        self.text_ids: TextIds | None = None
+        self.seen: Counter[str] = Counter()
+        self.off: Counter[str] = Counter()
+        #: datasets stopped, with the one line that says why
+        self.stopped: dict[str, str] = {}
+
+    def start(self, d: DatasetCfg, stored: DatasetStatus | None) -> None:
+        """Count what the dataset's stored samples show (a rerun), and stop it at once where
+        that is already past the threshold."""
+        if stored is not None and d.name not in self.seen:
+            off = stored.warnings.get(LABEL, 0) + stored.drops.get(f"quality:{LABEL}", 0)
+            self.seen[d.name] = stored.samples + stored.drops.get(f"quality:{LABEL}", 0)
+            self.off[d.name] = off
+            self._judge(d.name)
+
+    def see(self, d: DatasetCfg, req: GenRequest, c: Completion) -> None:
+        """One answer as it arrives: counted where it came as text with the server's counts."""
+        if c.output_ids is not None or c.problem is not None or c.view.usage is None:
+            return
+        counting: Counting | None = self.ledger.meta.get(COUNTING.of(d.backend))
+        item = Item(req.messages, c.view, req.tools, prompt_ids=req.prompt_ids, counting=counting)
+        (got,) = reconstruct_many(
+            self.stage.bound, [item], thinking=self.stage.thinking, text_ids=self.text_ids
+        )
+        if isinstance(got, DraftdataError):
+            return  # dropped by the tokens stage, with its reason
+        self.seen[d.name] += 1
+        self.off[d.name] += LABEL in got.warnings
+        self._judge(d.name)
+
+    def _judge(self, name: str) -> None:
+        n, off = self.seen[name], self.off[name]
+        if name in self.stopped or n < self.probe or off <= self.max_share * n:
+            return
+        self.stopped[name] = (
+            f"{off} of {n} answers carry {LABEL}: the ids read from their text disagree with "
+            f"the server's own token counts ({off / n:.0%} > [run] max_count_mismatch "
+            f"{self.max_share:.0%}); nothing more is asked of it. See which counts differ with "
+            "`draftdata status`; fix the format or the server profile, or raise the threshold "
+            "and run again"
+        )
