@@ -68,7 +68,9 @@ def test_text_views_are_exact_or_labelled_where_they_diverge(rows, variant):
         if r["class"] == "lossy_wrong" and not r["label_names_divergence"]
     ]
     assert unnamed == []
-    print(f"{variant}: {len(sel)} views, {len(caught)} caught by their counts alone: {sorted(caught)}")
+    print(
+        f"{variant}: {len(sel)} views, {len(caught)} caught by their counts alone: {sorted(caught)}"
+    )
 
 
 def test_the_deleted_text_is_deleted_by_vllm_not_by_draftdata(rows):
