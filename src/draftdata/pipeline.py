@@ -300,6 +300,10 @@ def model_stage(
             f"{doc.get('flagged_samples', 0)} flagged (log p below {cfg.threshold})",
             highlight=False,
         )
+        for why, n in (doc.get("unscorable_now") or {}).items():
+            shown.console.print(
+                Text(f"model stage: {n} sample(s) the model could not score: {why}")
+            )
     return doc
 
 

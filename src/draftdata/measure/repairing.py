@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
+from ..errors import DraftdataError
 from ..records import Decoding, GroundTruth, Sample, ValidationResult
 
 __all__ = ["Measured", "Repaired", "Repairer", "repaired"]
@@ -21,6 +22,9 @@ class Repaired(NamedTuple):
     repairs: int
     tokens_forwarded: int
     bets: tuple[float, ...] = ()
+    #: why the model could not repair it (its server refused to score it), one line; "" where
+    #: it did: the sample is then measured as reconstruction left it, and counted
+    failed: str = ""
 
 
 #: ``repairer(sample, decoding) -> Repaired``: the target model's repair of one reconstructed
@@ -47,10 +51,21 @@ def repaired(
             ahead.append((m, pool.submit(fix, m[1], m[0].decoding) if todo else None))
             while ahead and (len(ahead) > 4 * max(1, concurrency) or _done(ahead[0][1])):
                 head, fut = ahead.popleft()
-                yield head, fut.result() if fut is not None else None
+                yield head, _result(head, fut)
         for head, fut in ahead:
-            yield head, fut.result() if fut is not None else None
+            yield head, _result(head, fut)
 
 
 def _done(fut: Future[Any] | None) -> bool:
     return fut is None or fut.done()
+
+
+def _result(m: Measured, fut: Future[Repaired] | None) -> Repaired | None:
+    """The repair's outcome; one the model could not make (a server that refused the sample)
+    is the sample unrepaired, with why: it never ends the measurement."""
+    if fut is None:
+        return None
+    try:
+        return fut.result()
+    except DraftdataError as e:
+        return Repaired(m[1].response_ids, 0, 0, failed=" ".join(str(e).split())[:300])

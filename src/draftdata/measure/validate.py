@@ -10,6 +10,7 @@ label, how many views carried it and how many held. Where nothing was measured, 
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -66,6 +67,8 @@ class RepairTally:
     #: be wrong if the numbers are the sampling engine's (each is wrong with 1 / (1 + e^margin))
     bets: int = 0
     bets_expected_wrong: float = 0.0
+    #: samples the model could not repair (its server refused them), by the refusal's start
+    unrepaired: Counter[str] = field(default_factory=Counter)
 
     def bet(self, margins: Sequence[float]) -> None:
         self.bets += len(margins)
@@ -105,6 +108,7 @@ class RepairTally:
             "tokens_forwarded": self.tokens_forwarded,
             "bets": self.bets,
             "bets_expected_wrong": round(self.bets_expected_wrong, 3),
+            "unrepaired": dict(self.unrepaired),
         }
 
 
@@ -421,8 +425,11 @@ def validate(
         if repairer is not None and rep.repair is not None:
             before = result
             n_repairs = 0
+            if fixed is not None and fixed.failed:
+                rep.repair.unrepaired[_why(fixed.failed)] += 1
+                fixed = None  # measured as reconstruction left it
             if fixed is not None:  # engine and logprob ids are never changed
-                response, n_repairs, forwarded, bets = fixed
+                response, n_repairs, forwarded, bets, _ = fixed
                 rep.repair.tokens += len(sample.input_ids)
                 rep.repair.tokens_forwarded += forwarded
                 rep.repair.bet(bets)
@@ -439,6 +446,15 @@ def validate(
         if on_result:
             on_result(result)
     return rep
+
+
+def _why(failed: str) -> str:
+    """A refusal as it is counted: the reason and the server's words, their numbers as N (a
+    scorer's ``... refused to score 2088 ids (http_400): ...``)."""
+    m = re.search(r"refused to score \d+ ids \(([\w.]+)\): (.*)", failed)
+    reason, words = (m.group(1), m.group(2)) if m else ("", failed)
+    words = re.sub(r"\d+", "N", words)[:160]
+    return f"{reason}: {words}" if reason else words
 
 
 def _measured(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,8 +59,11 @@ def score_run(
     repair: bool,
     text_ids: TextIds | None = None,
     on_sample: Callable[[object], None] | None = None,
+    unscorable: Counter[str] | None = None,
 ) -> tuple[int, int]:
-    """Score (and repair) what is not scored yet; returns (samples scored now, samples repaired)."""
+    """Score (and repair) what is not scored yet; returns (samples scored now, samples repaired).
+    ``unscorable``: samples the model's server refused, counted by refusal and left unscored
+    (a later run asks again); None: a refusal ends it."""
     model = _key(scorer)
     scored = repaired = 0
     for d in datasets:
@@ -85,6 +89,7 @@ def score_run(
             repair=repair,
             decoding_of=decoding_of,
             text_ids=text_ids,
+            unscorable=unscorable,
         ):
             batch.append(r)
             if on_sample is not None:
@@ -163,6 +168,7 @@ def score_run_to_file(
         if on_sample is not None:
             on_sample(r)
 
+    refused: Counter[str] = Counter()
     scored, repaired = score_run(
         ledger,
         scorer,
@@ -172,6 +178,7 @@ def score_run_to_file(
         repair=repair,
         text_ids=text_ids,
         on_sample=counted,
+        unscorable=refused,
     )
     seconds = time.monotonic() - t0
     rep = run_report(ledger, _key(scorer))
@@ -181,6 +188,8 @@ def score_run_to_file(
         {
             "scored_now": scored,
             "repaired_now": repaired,
+            # samples the model's server refused to score (left unscored, asked again later)
+            "unscorable_now": dict(refused),
             "seconds": round(seconds, 2),
             # the rate `plan` prices a local model's next model stage at
             "tokens_now": tokens,

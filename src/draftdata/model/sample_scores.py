@@ -9,11 +9,14 @@ concurrently), and its score comes from that same pass.
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from itertools import islice
 
+from ..errors import DraftdataError
 from ..records import Decoding, Sample
 from ..tokenizers import Tokenizer
 from ..tokens.reconstruct import TextIds
@@ -60,18 +63,27 @@ def score_samples(
     repair: bool = False,
     decoding_of: Callable[[Sample], Decoding] = lambda _s: Decoding(),
     text_ids: TextIds | None = None,
+    unscorable: Counter[str] | None = None,
 ) -> Iterator[Scored]:
-    """Score (and with ``repair``, repair) each sample, in order."""
+    """Score (and with ``repair``, repair) each sample, in order. ``unscorable``: a sample the
+    model cannot score (its server refused it) is passed over and counted there by the
+    refusal, never ending the stage (None: the refusal is raised)."""
     control = tok.control_ids
     it = iter(samples)
     while chunk := list(islice(it, CHUNK)):
         fix = [repair and _repairable(s) for s in chunk]
         plain = [s for s, f in zip(chunk, fix, strict=True) if not f]
-        lps = iter(scorer.logprobs([s.input_ids for s in plain]) if plain else [])
+        lps = iter(_logprobs(scorer, plain, unscorable))
         todo = [s for s, f in zip(chunk, fix, strict=True) if f]
 
-        def one(s: Sample) -> RepairResult:
-            return repair_sample(scorer, tok, s, decoding_of(s), text_ids)
+        def one(s: Sample) -> RepairResult | None:
+            try:
+                return repair_sample(scorer, tok, s, decoding_of(s), text_ids)
+            except DraftdataError as e:
+                if unscorable is None:
+                    raise
+                unscorable[refusal(e)] += 1
+                return None
 
         # a server repairs the chunk's samples concurrently (its requests stay within its
         # concurrency); this process repairs them one by one
@@ -82,9 +94,13 @@ def score_samples(
             done = (one(s) for s in todo)
         for s, f in zip(chunk, fix, strict=True):
             if not f:
-                yield Scored(s, _score(s, next(lps), control, threshold), original=s)
+                lp = next(lps)
+                if lp is not None:
+                    yield Scored(s, _score(s, lp, control, threshold), original=s)
                 continue
             r = next(done)
+            if r is None:
+                continue  # refused by the model's server: counted, left unscored
             new = s
             if r.repairs:
                 ids = s.input_ids[: s.prompt_len] + r.response
@@ -100,6 +116,36 @@ def score_samples(
                 tuple(r.repairs),
                 s,
             )
+
+
+def _logprobs(
+    scorer: TargetScorer, plain: Sequence[Sample], unscorable: Counter[str] | None
+) -> list[list[float] | None]:
+    """The log-probabilities of ``plain`` in one batch; where the server refuses it, each on
+    its own, a refused one None (counted in ``unscorable``)."""
+    if not plain:
+        return []
+    try:
+        return list(scorer.logprobs([s.input_ids for s in plain]))
+    except DraftdataError:
+        if unscorable is None:
+            raise
+    out: list[list[float] | None] = []
+    for s in plain:
+        try:
+            out.append(scorer.logprobs([s.input_ids])[0])
+        except DraftdataError as e:
+            unscorable[refusal(e)] += 1
+            out.append(None)
+    return out
+
+
+def refusal(e: Exception) -> str:
+    """A scorer's refusal as it is counted: its reason and words, numbers as N."""
+    m = re.search(r"refused to score \d+ ids \(([\w.]+)\): (.*)", str(e))
+    reason, words = (m.group(1), m.group(2)) if m else ("", " ".join(str(e).split()))
+    words = re.sub(r"\d+", "N", words)[:160]
+    return f"{reason}: {words}" if reason else words
 
 
 def _score(
