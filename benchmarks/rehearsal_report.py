@@ -122,6 +122,9 @@ def markdown(doc: dict[str, Any]) -> str:
         f"| server: streamed / whole / disconnected; events; max in flight | "
         f"{_f(srv.get('streamed'))} / {_f(srv.get('whole'))} / {_f(srv.get('disconnected'))}; "
         f"{_f(srv.get('events'))}; {_f(srv.get('max_in_flight'))} |",
+        f"| count witness: samples whose ids disagree with the server's usage "
+        f"(count_mismatch), of all samples | {_f(_counted(doc, 'count_mismatch'))} of "
+        f"{_f(_counted(doc, None))} |",
         f"| server: completion tokens (reasoning); finish reasons | "
         f"{_f(srv.get('completion_tokens'))} ({_f(srv.get('reasoning_tokens'))}); "
         f"{srv.get('finish')} |",
@@ -143,3 +146,11 @@ def markdown(doc: dict[str, Any]) -> str:
             f" | {'yes' if d['status_ok'] and d['export_ok'] and not d['duplicates'] else 'NO'} |"
         )
     return "\n".join(lines)
+
+
+def _counted(doc: dict[str, Any], warning: str | None) -> int:
+    """Samples of every dataset (``status``) carrying ``warning``; all samples where None."""
+    per = (doc.get("checks") or {}).get("datasets") or doc.get("datasets") or {}
+    if warning is None:
+        return sum(d.get("status_samples") or 0 for d in per.values())
+    return sum((d.get("warnings") or {}).get(warning, 0) for d in per.values())

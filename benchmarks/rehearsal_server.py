@@ -336,7 +336,9 @@ def plan(pool: Pool, model: Model, body: dict[str, Any]) -> Answer:
         calls=calls,
         finish=finish,
         reasoning_tokens=r_tok,
-        completion_tokens=r_tok + c_tok + extra,
+        # + the template's prefilled <think>, which the provider counts as completion (a real
+        # OpenRouter answer of Kimi K2.5: issue 55; draftdata's openrouter profile says so)
+        completion_tokens=1 + r_tok + c_tok + extra,
         prompt_tokens=_prompt_tokens(pool, body),
         ttft_s=ttft,
         tps=tps,
