@@ -107,6 +107,8 @@ token_ids = "auto"                # ask vLLM's return_token_ids once; "never" fo
 name = "my-run"
 output = "runs/my-run"            # the run folder: ledger, shards, report (relative to this file)
 min_exact = 0.9                   # the gate: reconstruction exact-match needed before paid requests
+# max_count_mismatch = 0.3        # a text dataset stops once more answers than this disagree
+#                                 # with the server's own token counts (after count_probe = 50)
 # budget_usd = 10.0               # scheduling stops before this could be passed
 {gt}
 [target]

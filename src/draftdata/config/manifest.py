@@ -98,8 +98,10 @@ class RunCfg(_Strict):
     min_exact: float = Field(0.9, ge=0.0, le=1.0)
     #: a text-only dataset stops once more than this share of its answers (after the first
     #: ``count_probe``) carry ``count_mismatch``: the server's own token counts disagree with
-    #: the ids reconstructed from its text (``generate.count_watch``); 1 never stops one
-    max_count_mismatch: float = Field(0.1, ge=0.0, le=1.0)
+    #: the ids reconstructed from its text (``generate.count_watch``); 1 never stops one. Set
+    #: for what breaks every answer (a wrong format, tokenizer or server profile): SmolLM2's
+    #: text alone leaves 12% of its answers wrong, nearly all of them flagged
+    max_count_mismatch: float = Field(0.3, ge=0.0, le=1.0)
     #: the answers a text-only dataset is judged on before that share can stop it
     count_probe: int = Field(50, ge=1)
     #: learn split preferences from the ground-truth datasets and apply them when text answers

@@ -3,6 +3,7 @@ hands each record on in order as its repair is done."""
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -11,7 +12,7 @@ from typing import Any, NamedTuple
 from ..errors import DraftdataError
 from ..records import Decoding, GroundTruth, Sample, ValidationResult
 
-__all__ = ["Measured", "Repaired", "Repairer", "repaired"]
+__all__ = ["Measured", "Repaired", "Repairer", "refusal_key", "repaired"]
 
 
 class Repaired(NamedTuple):
@@ -69,3 +70,12 @@ def _result(m: Measured, fut: Future[Repaired] | None) -> Repaired | None:
         return fut.result()
     except DraftdataError as e:
         return Repaired(m[1].response_ids, 0, 0, failed=" ".join(str(e).split())[:300])
+
+
+def refusal_key(failed: str) -> str:
+    """A scorer's refusal as it is counted: its reason and the server's words, their numbers as
+    N (``... refused to score 2088 ids (http_400): ...``)."""
+    m = re.search(r"refused to score \d+ ids \(([\w.]+)\): (.*)", failed)
+    reason, words = (m.group(1), m.group(2)) if m else ("", " ".join(failed.split()))
+    words = re.sub(r"\d+", "N", words)[:160]
+    return f"{reason}: {words}" if reason else words

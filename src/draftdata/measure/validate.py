@@ -10,7 +10,6 @@ label, how many views carried it and how many held. Where nothing was measured, 
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -25,7 +24,7 @@ from ..records import ApiView, GroundTruth, Mismatch, Sample, ValidationResult
 from ..tokens.prefs import Pair
 from ..tokens.reconstruct import WINDOW, Item, encode_response, reconstruct_many
 from ..tokens.response import answer_segments
-from .repairing import Measured, Repairer, repaired
+from .repairing import Measured, Repairer, refusal_key, repaired
 
 CATEGORIES = (
     "end_of_turn",
@@ -426,7 +425,7 @@ def validate(
             before = result
             n_repairs = 0
             if fixed is not None and fixed.failed:
-                rep.repair.unrepaired[_why(fixed.failed)] += 1
+                rep.repair.unrepaired[refusal_key(fixed.failed)] += 1
                 fixed = None  # measured as reconstruction left it
             if fixed is not None:  # engine and logprob ids are never changed
                 response, n_repairs, forwarded, bets, _ = fixed
@@ -446,15 +445,6 @@ def validate(
         if on_result:
             on_result(result)
     return rep
-
-
-def _why(failed: str) -> str:
-    """A refusal as it is counted: the reason and the server's words, their numbers as N (a
-    scorer's ``... refused to score 2088 ids (http_400): ...``)."""
-    m = re.search(r"refused to score \d+ ids \(([\w.]+)\): (.*)", failed)
-    reason, words = (m.group(1), m.group(2)) if m else ("", failed)
-    words = re.sub(r"\d+", "N", words)[:160]
-    return f"{reason}: {words}" if reason else words
 
 
 def _measured(

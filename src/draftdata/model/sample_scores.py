@@ -9,7 +9,6 @@ concurrently), and its score comes from that same pass.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +16,7 @@ from dataclasses import dataclass, replace
 from itertools import islice
 
 from ..errors import DraftdataError
+from ..measure.repairing import refusal_key
 from ..records import Decoding, Sample
 from ..tokenizers import Tokenizer
 from ..tokens.reconstruct import TextIds
@@ -82,7 +82,7 @@ def score_samples(
             except DraftdataError as e:
                 if unscorable is None:
                     raise
-                unscorable[refusal(e)] += 1
+                unscorable[refusal_key(str(e))] += 1
                 return None
 
         # a server repairs the chunk's samples concurrently (its requests stay within its
@@ -135,17 +135,9 @@ def _logprobs(
         try:
             out.append(scorer.logprobs([s.input_ids])[0])
         except DraftdataError as e:
-            unscorable[refusal(e)] += 1
+            unscorable[refusal_key(str(e))] += 1
             out.append(None)
     return out
-
-
-def refusal(e: Exception) -> str:
-    """A scorer's refusal as it is counted: its reason and words, numbers as N."""
-    m = re.search(r"refused to score \d+ ids \(([\w.]+)\): (.*)", str(e))
-    reason, words = (m.group(1), m.group(2)) if m else ("", " ".join(str(e).split()))
-    words = re.sub(r"\d+", "N", words)[:160]
-    return f"{reason}: {words}" if reason else words
 
 
 def _score(
