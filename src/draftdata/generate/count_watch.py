@@ -1,11 +1,11 @@
 """The count witness as a gate while a text-only dataset is generated (``tokens.counts``).
 
 Each answer that came as text with the server's own counts is reconstructed as it arrives and
-held against those counts. Once a dataset has ``[run] count_probe`` such answers, a share of
-disagreements past ``[run] max_count_mismatch`` stops it before more is paid: its ids are not
-what the model wrote, and more answers would be more of the same. A rerun starts from what the
-dataset's stored samples already show, so it stops again before its first request, until the
-threshold or the run's settings change."""
+held against those counts (past the probe, one in ``STRIDE``). Once a dataset has ``[run]
+count_probe`` such answers, a share of disagreements past ``[run] max_count_mismatch`` stops it
+before more is paid: its ids are not what the model wrote, and more answers would be more of
+the same. A rerun starts from what the dataset's stored samples already show, so it stops again
+before its first request, until the threshold or the run's settings change."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ from ..tokens.reconstruct import Item, TextIds, reconstruct_many
 from ..tokens.sample_maker import TokensStage
 from .backends.base import GenRequest
 
+#: past the probe, one answer in this many is checked as it arrives
+STRIDE = 8
+
 
 class CountWatch:
     """Per dataset: the answers with counts seen, and those whose ids disagree."""
@@ -35,6 +38,10 @@ class CountWatch:
         self.text_ids: TextIds | None = None
         self.seen: Counter[str] = Counter()
         self.off: Counter[str] = Counter()
+        #: answers with counts that arrived, each checked or not
+        self.arrived: Counter[str] = Counter()
+        #: each backend's counting convention as the run checked it (None: its profile's)
+        self.counting: dict[str, Counting | None] = {}
         #: datasets stopped, with the one line that says why
         self.stopped: dict[str, str] = {}
 
@@ -48,10 +55,17 @@ class CountWatch:
             self._judge(d.name)
 
     def see(self, d: DatasetCfg, req: GenRequest, c: Completion) -> None:
-        """One answer as it arrives: counted where it came as text with the server's counts."""
+        """One answer as it arrives: counted where it came as text with the server's counts.
+        Past the probe, one answer in ``STRIDE`` is (each is a reconstruction in the event
+        loop; the tokens stage labels every sample all the same)."""
         if c.output_ids is not None or c.problem is not None or c.view.usage is None:
             return
-        counting: Counting | None = self.ledger.meta.get(COUNTING.of(d.backend))
+        self.arrived[d.name] += 1
+        if self.seen[d.name] >= self.probe and self.arrived[d.name] % STRIDE:
+            return
+        if d.backend not in self.counting:
+            self.counting[d.backend] = self.ledger.meta.get(COUNTING.of(d.backend))
+        counting = self.counting[d.backend]
         item = Item(req.messages, c.view, req.tools, prompt_ids=req.prompt_ids, counting=counting)
         (got,) = reconstruct_many(
             self.stage.bound, [item], thinking=self.stage.thinking, text_ids=self.text_ids
