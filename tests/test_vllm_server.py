@@ -157,7 +157,8 @@ def test_the_servers_counts_agree_with_every_exact_text_sample(tmp_path, folder,
     m_text = manifest(tmp_path / "text", folder, url, _greedy("text"))
     r = cli("run", str(m_ids), "--json")
     assert r.returncode == 0, r.stderr[-3000:]
-    line = json.loads(r.stdout)["counting"]["vllm"]
+    ((server, line),) = json.loads(r.stdout)["counting"].items()
+    assert server == url.rstrip("/"), server
     assert "agree with its own ids on 12 of 12 answers, counted as declared" in line, line
     # text only, no ground truth: generated and exported (``run``'s gate has nothing to measure)
     r = cli("generate", str(m_text))

@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from .config import DatasetCfg, Manifest, ModelCfg
+from .config import DatasetCfg, Manifest, ModelCfg, redact_url
 from .errors import ReconstructError
 from .export.run_export import export_run
 from .files import write_json
@@ -28,7 +28,7 @@ from .records import GroundTruth
 from .records.servers import profile
 from .session import RunSession, Tokenization
 from .store.meta import COUNTING, GATE
-from .tokens.counts import fit, shape_of
+from .tokens.counts import fit, server_key, shape_of
 from .tokens.reconstruct import check_ids
 from .tokens.run_samples import Tokenized
 from .tokens.sample_maker import TokensStage
@@ -174,14 +174,17 @@ def _stages(session: RunSession, runner: Runner, shown: Shown, force: bool) -> P
     if exact:
         asyncio.run(runner.generate([d.name for d in exact]))
         res.datasets.update(tokens_stage(session, tok, exact, shown))
+        by_backend: dict[str, list[GroundTruth]] = {}
         for d in exact:
             got = list(ground_truth(session, d, with_view=d.name in engine))
             evidence += got
-            if d.name in engine:
-                res.counting.update(check_counting(session, d, got, shown))
+            if d.name in engine:  # by server: a text-only backend on it is counted so too
+                by_backend.setdefault(server_key(m, d.backend), []).extend(got)
             who = f"the {engine[d.name]} server's own ids" if d.name in engine else "answers"
             said.append(f"{who} of {d.name} ({len(got)})")
         waits += [n for n in engine if _reconstructed(res, n)]
+        for key, got in by_backend.items():  # every engine dataset of a server at once
+            res.counting.update(check_counting(session, key, got, shown))
     scorer = _scorer(m)
     # 3. validate reconstruction on it (repaired by the model first, where [model] says so)
     if evidence:
@@ -213,25 +216,26 @@ def _stages(session: RunSession, runner: Runner, shown: Shown, force: bool) -> P
 
 
 def check_counting(
-    session: RunSession, d: DatasetCfg, got: list[GroundTruth], shown: Shown
+    session: RunSession, server: str, got: list[GroundTruth], shown: Shown
 ) -> dict[str, str]:
-    """The server's counting convention checked on its own ids (``tokens.counts.fit``): kept
-    for its backend's text answers where they show another one than its profile declares."""
+    """The server's counting convention checked on its own ids, the answers of every engine
+    dataset on it (``tokens.counts.fit``), and kept for every backend's text answers from it
+    (``server``: ``tokens.counts.server_key``)."""
     bound = session.tokenization.bound
     obs = [
         (shape_of(bound, [*g.prompt_ids, *g.output_ids], len(g.prompt_ids)), g.view.usage)
         for g in got
         if g.view is not None and g.view.usage is not None and g.prompt_ids is not None
     ]
-    server = next((g.view.server for g in got if g.view is not None), None)
-    fitted = fit(obs, profile(server).counting)
+    kind = next((g.view.server for g in got if g.view is not None), None)
+    fitted = fit(obs, profile(kind).counting)
     if fitted is None:
         return {}
-    session.ledger.meta.put(COUNTING.of(d.backend), fitted.counting)
-    line = fitted.line(f"{d.backend} ({server or 'auto'})")
+    session.ledger.meta.put(COUNTING.of(server), fitted.counting)
+    line = fitted.line(f"{redact_url(server)} ({kind or 'auto'})")
     if shown.to is not None:
         shown.to.print(Text(line))
-    return {d.backend: line}
+    return {redact_url(server): line}
 
 
 def tokens_stage(

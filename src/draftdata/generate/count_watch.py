@@ -17,7 +17,7 @@ from ..records import Completion, Counting
 from ..store.ledger import Ledger
 from ..store.meta import COUNTING
 from ..store.stats import DatasetStatus
-from ..tokens.counts import LABEL
+from ..tokens.counts import LABEL, server_key
 from ..tokens.reconstruct import Item, TextIds, reconstruct_many
 from ..tokens.sample_maker import TokensStage
 from .backends.base import GenRequest
@@ -30,6 +30,7 @@ class CountWatch:
     """Per dataset: the answers with counts seen, and those whose ids disagree."""
 
     def __init__(self, m: Manifest, ledger: Ledger, stage: TokensStage) -> None:
+        self.m = m
         self.max_share = m.run.max_count_mismatch
         self.probe = m.run.count_probe
         self.ledger = ledger
@@ -64,7 +65,8 @@ class CountWatch:
         if self.seen[d.name] >= self.probe and self.arrived[d.name] % STRIDE:
             return
         if d.backend not in self.counting:
-            self.counting[d.backend] = self.ledger.meta.get(COUNTING.of(d.backend))
+            key = COUNTING.of(server_key(self.m, d.backend))
+            self.counting[d.backend] = self.ledger.meta.get(key)
         counting = self.counting[d.backend]
         item = Item(req.messages, c.view, req.tools, prompt_ids=req.prompt_ids, counting=counting)
         (got,) = reconstruct_many(

@@ -215,7 +215,8 @@ def _counting(doc: Any) -> Counting:
     )
 
 
-#: per backend: how its server counts ``usage``, as its own ids showed it (``tokens.counts.fit``)
+#: per server (``tokens.counts.server_key``: its base URL): how it counts ``usage``, as its own
+#: ids showed it (``tokens.counts.fit``)
 COUNTING: PerDataset[Counting] = PerDataset("counting", asdict, _counting)
 
 

@@ -25,11 +25,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from itertools import product
 
+from ..config import Manifest
 from ..formats import BoundFormat
 from ..records import ApiView, Counting, Usage
 from ..records.servers import profile
 
-__all__ = ["LABEL", "Shape", "counting_of", "fit", "label", "shape_of", "witness"]
+__all__ = ["LABEL", "Shape", "counting_of", "fit", "label", "server_key", "shape_of", "witness"]
 
 #: the label's name (what ``[run] drop`` and the gate count)
 LABEL = "count_mismatch"
@@ -119,6 +120,14 @@ def label(shape: Shape, usage: Usage, c: Counting) -> str | None:
     elif off is not None and abs(off) == 1 and shape.ended:
         where = "@end_marker"
     return f"{LABEL}:{','.join(parts)}{where}"
+
+
+def server_key(m: Manifest, backend: str) -> str:
+    """What a convention checked on a server's own ids is kept under: its base URL, so that a
+    text-only backend on the same server (``token_ids = "never"``) is counted as its ids
+    showed; a backend with no URL by its name."""
+    url = getattr(m.backends.get(backend), "base_url", None)
+    return str(url).rstrip("/") if url else backend
 
 
 def counting_of(view: ApiView, override: Counting | None = None) -> Counting:

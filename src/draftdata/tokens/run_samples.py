@@ -27,6 +27,7 @@ from ..store import codec
 from ..store.ledger import Ledger
 from ..store.meta import COUNTING
 from .checks import RunChecks, for_checks
+from .counts import server_key
 from .history import answer_message, n_turns, turn_messages
 from .reconstruct import WINDOW, TextIds
 from .run_workers import jobs_for, outcomes
@@ -153,7 +154,8 @@ class RunTokens:
         if todo == 0:
             return Tokenized({}, {})  # every answer has its sample or drop: nothing to walk
         # the server's counting convention as its own ids showed it, where the run checked it
-        stage = replace(self.stage, counting=self.ledger.meta.get(COUNTING.of(d.backend)))
+        counting = self.ledger.meta.get(COUNTING.of(server_key(self.m, d.backend)))
+        stage = replace(self.stage, counting=counting)
         done = self.ledger.samples.decided(d.name) if only_missing else set()
         joined = d.turns == "joined"
         if joined:
