@@ -15,9 +15,8 @@ from ..config import DatasetCfg, Manifest
 from ..errors import DraftdataError
 from ..records import Completion, Counting
 from ..store.ledger import Ledger
-from ..store.meta import COUNTING
-from ..store.stats import DatasetStatus
-from ..tokens.counts import LABEL, server_key
+from ..store.stats import RunStatus, status
+from ..tokens.counts import LABEL, checked_counting
 from ..tokens.reconstruct import Item, TextIds, reconstruct_many
 from ..tokens.sample_maker import TokensStage
 from .backends.base import GenRequest
@@ -45,14 +44,22 @@ class CountWatch:
         self.counting: dict[str, Counting | None] = {}
         #: datasets stopped, with the one line that says why
         self.stopped: dict[str, str] = {}
+        #: the ledger's status when the first dataset started (``start``)
+        self.stored: RunStatus | None = None
 
-    def start(self, d: DatasetCfg, stored: DatasetStatus | None) -> None:
+    def start(self, d: DatasetCfg) -> None:
         """Count what the dataset's stored samples show (a rerun), and stop it at once where
-        that is already past the threshold."""
-        if stored is not None and d.name not in self.seen:
-            off = stored.warnings.get(LABEL, 0) + stored.drops.get(f"quality:{LABEL}", 0)
-            self.seen[d.name] = stored.samples + stored.drops.get(f"quality:{LABEL}", 0)
-            self.off[d.name] = off
+        that is already past the threshold. The ledger's status is read once: a dataset's
+        samples are made after its answers, never while the Runner asks them."""
+        if d.name in self.seen:
+            return
+        if self.stored is None:
+            self.stored = status(self.ledger)
+        stored = self.stored.datasets.get(d.name)
+        if stored is not None:
+            dropped = stored.drops.get(f"quality:{LABEL}", 0)
+            self.seen[d.name] = stored.samples + dropped
+            self.off[d.name] = stored.warnings.get(LABEL, 0) + dropped
             self._judge(d.name)
 
     def see(self, d: DatasetCfg, req: GenRequest, c: Completion) -> None:
@@ -65,8 +72,7 @@ class CountWatch:
         if self.seen[d.name] >= self.probe and self.arrived[d.name] % STRIDE:
             return
         if d.backend not in self.counting:
-            key = COUNTING.of(server_key(self.m, d.backend))
-            self.counting[d.backend] = self.ledger.meta.get(key)
+            self.counting[d.backend] = checked_counting(self.ledger.meta, self.m, d.backend)
         counting = self.counting[d.backend]
         item = Item(req.messages, c.view, req.tools, prompt_ids=req.prompt_ids, counting=counting)
         (got,) = reconstruct_many(

@@ -352,7 +352,7 @@ class Runner(DecontaminateMixin):
         backend = self.backend(d.backend) if todo else None  # refuses a bad config first
         bars.add(d.name, total, total - todo)
         if todo and self.serving.engine(d) is None:
-            self.watch.start(d, status(self.ledger).datasets.get(d.name))
+            self.watch.start(d)
         if backend is None or d.name in self.watch.stopped:
             return
         self.check_contract(d)

@@ -23,8 +23,8 @@ class Repaired(NamedTuple):
     repairs: int
     tokens_forwarded: int
     bets: tuple[float, ...] = ()
-    #: why the model could not repair it (its server refused to score it), one line; "" where
-    #: it did: the sample is then measured as reconstruction left it, and counted
+    #: why the model could not repair it (its server refused to score it), as it is counted
+    #: (``refusal_key``); "" where it did: the sample is then measured as reconstruction left it
     failed: str = ""
 
 
@@ -69,7 +69,7 @@ def _result(m: Measured, fut: Future[Repaired] | None) -> Repaired | None:
     try:
         return fut.result()
     except DraftdataError as e:
-        return Repaired(m[1].response_ids, 0, 0, failed=" ".join(str(e).split())[:300])
+        return Repaired(m[1].response_ids, 0, 0, failed=refusal_key(str(e)))
 
 
 def refusal_key(failed: str) -> str:

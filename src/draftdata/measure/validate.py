@@ -24,7 +24,7 @@ from ..records import ApiView, GroundTruth, Mismatch, Sample, ValidationResult
 from ..tokens.prefs import Pair
 from ..tokens.reconstruct import WINDOW, Item, encode_response, reconstruct_many
 from ..tokens.response import answer_segments
-from .repairing import Measured, Repairer, refusal_key, repaired
+from .repairing import Measured, Repairer, repaired
 
 CATEGORIES = (
     "end_of_turn",
@@ -425,7 +425,7 @@ def validate(
             before = result
             n_repairs = 0
             if fixed is not None and fixed.failed:
-                rep.repair.unrepaired[refusal_key(fixed.failed)] += 1
+                rep.repair.unrepaired[fixed.failed] += 1
                 fixed = None  # measured as reconstruction left it
             if fixed is not None:  # engine and logprob ids are never changed
                 response, n_repairs, forwarded, bets, _ = fixed

@@ -29,8 +29,19 @@ from ..config import Manifest
 from ..formats import BoundFormat
 from ..records import ApiView, Counting, Usage
 from ..records.servers import profile
+from ..store.meta import COUNTING, Meta
 
-__all__ = ["LABEL", "Shape", "counting_of", "fit", "label", "server_key", "shape_of", "witness"]
+__all__ = [
+    "LABEL",
+    "Shape",
+    "checked_counting",
+    "counting_of",
+    "fit",
+    "label",
+    "server_key",
+    "shape_of",
+    "witness",
+]
 
 #: the label's name (what ``[run] drop`` and the gate count)
 LABEL = "count_mismatch"
@@ -128,6 +139,12 @@ def server_key(m: Manifest, backend: str) -> str:
     showed; a backend with no URL by its name."""
     url = getattr(m.backends.get(backend), "base_url", None)
     return str(url).rstrip("/") if url else backend
+
+
+def checked_counting(meta: Meta, m: Manifest, backend: str) -> Counting | None:
+    """The convention the run checked on the own ids of ``backend``'s server (``fit``, kept by
+    ``pipeline.check_counting``); None where it checked none (the profile's is used)."""
+    return meta.get(COUNTING.of(server_key(m, backend)))
 
 
 def counting_of(view: ApiView, override: Counting | None = None) -> Counting:

@@ -25,9 +25,8 @@ from ..records import Answered, ApiView, Drop, Key, Message, SampleRow, StoredRe
 from ..records.wire import view_from_record
 from ..store import codec
 from ..store.ledger import Ledger
-from ..store.meta import COUNTING
 from .checks import RunChecks, for_checks
-from .counts import server_key
+from .counts import checked_counting
 from .history import answer_message, n_turns, turn_messages
 from .reconstruct import WINDOW, TextIds
 from .run_workers import jobs_for, outcomes
@@ -154,8 +153,7 @@ class RunTokens:
         if todo == 0:
             return Tokenized({}, {})  # every answer has its sample or drop: nothing to walk
         # the server's counting convention as its own ids showed it, where the run checked it
-        counting = self.ledger.meta.get(COUNTING.of(server_key(self.m, d.backend)))
-        stage = replace(self.stage, counting=counting)
+        stage = replace(self.stage, counting=checked_counting(self.ledger.meta, self.m, d.backend))
         done = self.ledger.samples.decided(d.name) if only_missing else set()
         joined = d.turns == "joined"
         if joined:
