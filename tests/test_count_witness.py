@@ -16,6 +16,7 @@ import pytest
 
 from conftest import GROUNDTRUTH
 from draftdata.records import ApiView, Counting, Message, Usage
+from draftdata.records.counting import warning_kind
 from draftdata.records.servers import profile
 from draftdata.records.wire import messages_of, view_from_record
 from draftdata.tokens.counts import LABEL, fit, shape_of
@@ -23,6 +24,11 @@ from draftdata.tokens.reconstruct import reconstruct
 from hostile import ANSWER, Hostile, completion, honest, tokens
 from shared import run
 from test_hostile_servers import manifest, prompts
+
+
+def kinds(s) -> set[str]:
+    """A sample's warnings as ``status`` counts them (without one sample's own figures)."""
+    return {warning_kind(w) for w in s.warnings}
 
 
 def _truth_rows(n: int) -> list[dict]:
@@ -85,7 +91,10 @@ def test_a_stripped_newline_is_caught_by_the_counts_alone(bound):
     s = reconstruct(b, messages_of(row["messages"]), stripped)
     assert s.input_ids != row["prompt_ids"] + row["output_ids"]
     assert not [w for w in s.warnings if w.startswith("lossy:")]  # nothing else says so
-    assert LABEL in s.warnings and f"{LABEL}:completion-1" in s.warnings, s.warnings
+    assert LABEL in s.warnings and f"{LABEL}:completion-1" in kinds(s), s.warnings
+    # both numbers, on the sample: its ids' count, and the server's (the model's own ids)
+    both = f"(completion: ids {len(s.response_ids)}, server {len(row['output_ids'])})"
+    assert f"{LABEL}:completion-1 {both}" in s.warnings, s.warnings
 
 
 KIMI_RAW = "Greet, then add 2 and 2\n</think>Hello! 2 + 2 = 4.<|im_end|>"
@@ -109,7 +118,7 @@ def test_a_kimi_newline_stripped_before_think_close_is_one_short_at_the_close(bo
     )
     s = reconstruct(b, user, view, thinking=True)
     assert s.response_ids != truth
-    assert f"{LABEL}:completion-1@think_close" in s.warnings, s.warnings
+    assert f"{LABEL}:completion-1@think_close" in kinds(s), s.warnings
     whole = reconstruct(
         b, user, replace(view, reasoning="Greet, then add 2 and 2\n"), thinking=True
     )
@@ -153,7 +162,7 @@ def test_drop_and_export_filters_name_the_label(drop):
 
     assert LABEL in QUALITY_CHECK_NAMES and LABEL in EXPORT_FILTERS
     checks = RunChecks([LABEL] if drop else [])
-    got = checks.dropped((LABEL, f"{LABEL}:completion-1"))
+    got = checks.dropped((LABEL, f"{LABEL}:completion-1 (completion: ids 9, server 10)"))
     assert got == (f"quality:{LABEL}" if drop else None)
 
 

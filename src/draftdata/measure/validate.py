@@ -21,6 +21,7 @@ from .. import __version__
 from ..errors import DraftdataError, ReconstructError
 from ..formats import BoundFormat, derive_view
 from ..records import ApiView, GroundTruth, Mismatch, Sample, ValidationResult
+from ..records.counting import warning_kind
 from ..tokens.prefs import Pair
 from ..tokens.reconstruct import WINDOW, Item, encode_response, reconstruct_many
 from ..tokens.response import answer_segments
@@ -461,7 +462,7 @@ def _measured(
             rep.drops[why] += 1
             continue
         for w in sample.warnings:
-            rep.warnings[w] += 1
+            rep.warnings[warning_kind(w)] += 1
         prompt_ids = sample.input_ids[: sample.prompt_len]
         truth_prompt = gt.prompt_ids if gt.prompt_ids is not None else prompt_ids
 

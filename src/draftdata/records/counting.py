@@ -43,3 +43,11 @@ class Counting:
             f"reasoning counted {self.reasoning}" if self.reasoning else "",
         ]
         return ", ".join(p for p in parts if p)
+
+
+def warning_kind(warning: str) -> str:
+    """What a sample's warning is counted under (``status``, ``validate``): its text before
+    the figures of that one sample, which a detail gives in parentheses
+    (``count_mismatch:completion-1@think_close (ids 311, server 312)`` is counted as
+    ``count_mismatch:completion-1@think_close``)."""
+    return warning.split(" (", 1)[0]

@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..records.counting import warning_kind
 from .ledger import Ledger
 from .meta import USAGE_NOTES
 from .part import has_table
@@ -140,7 +141,8 @@ def status(led: Ledger) -> RunStatus:
         "SELECT dataset, w.value, count(*) FROM samples, json_each(samples.warnings_json) AS w "
         "GROUP BY dataset, w.value"
     ):
-        d(dataset)["warnings"][w] = n
+        ws = d(dataset)["warnings"]  # one sample's own figures are not counted apart
+        ws[warning_kind(w)] = ws.get(warning_kind(w), 0) + n
     for dataset, reason, n in db.execute(
         "SELECT dataset, reason, count(*) FROM drops GROUP BY dataset, reason"
     ):

@@ -11,9 +11,11 @@ the server's own ids (``fit``) and uses what they show.
 
 A sample whose ids do not add up to the server's counts carries the label ``count_mismatch``
 (what ``[run] drop``, ``export --drop``, the report and the gate count) and its detail,
-``count_mismatch:<part><ours - the server's>[@<where>]``: ``completion-1@think_close`` is one
-token short of the server's count in an answer with a think close (the place a stripped newline
-is most often lost), ``prompt+1`` one more prompt id than the server fed its model.
+``count_mismatch:<part><ours - the server's>[@<where>] (<part>: ids N, server M)``, both
+numbers in the parentheses (``status`` counts the detail without them):
+``completion-1@think_close`` is one token short of the server's count in an answer with a
+think close (the place a stripped newline is most often lost), ``prompt+1`` one more prompt id
+than the server fed its model.
 ``@end_marker`` is a difference of one in an answer that ended (its end marker, or a template
 suffix). The label is counted per dataset (``status``, the report), can be dropped
 (``[run] drop = ["count_mismatch"]``), and stops a text-only dataset past ``[run]
@@ -113,16 +115,23 @@ def label(shape: Shape, usage: Usage, c: Counting) -> str | None:
     as ``c``; None where every count it gives agrees."""
     prompt, completions, reasoning = expected(shape, c)
     parts: list[str] = []
+    figures: list[str] = []
+
+    def differs(part: str, ours: int, theirs: int) -> None:
+        parts.append(f"{part}{ours - theirs:+d}")
+        figures.append(f"{part}: ids {ours}, server {theirs}")
+
     if usage.prompt_tokens is not None and prompt is not None and usage.prompt_tokens != prompt:
-        parts.append(f"prompt{prompt - usage.prompt_tokens:+d}")
+        differs("prompt", prompt, usage.prompt_tokens)
     off = None
     ct = usage.completion_tokens
     if ct is not None and ct not in completions:
-        off = min((x - ct for x in completions), key=abs)
-        parts.append(f"completion{off:+d}")
+        ours = min(completions, key=lambda x: abs(x - ct))
+        off = ours - ct
+        differs("completion", ours, ct)
     rt = usage.reasoning_tokens
     if reasoning is not None and rt is not None and rt != reasoning and off is None:
-        parts.append(f"reasoning{reasoning - rt:+d}")
+        differs("reasoning", reasoning, rt)
     if not parts:
         return None
     where = ""
@@ -130,7 +139,7 @@ def label(shape: Shape, usage: Usage, c: Counting) -> str | None:
         where = "@think_close"
     elif off is not None and abs(off) == 1 and shape.ended:
         where = "@end_marker"
-    return f"{LABEL}:{','.join(parts)}{where}"
+    return f"{LABEL}:{','.join(parts)}{where} ({'; '.join(figures)})"
 
 
 def server_key(m: Manifest, backend: str) -> str:
