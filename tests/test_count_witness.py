@@ -176,14 +176,23 @@ def _stripping(req, i, n):
     return completion(ANSWER, usage={"prompt_tokens": 30, "completion_tokens": tokens(written) + 1})
 
 
-@pytest.mark.parametrize("shape", ["stripping", "honest"])
+SHAPES = {
+    "stripping": _stripping,
+    "honest": lambda req, i, n: honest(),
+    "uncounted": lambda req, i, n: completion(ANSWER),  # no usage at all
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
 def test_a_text_dataset_whose_counts_disagree_stops_after_its_probe(tmp_path, shape):
     """A server not known (``auto``: it may or may not count the end marker) whose text lost
     the answers' last tokens: after ``count_probe`` answers the dataset stops, nothing more is
     sent, the run says why in one line and exits 1; a rerun stops again before sending. The
-    same server sending the text its counts describe runs to the end with no label."""
+    same server sending the text its counts describe runs to the end with no label; one that
+    sends no counts at all runs to the end too, and ``status`` says how many answers the
+    counts could not check (on 904c469 nothing said so)."""
     assert tokens(ANSWER + "\n\n") > tokens(ANSWER)  # the stripped newlines were tokens
-    server = Hostile(_stripping if shape == "stripping" else lambda req, i, n: honest())
+    server = Hostile(SHAPES[shape])
     src = prompts(tmp_path / "p.jsonl", 120)
     with server.running() as url:
         m = manifest(
@@ -194,9 +203,16 @@ def test_a_text_dataset_whose_counts_disagree_stops_after_its_probe(tmp_path, sh
         again = run("generate", str(m))
     assert "Traceback" not in r.stderr + again.stderr, r.stderr
     st = json.loads(run("status", str(m), "--json").stdout)["datasets"]["d"]
-    if shape == "honest":
+    if shape != "stripping":
         assert r.returncode == 0 and sent == 120, (r.returncode, sent, r.stderr[-2000:])
         assert LABEL not in st["warnings"], st["warnings"]
+        shown = run("status", str(m))
+        said = shown.stderr + shown.stdout
+        if shape == "uncounted":
+            assert st["usage_notes"] == {"missing": 120}, st
+            assert "d: 120 answers came with no token counts" in said, said
+        else:
+            assert "missing" not in st["usage_notes"] and "no token counts" not in said
         return
     assert r.returncode == 1, r.stderr[-2000:]
     lines = [x for x in r.stderr.splitlines() if "d stopped:" in x]

@@ -87,8 +87,16 @@ def print_status_notes(run_status: RunStatus, st: dict[str, Any]) -> None:
                 say(out, f"{name}: {what}: " + counts_line(counts))
         for line in ds.server_options.lines() if ds.server_options else ():
             say(out, f"{name}: {line}")
-        if ds.usage_notes:
-            why = ", ".join(f"{n} {k}" for k, n in sorted(ds.usage_notes.items()))
+        notes = dict(ds.usage_notes)
+        if missing := notes.pop("missing", 0):
+            say(
+                out,
+                f"{name}: {missing} answers came with no token counts: their ids are checked "
+                "by their text only, not against the server's counts (a [model] repair checks "
+                "them against the target)",
+            )
+        if notes:
+            why = ", ".join(f"{n} {k}" for k, n in sorted(notes.items()))
             say(
                 out,
                 f"{name}: the server's usage was not taken as sent for {why} answers "

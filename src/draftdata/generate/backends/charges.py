@@ -58,7 +58,7 @@ def charge(
     cfg: OpenAIBackendCfg, prompt_n: int, counted: int | None, got: WireAnswer, reserved: float
 ) -> tuple[float, str | None]:
     """The answer's cost in USD, and the note on its ``usage`` (``invalid:FIELDS``, ``under``,
-    None where it agrees): ``prompt_n`` prompt tokens (our rendering) and ``counted`` answer
+    ``missing``: no completion count, None where it agrees): ``prompt_n`` prompt tokens (our rendering) and ``counted`` answer
     tokens (the ids, or the text in the target's tokens; None: not counted, see
     ``answer_tokens``); an answer with no usage at all is charged what was ``reserved`` for it."""
     usage = got.usage
@@ -76,6 +76,8 @@ def charge(
         note = "invalid:" + ",".join(got.usage_invalid)
     elif ct is not None and counted is not None and ct < counted * UNDER_REPORT - 4:
         note = "under"
+    elif ct is None:  # no count to hold its ids against: the count witness cannot see it
+        note = "missing"
     return cost, note
 
 
