@@ -232,5 +232,9 @@ def test_smollm2_dev_figures_unchanged(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
-    assert (doc["n"], doc["exact"], doc["lossy"], doc["lossy_labels"]) == (531, 465, 0, {})
-    assert doc["exact_match_rate"] == doc["lossless_exact_match_rate"] == round(465 / 531, 6)
+    # the 6 answers whose text holds U+FFFD for bytes the model wrote are labelled lossy, and
+    # none held (tests/test_lossy_text.py); the rate over all is unchanged
+    lost = {"lossy:replacement_char": {"views": 6, "held": 0}}
+    assert (doc["n"], doc["exact"], doc["lossy"], doc["lossy_labels"]) == (531, 465, 6, lost)
+    assert doc["exact_match_rate"] == round(465 / 531, 6)
+    assert doc["lossless_exact_match_rate"] == round(465 / 525, 6)
