@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GROUNDTRUTH
+from conftest import GROUNDTRUTH, ROOT
 from draftdata.store import codec
 from servers import manifest, replay_server
 from shared import SMOLLM2, UNIQUE, one_line_exit_2, run, write_prompts
@@ -283,7 +283,9 @@ def test_an_invalid_format_file_points_at_help_that_exists(tmp_path):
     bad = tmp_path / "format.toml"
     bad.write_text('name = "x"\nversion = "1"\nno_such_key = 1\n')
     line = one_line_exit_2(run("audit", "-t", SMOLLM2, "-f", str(bad)))
-    assert "no_such_key" in line and "README.md" in line and "--help-toml" not in line
+    assert "no_such_key" in line and "--help-toml" not in line
+    page = "docs/tokenizers-and-formats.md"
+    assert page in line and "## Chat formats" in (ROOT / page).read_text(), line
 
 
 def test_a_jsonl_source_is_read_a_line_at_a_time(tmp_path):

@@ -37,10 +37,10 @@ def echo():
     del sys.modules["echo_backend"]
 
 
-def test_the_readme_shows_the_example_file_as_it_is():
+def test_the_plugin_page_shows_the_example_file_as_it_is():
     code = EXAMPLE.read_text()
     assert len(code.splitlines()) <= 30
-    assert f"```python\n{code}```" in (ROOT / "README.md").read_text()
+    assert f"```python\n{code}```" in (ROOT / "docs" / "plugins.md").read_text()
 
 
 def test_one_call_registers_the_kind_and_the_manifest_accepts_it(echo, tmp_path):

@@ -111,7 +111,8 @@ def load_format_file(path: Path, lookup: Lookup) -> ChatFormat:
     except UnicodeDecodeError as e:
         raise FormatError(
             f"{path}: not a format file (byte {e.start} is not UTF-8 text); pass a chat format "
-            "declared in TOML (README.md, Chat formats) or a built-in name (`draftdata formats`)"
+            "declared in TOML (docs/tokenizers-and-formats.md, Chat formats) or a built-in name "
+            "(`draftdata formats`)"
         ) from None
     except TooDeep as e:
         raise FormatError(f"{path}: {e}; a format file nests a few tables at most") from None
@@ -123,7 +124,8 @@ def load_format_file(path: Path, lookup: Lookup) -> ChatFormat:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
         raise FormatError(
-            f"{path}: {loc}: {err['msg']}; see README.md, Chat formats, for the keys"
+            f"{path}: {loc}: {err['msg']}; see docs/tokenizers-and-formats.md, Chat formats, "
+            "for the keys"
         ) from e
     return build_format(doc, path, lookup)
 
