@@ -223,3 +223,19 @@ def test_a_text_dataset_whose_counts_disagree_stops_after_its_probe(tmp_path, sh
     assert again.returncode == 1 and server.served.requests == sent, again.stderr[-2000:]
     assert st["warnings"][LABEL] == st["samples"] >= 20, st
     assert st["warnings"][f"{LABEL}:completion-1@end_marker"] == st["samples"], st["warnings"]
+
+
+def test_a_repair_moves_the_count_its_label_holds():
+    """The model's repair merges two ids into one, or splits one: the label's own count moves
+    with it, and goes where the counts then agree (the run's end-to-end case is
+    tests/test_model_stage.py, the replay server's counts against repaired samples)."""
+    from draftdata.tokens.counts import after_repair
+
+    two_over = (LABEL, f"{LABEL}:completion+2 (completion: ids 73, server 71)")
+    assert after_repair(two_over, -2) == ()
+    assert after_repair(two_over, -1) == (
+        LABEL,
+        f"{LABEL}:completion+1 (completion: ids 72, server 71)",
+    )
+    prompt_too = (LABEL, f"{LABEL}:prompt+1,completion-1@think_close (prompt: ids 9, server 8; completion: ids 70, server 71)")  # fmt: skip
+    assert after_repair(prompt_too, 1) == (LABEL, f"{LABEL}:prompt+1 (prompt: ids 9, server 8)")

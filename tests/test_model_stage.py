@@ -324,6 +324,10 @@ def test_run_with_model_repair_exports_the_engine_ids(tmp_path):
     by_id = {json.loads(x["metadata"])["id"]: x for x in rows}
     for k in truth_keys + paid_keys:
         assert by_id[k]["input_ids"] == RAW[k]["prompt_ids"] + RAW[k]["output_ids"], k
+        # the server's counts (the replay server's usage: the model's own ids) agree with the
+        # repaired ids: a label the reconstruction earned is not left on them (the demo's
+        # ShareGPT sample kept "completion+2" after its two repairs made the count right)
+        assert not [w for w in by_id[k]["warnings"] if w.startswith("count_mismatch")], k
     assert Counter(x["token_source"] for x in rows) == {
         "engine": 2,
         "repaired": 3,

@@ -19,6 +19,7 @@ from ..errors import DraftdataError
 from ..measure.repairing import refusal_key
 from ..records import Decoding, Sample
 from ..tokenizers import Tokenizer
+from ..tokens.counts import after_repair
 from ..tokens.reconstruct import TextIds
 from .flags import SampleScore, score_of
 from .repair_walk import Repair, RepairResult
@@ -109,6 +110,7 @@ def score_samples(
                     input_ids=ids,
                     loss_mask=[False] * s.prompt_len + [True] * len(r.response),
                     token_source="repaired",
+                    warnings=after_repair(s.warnings, len(r.response) - len(s.response_ids)),
                 )
             yield Scored(
                 new,

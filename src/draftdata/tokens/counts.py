@@ -23,6 +23,7 @@ max_count_mismatch`` (``generate.count_watch``)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from itertools import product
@@ -36,6 +37,7 @@ from ..store.meta import COUNTING, Meta
 __all__ = [
     "LABEL",
     "Shape",
+    "after_repair",
     "checked_counting",
     "counting_of",
     "fit",
@@ -176,6 +178,43 @@ def witness(
         return ()
     got = label(shape_of(bound, ids, prompt_len), view.usage, counting_of(view, override))
     return (LABEL, got) if got else ()
+
+
+_COMPLETION = re.compile(r"completion: ids (\d+), server (\d+)")
+
+
+def after_repair(warnings: Sequence[str], grown: int) -> tuple[str, ...]:
+    """A sample's warnings once a repair changed its answer by ``grown`` ids: the completion
+    count its label held against the server's is moved by as much, and the label goes where
+    the counts now agree (two repairs that merge ``"\n" "\n"`` into ``"\n\n"`` make a
+    ``completion+2`` answer count as its server did). A label for its prompt or reasoning
+    stays as it was."""
+    if not grown or LABEL not in warnings:
+        return tuple(warnings)
+    out: list[str] = []
+    for w in warnings:
+        m = _COMPLETION.search(w) if w.startswith(LABEL + ":") else None
+        if m is None:
+            out.append(w)
+            continue
+        ours, theirs = int(m.group(1)) + grown, int(m.group(2))
+        kind = w.split(" (", 1)[0].removeprefix(LABEL + ":")
+        parts, _, where = kind.partition("@")
+        rest = [p for p in parts.split(",") if not p.startswith("completion")]
+        figures = [f for f in w.split(" (", 1)[1].rstrip(")").split("; ") if f != m.group(0)]
+        if ours != theirs:
+            rest.append(f"completion{ours - theirs:+d}")
+            figures.append(f"completion: ids {ours}, server {theirs}")
+            if where == "end_marker" and abs(ours - theirs) != 1:
+                where = ""
+        else:  # where it was is where the completion differed
+            where = ""
+        if rest:
+            at = f"@{where}" if where else ""
+            out.append(f"{LABEL}:{','.join(rest)}{at} ({'; '.join(figures)})")
+    if not any(w.startswith(LABEL + ":") for w in out):
+        out.remove(LABEL)
+    return tuple(out)
 
 
 @dataclass(frozen=True)
