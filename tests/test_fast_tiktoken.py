@@ -13,12 +13,12 @@ import pytest
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 
-from conftest import PROMPTS, TOKENIZERS
+from conftest import PROMPTS, TOKENIZERS, require
 from draftdata.tokenizers import fast_tiktoken, load_tokenizer
 from draftdata.tokenizers.tiktoken_file import TiktokenTokenizer, builtin_profiles
 from draftdata.tokens import pool
 
-pytest.importorskip("gigatoken")
+require("gigatoken")  # a pinned dependency: missing is a failure, never a skip
 
 KIMI = TOKENIZERS / "kimi-k2"
 RANKS = KIMI / "tiktoken.model"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GROUNDTRUTH
+from conftest import GROUNDTRUTH, require
 from servers import manifest, replay_server
 from shared import UNIQUE, run, write_prompts
 
@@ -186,7 +186,7 @@ def test_a_folder_of_many_files_is_listed_in_its_own_sha256sums(tmp_path, monkey
     manifest (and every reader of it: the next layout's export, the report) grow with the run.
     A folder past LISTED_MAX files is listed in its own SHA256SUMS, which coreutils' sha256sum
     checks, and verify_export checks every file through it."""
-    pytest.importorskip("torch")
+    require("torch")  # the dev extra's: a missing one fails, never skips
     from draftdata.export.sealed import verify_export
 
     src = write_prompts(tmp_path / "p.jsonl", UNIQUE[:12])
