@@ -14,7 +14,7 @@ from rich.text import Text
 
 from .. import __version__
 from ..errors import DraftdataError, InputError
-from ..files import not_a_file
+from ..files import not_a_file, write_json
 from ..lines import capped_lines
 from ..nesting import TooDeep, loads_json
 from ..progress import Ticker as _Ticker
@@ -199,11 +199,11 @@ class Ticker(_Ticker):
 
 
 def emit_json(doc: Any, dest: Any) -> bool:
-    """Write ``doc`` as JSON to the path ``dest`` or, for ``-``, to stdout; True when it went to
-    stdout (the caller prints nothing else)."""
-    text = json.dumps(doc, indent=2, ensure_ascii=False)
+    """Write ``doc`` as JSON to the path ``dest`` (atomically: a reader never sees half a
+    report, and a failed write leaves the old one) or, for ``-``, to stdout; True when it went
+    to stdout (the caller prints nothing else). Every command's ``--json`` goes through here."""
     if str(dest) == "-":
-        sys.stdout.write(text + "\n")
+        sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
         return True
-    Path(dest).write_text(text + "\n", encoding="utf-8")
+    write_json(Path(dest), doc)
     return False

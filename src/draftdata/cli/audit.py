@@ -12,7 +12,7 @@ from rich.markup import escape as esc
 from rich.table import Table
 
 from ..errors import InputError
-from .app import FormatOpt, TokenizerOpt, app, err, example, out, read_jsonl
+from .app import FormatOpt, TokenizerOpt, app, emit_json, err, example, out, read_jsonl
 
 if TYPE_CHECKING:
     from ..measure.audit import AuditReport, DataCheck
@@ -117,13 +117,7 @@ def audit(
     skipped: dict[str, int] = {}
     records = list(read_jsonl(data, skipped)) if data else None
     report = run_audit(tok, fmt, expect=expectations, records=records)
-    if json_out is not None:
-        doc = json.dumps(report.to_json(), indent=2, ensure_ascii=False)
-        if str(json_out) == "-":
-            sys.stdout.write(doc + "\n")
-        else:
-            json_out.write_text(doc + "\n", encoding="utf-8")
-    if json_out is None or str(json_out) != "-":
+    if json_out is None or not emit_json(report.to_json(), json_out):
         _print_audit(report, skipped)
     if not report.ok:
         raise typer.Exit(1)

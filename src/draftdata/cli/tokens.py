@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
@@ -15,7 +13,19 @@ from rich.table import Table
 from ..errors import InputError
 from ..records import GroundTruth
 from ..records.servers import SERVERS
-from .app import DeviceOpt, FormatOpt, Ticker, TokenizerOpt, app, err, example, out, read_jsonl, say
+from .app import (
+    DeviceOpt,
+    FormatOpt,
+    Ticker,
+    TokenizerOpt,
+    app,
+    emit_json,
+    err,
+    example,
+    out,
+    read_jsonl,
+    say,
+)
 from .reconstruct_jobs import AUTO_BYTES, bound_format, input_bytes, reconstruct_jobs
 from .show import print_validation
 
@@ -347,13 +357,7 @@ def _add_repair_meta(meta: dict[str, Any], repair: _Repair, tokens: int) -> None
 
 def _emit_validation(doc: dict[str, Any], json_out: Path | None) -> None:
     """The report as JSON to --json's file or stdout, and as tables unless stdout took the JSON."""
-    if json_out is not None:
-        text = json.dumps(doc, indent=2, ensure_ascii=False)
-        if str(json_out) == "-":
-            sys.stdout.write(text + "\n")
-        else:
-            json_out.write_text(text + "\n", encoding="utf-8")
-    if json_out is None or str(json_out) != "-":
+    if json_out is None or not emit_json(doc, json_out):
         print_validation(doc)
 
 
