@@ -448,3 +448,25 @@ def test_score_names_a_marker_the_model_would_not_have_written_there(scorer, bou
         assert [(f.position, f.token) for f in markers] == [(len(short.input_ids) - 1, end)]
         flagged += 1
     assert flagged == 3
+
+
+def test_ids_past_the_models_vocabulary_are_refused_in_one_line_by_score_and_capture(scorer):
+    """One check before every forward (score's and the hidden-state capture's were twins): an id
+    past the vocabulary the model's own config.json gives, or a sequence past its positions."""
+    from draftdata.hidden.export_capture import check_item
+    from draftdata.model.folders import ModelError
+
+    lm = scorer.lm
+    vocab = json.loads((lm.folder / "config.json").read_text())["vocab_size"]
+    assert lm.vocab_size == vocab
+    with pytest.raises(ModelError, match=f"token id {vocab}, outside the model's vocabulary of {vocab}; score with"):  # fmt: skip
+        scorer.check([1, 2, vocab])
+
+    class It:  # the two fields the capture's check reads of a sample
+        id, input_ids = "s1", [5, vocab + 3]
+
+    with pytest.raises(ModelError, match=f"sample s1 holds token id {vocab + 3}.*capture with"):
+        check_item(lm, It())  # type: ignore[arg-type]
+    if lm.max_positions is not None:
+        with pytest.raises(ModelError, match="past the model's"):
+            scorer.check([1] * (lm.max_positions + 1))

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ..model.flags import SampleScore, ScoreReport, score_of
-from ..model.folders import ModelError
 from ..model.load import LoadedModel
+from ..model.score import fits_model
 from .capture import Capturer
 from .codec import MANIFEST
 from .engine import EngineCapturer, EngineTarget
@@ -42,17 +42,7 @@ WRITERS = 2
 
 
 def check_item(lm: LoadedModel | EngineTarget, it: Item) -> None:
-    low, high = min(it.input_ids), max(it.input_ids)
-    if low < 0 or high >= lm.vocab_size:
-        raise ModelError(
-            f"sample {it.id} holds token id {low if low < 0 else high}, outside the model's "
-            f"vocabulary of {lm.vocab_size}; capture with the model these ids were made for"
-        )
-    top = lm.max_positions
-    if top is not None and len(it.input_ids) > top:
-        raise ModelError(
-            f"sample {it.id} has {len(it.input_ids)} tokens, past the model's {top} positions"
-        )
+    fits_model(it.input_ids, lm.vocab_size, lm.max_positions, f"sample {it.id}", "capture")
 
 
 class Pass:

@@ -22,7 +22,7 @@ from .folders import ModelError
 from .load import LoadedModel, load_causal_lm
 from .rows import GoOn, TorchRow, possible_rows
 
-__all__ = ["Scorer", "Session", "length_batches", "load_scorer", "right_padded"]
+__all__ = ["Scorer", "Session", "fits_model", "length_batches", "load_scorer", "right_padded"]
 
 #: logits held at once by one batch (batch x length x vocabulary floats): about 1 GiB in float32
 MAX_LOGITS = 1 << 28
@@ -61,6 +61,25 @@ def load_scorer(spec: str, *, device: str = "cpu", dtype: str | None = None) -> 
     return Scorer(load_causal_lm(spec, device=device, dtype=dtype))
 
 
+def fits_model(
+    ids: Sequence[int], vocab_size: int, max_positions: int | None, what: str, verb: str
+) -> None:
+    """Refuse ``ids`` a model of ``vocab_size`` ids and ``max_positions`` positions cannot take
+    whole, in one line that names ``what`` and the fix (``verb``: what the caller does with
+    them, score or capture). The one id-in-vocabulary check before a model's forward."""
+    low, high = min(ids), max(ids)
+    if low < 0 or high >= vocab_size:
+        raise ModelError(
+            f"{what} holds token id {low if low < 0 else high}, outside the model's vocabulary "
+            f"of {vocab_size}; {verb} with the model these ids were made for"
+        )
+    if max_positions is not None and len(ids) > max_positions:
+        raise ModelError(
+            f"{what} has {len(ids)} tokens, past the model's {max_positions} positions; it "
+            f"cannot be {'scored' if verb == 'score' else 'captured'} whole"
+        )
+
+
 class Scorer:
     """Score token ids with a loaded causal LM."""
 
@@ -74,18 +93,7 @@ class Scorer:
     def check(self, ids: Sequence[int], what: str = "sequence") -> None:
         if not ids:
             raise ModelError(f"{what} is empty; there is nothing to score")
-        low, high = min(ids), max(ids)
-        if low < 0 or high >= self.lm.vocab_size:
-            raise ModelError(
-                f"{what} holds token id {low if low < 0 else high}, outside the model's "
-                f"vocabulary of {self.lm.vocab_size}; score with the model these ids were made for"
-            )
-        top = self.lm.max_positions
-        if top is not None and len(ids) > top:
-            raise ModelError(
-                f"{what} has {len(ids)} tokens, past the model's {top} positions; it cannot be "
-                "scored whole"
-            )
+        fits_model(ids, self.lm.vocab_size, self.lm.max_positions, what, "score")
 
     def batches(self, lengths: Sequence[int]) -> Iterator[list[int]]:
         """Indices grouped by length (longest first) so no batch holds more than ``max_logits``."""
