@@ -61,8 +61,8 @@ ServerOpt = Annotated[
     typer.Option(
         "--server",
         help=f"what parsed the answers: {', '.join(s for s in SERVERS if s != 'auto')}, or auto "
-        "(told from each raw response's fields, else from its text); see docs/reconstruct.md, 'What each "
-        "server's view keeps'",
+        "(told from each raw response's fields, else from its text); see docs/reconstruct.md, "
+        "'What each server's view keeps'",
         metavar="SERVER",
     ),
 ]

@@ -141,8 +141,8 @@ def status(led: Ledger) -> RunStatus:
         "SELECT dataset, w.value, count(*) FROM samples, json_each(samples.warnings_json) AS w "
         "GROUP BY dataset, w.value"
     ):
-        ws = d(dataset)["warnings"]  # one sample's own figures are not counted apart
-        ws[warning_kind(w)] = ws.get(warning_kind(w), 0) + n
+        ws, kind = d(dataset)["warnings"], warning_kind(w)  # not one sample's own figures
+        ws[kind] = ws.get(kind, 0) + n
     for dataset, reason, n in db.execute(
         "SELECT dataset, reason, count(*) FROM drops GROUP BY dataset, reason"
     ):

@@ -116,32 +116,38 @@ def label(shape: Shape, usage: Usage, c: Counting) -> str | None:
     """The ``count_mismatch`` label's detail where ``usage`` disagrees with ``shape`` counted
     as ``c``; None where every count it gives agrees."""
     prompt, completions, reasoning = expected(shape, c)
-    parts: list[str] = []
-    figures: list[str] = []
-
-    def differs(part: str, ours: int, theirs: int) -> None:
-        parts.append(f"{part}{ours - theirs:+d}")
-        figures.append(f"{part}: ids {ours}, server {theirs}")
-
+    diffs: list[tuple[str, int, int]] = []
     if usage.prompt_tokens is not None and prompt is not None and usage.prompt_tokens != prompt:
-        differs("prompt", prompt, usage.prompt_tokens)
+        diffs.append(("prompt", prompt, usage.prompt_tokens))
     off = None
     ct = usage.completion_tokens
     if ct is not None and ct not in completions:
         ours = min(completions, key=lambda x: abs(x - ct))
         off = ours - ct
-        differs("completion", ours, ct)
+        diffs.append(("completion", ours, ct))
     rt = usage.reasoning_tokens
     if reasoning is not None and rt is not None and rt != reasoning and off is None:
-        differs("reasoning", reasoning, rt)
-    if not parts:
+        diffs.append(("reasoning", reasoning, rt))
+    if not diffs:
         return None
     where = ""
     if off is not None and shape.think_closed:
-        where = "@think_close"
+        where = "think_close"
     elif off is not None and abs(off) == 1 and shape.ended:
-        where = "@end_marker"
-    return f"{LABEL}:{','.join(parts)}{where} ({'; '.join(figures)})"
+        where = "end_marker"
+    return _detail(diffs, where)
+
+
+def _detail(diffs: Sequence[tuple[str, int, int]], where: str) -> str:
+    """The label's detail, written in one place: each count that differs as (part, ours, the
+    server's), and where a completion difference sits (``think_close``, ``end_marker``, "")."""
+    parts = ",".join(f"{p}{ours - theirs:+d}" for p, ours, theirs in diffs)
+    figures = "; ".join(f"{p}: ids {ours}, server {theirs}" for p, ours, theirs in diffs)
+    return f"{LABEL}:{parts}{'@' + where if where else ''} ({figures})"
+
+
+#: one count of a detail's figures, as ``_detail`` writes it
+_FIGURE = re.compile(r"(\w+): ids (\d+), server (\d+)")
 
 
 def server_key(m: Manifest, backend: str) -> str:
@@ -180,9 +186,6 @@ def witness(
     return (LABEL, got) if got else ()
 
 
-_COMPLETION = re.compile(r"completion: ids (\d+), server (\d+)")
-
-
 def after_repair(warnings: Sequence[str], grown: int) -> tuple[str, ...]:
     """A sample's warnings once a repair changed its answer by ``grown`` ids: the completion
     count its label held against the server's is moved by as much, and the label goes where
@@ -193,25 +196,18 @@ def after_repair(warnings: Sequence[str], grown: int) -> tuple[str, ...]:
         return tuple(warnings)
     out: list[str] = []
     for w in warnings:
-        m = _COMPLETION.search(w) if w.startswith(LABEL + ":") else None
-        if m is None:
+        diffs = _FIGURE.findall(w) if w.startswith(LABEL + ":") else []
+        if not any(p == "completion" for p, _, _ in diffs):
             out.append(w)
             continue
-        ours, theirs = int(m.group(1)) + grown, int(m.group(2))
-        kind = w.split(" (", 1)[0].removeprefix(LABEL + ":")
-        parts, _, where = kind.partition("@")
-        rest = [p for p in parts.split(",") if not p.startswith("completion")]
-        figures = [f for f in w.split(" (", 1)[1].rstrip(")").split("; ") if f != m.group(0)]
-        if ours != theirs:
-            rest.append(f"completion{ours - theirs:+d}")
-            figures.append(f"completion: ids {ours}, server {theirs}")
-            if where == "end_marker" and abs(ours - theirs) != 1:
-                where = ""
-        else:  # where it was is where the completion differed
-            where = ""
-        if rest:
-            at = f"@{where}" if where else ""
-            out.append(f"{LABEL}:{','.join(rest)}{at} ({'; '.join(figures)})")
+        where = w.split(" (", 1)[0].partition("@")[2]
+        moved = [(p, int(o) + grown * (p == "completion"), int(t)) for p, o, t in diffs]
+        left = [(p, o, t) for p, o, t in moved if o != t]
+        off = next((o - t for p, o, t in left if p == "completion"), None)
+        if off is None or (where == "end_marker" and abs(off) != 1):
+            where = ""  # where it was is where the completion differed
+        if left:
+            out.append(_detail(left, where))
     if not any(w.startswith(LABEL + ":") for w in out):
         out.remove(LABEL)
     return tuple(out)

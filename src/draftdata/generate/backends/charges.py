@@ -58,9 +58,10 @@ def charge(
     cfg: OpenAIBackendCfg, prompt_n: int, counted: int | None, got: WireAnswer, reserved: float
 ) -> tuple[float, str | None]:
     """The answer's cost in USD, and the note on its ``usage`` (``invalid:FIELDS``, ``under``,
-    ``missing``: no completion count, None where it agrees): ``prompt_n`` prompt tokens (our rendering) and ``counted`` answer
-    tokens (the ids, or the text in the target's tokens; None: not counted, see
-    ``answer_tokens``); an answer with no usage at all is charged what was ``reserved`` for it."""
+    ``missing``: no completion count, None where it agrees): ``prompt_n`` prompt tokens (our
+    rendering) and ``counted`` answer tokens (the ids, or the text in the target's tokens;
+    None: not counted, see ``answer_tokens``); an answer with no usage at all is charged what
+    was ``reserved`` for it."""
     usage = got.usage
     pin, pout = cfg.price_in_per_mtok, cfg.price_out_per_mtok
     cost = (prompt_n * pin + (counted or 0) * pout) / 1e6
