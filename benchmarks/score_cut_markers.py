@@ -27,7 +27,7 @@ from draftdata.model.score import load_scorer  # noqa: E402
 from draftdata.records import ApiView  # noqa: E402
 from draftdata.records.wire import ground_truth_of  # noqa: E402
 from draftdata.tokenizers import load_tokenizer  # noqa: E402
-from draftdata.tokens.reconstruct import reconstruct  # noqa: E402
+from draftdata.tokens.target import Target  # noqa: E402
 
 
 def main() -> None:
@@ -56,7 +56,7 @@ def main() -> None:
             )  # fmt: skip
             if at is None:
                 continue
-            short = reconstruct(b, gt.messages, ApiView(text[:at], "stop"))
+            short = Target(b).reconstruct(gt.messages, ApiView(text[:at], "stop"))
             (lp,) = scorer.logprobs([short.input_ids])
             lps.append(float(lp[-1]))
         if all(len(v) >= a.n for v in got.values()):

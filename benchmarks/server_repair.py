@@ -205,6 +205,7 @@ def requests(args: argparse.Namespace) -> None:
     from draftdata.model.sample_repair import sample_repairer
     from draftdata.records.wire import ground_truth_of
     from draftdata.tokenizers import load_tokenizer
+    from draftdata.tokens.target import Target
 
     calls: Counter[str] = Counter()
     need, peek = scoring.ServerRow.need, scoring.ServerSession.peek_many
@@ -226,7 +227,7 @@ def requests(args: argparse.Namespace) -> None:
         sc = scoring.ServerScorer(args.url, concurrency=args.concurrency)
         t0 = time.perf_counter()
         rep = validate(
-            bound, [ground_truth_of(raw[key])], repairer=sample_repairer(sc, bound.tokenizer)
+            Target(bound), [ground_truth_of(raw[key])], repairer=sample_repairer(sc, Target(bound))
         )
         print(json.dumps({
             "id": key, "answer_ids": len(raw[key]["output_ids"]), "requests": sc.requests,

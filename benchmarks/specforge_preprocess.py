@@ -25,6 +25,8 @@ import time
 import warnings
 from pathlib import Path
 
+from draftdata.tokens.target import Target
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("DRAFTDATA_SHARED", ROOT.parent / "shared"))
 ROLES = {"human": "user", "gpt": "assistant"}
@@ -66,7 +68,7 @@ def main() -> None:
     from draftdata.records import ApiView
     from draftdata.records.wire import messages_of
     from draftdata.tokenizers import load_tokenizer
-    from draftdata.tokens.reconstruct import Item, reconstruct_many
+    from draftdata.tokens.reconstruct import Item
 
     folder = SHARED / "tokenizers" / "llama3"
     template = TEMPLATE_REGISTRY.get("llama3")
@@ -87,7 +89,7 @@ def main() -> None:
         )
         theirs_s.append(time.process_time() - t)
         t = time.process_time()
-        ours = list(reconstruct_many(bound, items))
+        ours = list(Target(bound).reconstruct_many(items))
         ours_s.append(time.process_time() - t)
     ids_equal = masks_equal = 0
     for s, ids, mask in zip(ours, theirs["input_ids"], theirs["loss_mask"], strict=True):

@@ -113,14 +113,15 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
-    from draftdata.cli.reconstruct_jobs import bound_format
     from draftdata.measure.validate import learning_pairs
     from draftdata.sources import read_ground_truth
+    from draftdata.tokens.target import load_target
 
-    bound = bound_format(args.tokenizer, args.format, None, strict=False)
+    target = load_target(args.tokenizer, args.format, strict=False)
+    bound = target.bound
     skipped: Counter[str] = Counter()
     records = read_ground_truth(args.ground_truth, skipped)
-    pairs, drops = learning_pairs(bound, records)
+    pairs, drops = learning_pairs(target, records)
     if not pairs:
         sys.exit(f"{args.ground_truth}: no usable ground-truth records (drops: {dict(drops)})")
     made = cross_validated(bound, pairs, args.min_support)

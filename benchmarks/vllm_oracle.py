@@ -63,7 +63,8 @@ from draftdata.records.wire import raw_ids as wire_raw_ids  # noqa: E402
 from draftdata.records.wire import view_from_record  # noqa: E402
 from draftdata.tokenizers import load_tokenizer  # noqa: E402
 from draftdata.tokenizers.hf import _bytes_to_unicode  # noqa: E402
-from draftdata.tokens.reconstruct import Item, reconstruct, reconstruct_many  # noqa: E402
+from draftdata.tokens.reconstruct import Item  # noqa: E402
+from draftdata.tokens.target import Target  # noqa: E402
 
 USER = "What is the weather in Paris, and what is two plus two?"
 TOOLS = [
@@ -477,11 +478,13 @@ def classify(bound: Any, truth: list[int], resp: dict[str, Any], server: str, th
         # the request offered TOOLS, as vLLM's was; a format whose template takes no tool schemas
         # (DeepSeek V3.1) is rebuilt without them, as a run would have to
         try:
-            s = reconstruct(bound, (Message("user", USER),), view, tools=TOOLS, thinking=thinking)
+            s = Target(bound, thinking=thinking).reconstruct(
+                (Message("user", USER),), view, tools=TOOLS
+            )
         except DraftdataError as e:
             if getattr(e, "reason", "") != "tools_not_rendered" and "tool" not in str(e):
                 raise
-            s = reconstruct(bound, (Message("user", USER),), view, thinking=thinking)
+            s = Target(bound, thinking=thinking).reconstruct((Message("user", USER),), view)
     except DraftdataError as e:
         return {"class": "dropped", "reason": getattr(e, "reason", type(e).__name__),
                 "detail": str(e)[:160], "server": view.server}  # fmt: skip
@@ -490,7 +493,7 @@ def classify(bound: Any, truth: list[int], resp: dict[str, Any], server: str, th
 
 def _from_ids(bound: Any, view: Any, out: Any, prompt: Any, tools: Any, thinking: bool) -> Any:
     item = Item((Message("user", USER),), view, tools, output_ids=out, server_prompt_ids=prompt)
-    (s,) = reconstruct_many(bound, [item], thinking=thinking)
+    (s,) = Target(bound, thinking=thinking).reconstruct_many([item])
     return s
 
 
@@ -548,9 +551,11 @@ def corpus_runs(runs: dict[str, list[str]], only: str | None) -> Any:
             # the request offers TOOLS: the prompt is rendered with them, as vLLM's renderer
             # does (its usage counts these ids); a template that takes none renders without
             try:
-                prompt_ids = bound.prompt_ids((Message("user", USER),), TOOLS, **opts)
+                prompt_ids = (
+                    Target(bound).with_options(**opts).prompt_ids((Message("user", USER),), TOOLS)
+                )
             except DraftdataError:
-                prompt_ids = bound.prompt_ids((Message("user", USER),), **opts)
+                prompt_ids = Target(bound).with_options(**opts).prompt_ids((Message("user", USER),))
             yield case, fname, fam, bound, thinking, truth, prompt_ids
 
 

@@ -18,7 +18,7 @@ from conftest import PROMPTS, REAL
 from draftdata.formats import get_format
 from draftdata.records.wire import messages_of, view_from_record
 from draftdata.tokenizers import load_tokenizer
-from draftdata.tokens.reconstruct import reconstruct
+from draftdata.tokens.target import Target
 from golden_cases import CASES, shapes
 
 OUT = Path(__file__).parent / "golden"
@@ -53,8 +53,7 @@ def build(key: str) -> dict:
             variants = {"plain": variants["reasoning_content"]}
         ids = None
         for name, resp in variants.items():
-            s = reconstruct(
-                bound,
+            s = Target(bound).reconstruct(
                 messages_of(case["messages"]),
                 view_from_record(resp),
                 tools=tools if case.get("tools") and fmt.supports_tools else (),

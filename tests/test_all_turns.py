@@ -14,7 +14,8 @@ import pytest
 from conftest import PROMPTS, REAL
 from draftdata.records import ApiView
 from draftdata.records.wire import messages_of
-from draftdata.tokens.reconstruct import Item, reconstruct_many
+from draftdata.tokens.reconstruct import Item
+from draftdata.tokens.target import Target
 from oracle import oracle_ids
 from shared import kwargs, run
 
@@ -68,7 +69,7 @@ def test_every_turn_is_trained_where_the_template_puts_it(bound, key):
         view = ApiView(last["content"], "stop")
         items.append(Item(messages_of(history), view, record_id=str(i), all_turns=True))
         want.append(expected(b.tokenizer, template, msgs, b.end_id))
-    got = list(reconstruct_many(b, items))
+    got = list(Target(b).reconstruct_many(items))
     for s, (ids, mask) in zip(got, want, strict=True):
         n = len(s.input_ids)
         assert ids[:n] == s.input_ids  # the template may add text after the last end of turn
@@ -81,8 +82,8 @@ def test_a_format_that_rewrites_history_is_refused_per_record(bound):
     """Qwen3's generation prompt opens an empty think block its history does not show."""
     b = bound("qwen3")
     *history, last = conversations(1)[0]
-    (got,) = reconstruct_many(
-        b, [Item(messages_of(history), ApiView(last["content"], "stop"), all_turns=True)]
+    (got,) = Target(b).reconstruct_many(
+        [Item(messages_of(history), ApiView(last["content"], "stop"), all_turns=True)]
     )
     assert getattr(got, "reason", None) == "history_not_verbatim"
 

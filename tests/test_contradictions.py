@@ -16,7 +16,7 @@ import pytest
 
 from draftdata.errors import ReconstructError
 from draftdata.records import ApiView, Message, ToolCall
-from draftdata.tokens.reconstruct import reconstruct
+from draftdata.tokens.target import Target
 
 USER = (Message("user", "What is the weather in Paris?"),)
 PARIS = ToolCall("get_weather", json.dumps({"city": "Paris"}))
@@ -44,7 +44,7 @@ def test_tool_calls_finish_without_a_call_is_dropped_not_rebuilt_as_a_plain_answ
     b = bound(key)
     view = ApiView(**{**view.__dict__, "server": server})
     with pytest.raises(ReconstructError) as e:
-        reconstruct(b, USER, view, thinking=True)
+        Target(b, thinking=True).reconstruct(USER, view)
     assert e.value.reason == "tool_calls_finish_without_calls"
 
 
@@ -56,7 +56,7 @@ def test_marker_text_in_the_content_is_labelled_where_the_ids_diverge(bound, ser
     raw = '<think>\nNeed the weather.\n</think>\n\nLet me check.\n\n<tool_call>\n{"name": "get_wea'
     content = raw.split("</think>", 1)[1]
     view = ApiView(content, "length", "\nNeed the weather.\n", server=server)
-    s = reconstruct(b, USER, view, thinking=True)
+    s = Target(b, thinking=True).reconstruct(USER, view)
     truth = _truth(b, raw)
     assert s.response_ids != truth  # without the label this would pass as exact
     first = next(i for i, (a, t) in enumerate(zip(s.response_ids, truth, strict=False)) if a != t)
@@ -67,7 +67,7 @@ def test_marker_text_in_the_content_is_labelled_where_the_ids_diverge(bound, ser
 def test_marker_text_in_reasoning_is_labelled(bound):
     b = bound("kimi-k2")
     view = ApiView("Fine.", "stop", "I could call <|tool_call_begin|> here.", server="vllm")
-    s = reconstruct(b, USER, view, thinking=True)
+    s = Target(b, thinking=True).reconstruct(USER, view)
     assert "lossy:control_text_in_answer" in s.warnings, s.warnings
 
 
@@ -77,7 +77,7 @@ def test_a_whole_view_with_no_marker_text_carries_no_such_label(bound):
     view = ApiView(
         "\n\nIt is mild; <tool> is not a marker.", "stop", "\nNeed the weather.\n", server="vllm"
     )
-    s = reconstruct(b, USER, view, thinking=True)
+    s = Target(b, thinking=True).reconstruct(USER, view)
     assert [w for w in s.warnings if w.startswith("lossy:")] == []
     assert s.response_ids == _truth(b, raw)
 
@@ -85,7 +85,7 @@ def test_a_whole_view_with_no_marker_text_carries_no_such_label(bound):
 def test_reasoning_for_a_format_with_no_think_block_is_dropped(bound):
     b = bound("smollm2")
     with pytest.raises(ReconstructError) as e:
-        reconstruct(b, USER, ApiView("Mild.", "stop", "Let me think."), thinking=None)
+        Target(b, thinking=None).reconstruct(USER, ApiView("Mild.", "stop", "Let me think."))
     assert e.value.reason == "reasoning_without_think_grammar"
 
 
@@ -93,7 +93,7 @@ def test_tool_calls_for_a_format_with_no_tool_grammar_are_dropped(bound):
     b = bound("smollm2")
     assert not b.format.has_tool_grammar
     with pytest.raises(ReconstructError) as e:
-        reconstruct(b, USER, ApiView(None, "tool_calls", tool_calls=(PARIS,)))
+        Target(b).reconstruct(USER, ApiView(None, "tool_calls", tool_calls=(PARIS,)))
     assert e.value.reason == "tool_calls_without_grammar"
 
 
@@ -111,14 +111,18 @@ def test_reasoning_with_no_answer_after_it_is_labelled(bound, server):
     typed = b.tokenizer.encode("<tool_call>")  # typed as text: ordinary ids
     truth = [*_truth(b, raw_head), *typed, *_truth(b, " this.\n</think>\n\nOk.<|im_end|>")]
     view = ApiView(None, "stop", "Calls look like ", server=server)
-    s = reconstruct(b, USER, view, thinking=True)
+    s = Target(b, thinking=True).reconstruct(USER, view)
     assert list(s.response_ids) != truth[1:]  # the view cannot give the model's ids back
     assert "lossy:reasoning_without_answer" in s.warnings
 
 
 def test_an_answer_after_the_reasoning_carries_no_such_label(bound):
     b = bound("qwen3.5")
-    s = reconstruct(b, USER, ApiView("\n\nOk.", "stop", "\nShort.\n", server="vllm"), thinking=True)
+    s = Target(b, thinking=True).reconstruct(
+        USER, ApiView("\n\nOk.", "stop", "\nShort.\n", server="vllm")
+    )
     assert not any(w.startswith("lossy:reasoning_without") for w in s.warnings)
-    cut = reconstruct(b, USER, ApiView(None, "length", "\nShort", server="vllm"), thinking=True)
+    cut = Target(b, thinking=True).reconstruct(
+        USER, ApiView(None, "length", "\nShort", server="vllm")
+    )
     assert not any(w.startswith("lossy:reasoning_without") for w in cut.warnings)

@@ -20,7 +20,7 @@ from draftdata.records.counting import warning_kind
 from draftdata.records.servers import profile
 from draftdata.records.wire import messages_of, view_from_record
 from draftdata.tokens.counts import LABEL, fit, shape_of
-from draftdata.tokens.reconstruct import reconstruct
+from draftdata.tokens.target import Target
 from hostile import ANSWER, Hostile, completion, honest, tokens
 from shared import run
 from test_hostile_servers import manifest, prompts
@@ -60,7 +60,7 @@ def test_counts_never_flag_an_exact_sample_and_catch_most_wrong_ones(bound):
     b = bound("smollm2")
     exact = flagged_exact = wrong = caught = 0
     for row in _truth_rows(200):
-        s = reconstruct(b, messages_of(row["messages"]), _as_vllm_text(b, row))
+        s = Target(b).reconstruct(messages_of(row["messages"]), _as_vllm_text(b, row))
         truth = row["prompt_ids"] + row["output_ids"]
         if s.input_ids == truth:
             exact += 1
@@ -85,10 +85,10 @@ def test_a_stripped_newline_is_caught_by_the_counts_alone(bound):
     view = _as_vllm_text(b, row)
     assert view.content is not None
     stripped = _as_vllm_text(b, row, view.content.replace("\n\n", "\n", 1))
-    whole = reconstruct(b, messages_of(row["messages"]), view)
+    whole = Target(b).reconstruct(messages_of(row["messages"]), view)
     assert whole.input_ids == row["prompt_ids"] + row["output_ids"]
     assert LABEL not in whole.warnings
-    s = reconstruct(b, messages_of(row["messages"]), stripped)
+    s = Target(b).reconstruct(messages_of(row["messages"]), stripped)
     assert s.input_ids != row["prompt_ids"] + row["output_ids"]
     assert not [w for w in s.warnings if w.startswith("lossy:")]  # nothing else says so
     assert LABEL in s.warnings and f"{LABEL}:completion-1" in kinds(s), s.warnings
@@ -116,11 +116,11 @@ def test_a_kimi_newline_stripped_before_think_close_is_one_short_at_the_close(bo
         server="sglang",
         usage=Usage(completion_tokens=len(truth)),
     )
-    s = reconstruct(b, user, view, thinking=True)
+    s = Target(b, thinking=True).reconstruct(user, view)
     assert s.response_ids != truth
     assert f"{LABEL}:completion-1@think_close" in kinds(s), s.warnings
-    whole = reconstruct(
-        b, user, replace(view, reasoning="Greet, then add 2 and 2\n"), thinking=True
+    whole = Target(b, thinking=True).reconstruct(
+        user, replace(view, reasoning="Greet, then add 2 and 2\n")
     )
     assert whole.response_ids == truth and LABEL not in whole.warnings
 
@@ -131,7 +131,7 @@ def test_the_convention_is_read_from_the_servers_own_ids(bound):
     both the ids and the counts, and says the declared convention does not hold."""
     b = bound("kimi-k2")
     user = (Message("user", "Say hello and add two and two."),)
-    prompt = b.prompt_ids(list(user), (), thinking=True)
+    prompt = Target(b).with_options(thinking=True).prompt_ids(list(user), ())
     assert prompt[-1] == b.ids["think_open"]  # the template opens the think block
     answer = b.tokenizer.encode_as_stock(KIMI_RAW)
     shape = shape_of(b, prompt + answer, len(prompt))

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from conftest import TOKENIZERS
 from draftdata.config import ManifestError, load_manifest
 from draftdata.generate.inputs import read_dataset
-from draftdata.session import bind_target
+from draftdata.session import target_of
 from draftdata.tokens.history import turn_messages
 from draftdata.tokens.sample_maker import TokensStage
 
@@ -61,7 +61,7 @@ backend = "local"
 def _rendered(m) -> list[list[int]]:
     d = m.datasets[0]
     prompts, _ = read_dataset(m, d)
-    stage = TokensStage(bind_target(m), m.target.thinking)
+    stage = TokensStage(target_of(m))
     return [stage.render_prompt(turn_messages(p, d.turns, 0, []), p) for p in prompts]
 
 

@@ -10,6 +10,7 @@ from conftest import GROUNDTRUTH
 from draftdata.errors import FormatError, MarkerError
 from draftdata.formats import get_format
 from draftdata.records import Message
+from draftdata.tokens.target import Target
 
 
 def test_engine_prompt_ids_equal_our_chatml_rendering(bound):
@@ -20,7 +21,7 @@ def test_engine_prompt_ids_equal_our_chatml_rendering(bound):
         for line in GROUNDTRUTH.read_text().splitlines():
             r = json.loads(line)
             msgs = [Message(m["role"], m["content"]) for m in r["messages"]]
-            assert b.prompt_ids(msgs) == r["prompt_ids"], r["id"]
+            assert Target(b).prompt_ids(msgs) == r["prompt_ids"], r["id"]
 
 
 def test_new_format_without_code(tmp_path, load):
@@ -33,7 +34,7 @@ def test_new_format_without_code(tmp_path, load):
     )
     fmt = get_format(str(p))
     b = fmt.bind(load("smollm2"))
-    ids = b.prompt_ids([Message("user", "hi <|im_end|>")])
+    ids = Target(b).prompt_ids([Message("user", "hi <|im_end|>")])
     assert ids[0] == 1 and ids.count(2) == 1  # the user's <|im_end|> stayed text
     assert (
         b.tokenizer.decode(ids) == "<|im_start|><|user|>\nhi <|im_end|><|im_end|>\n<|assistant|>\n"
@@ -49,7 +50,7 @@ def test_new_version_overrides_only_what_changed(tmp_path, load):
     fmt = get_format(str(p))
     assert fmt.version == "2" and fmt.markers == get_format("chatml").markers
     b = fmt.bind(load("smollm2"))
-    assert b.tokenizer.decode(b.prompt_ids([Message("user", "x")])).startswith(
+    assert b.tokenizer.decode(Target(b).prompt_ids([Message("user", "x")])).startswith(
         "<|im_start|>system\nBe brief.<|im_end|>"
     )
 

@@ -21,6 +21,7 @@ import pytest
 
 from cases import to_template, tool_conversation
 from draftdata.records import ApiView, Message, ToolCall
+from draftdata.tokens.target import Target
 from oracle import oracle_ids, render
 
 TEMPLATE = Path(sys.prefix) / "templates" / "deepseek-v3.1.jinja"
@@ -46,7 +47,7 @@ def v31(load):
 
 
 def _check(b, template: str, messages: list[Message], *, gen: bool = True, thinking: bool = True):
-    ours = b.prompt_ids(messages, add_generation_prompt=gen, thinking=thinking)
+    ours = Target(b).with_options(add_generation_prompt=gen, thinking=thinking).prompt_ids(messages)
     want = oracle_ids(
         b.tokenizer,
         template,
@@ -113,12 +114,11 @@ def test_the_answer_after_tool_results_is_reconstructed_without_think_markers(v3
     """After tool results the template adds no generation prompt: the model answers straight
     after the last tool output, in non-thinking mode, so no think marker is laid out, whatever
     the thinking option says."""
-    from draftdata.tokens.reconstruct import reconstruct
 
     answer = "The triangle's area is 6.0 and the circle's is 19.63."
-    prompt = v31.prompt_ids(ROUND)
+    prompt = Target(v31).prompt_ids(ROUND)
     for thinking in (None, True, False):
-        s = reconstruct(v31, ROUND, ApiView(answer, "stop"), thinking=thinking)
+        s = Target(v31, thinking=thinking).reconstruct(ROUND, ApiView(answer, "stop"))
         assert s.input_ids[: len(prompt)] == prompt
         response = s.input_ids[len(prompt) :]
         assert response == [*v31.tokenizer.encode(answer), v31.ids["eos"]]
@@ -136,7 +136,7 @@ def test_tool_schemas_are_still_refused(v31, template):
         template, to_template(msgs), None, bos_token=BOS
     )
     with pytest.raises(FormatError, match="tool schemas"):
-        v31.prompt_ids(msgs, tools)
+        Target(v31).prompt_ids(msgs, tools)
 
 
 def test_an_answer_after_tool_results_returned_as_reasoning_is_the_answer(v31):
@@ -144,17 +144,16 @@ def test_an_answer_after_tool_results_returned_as_reasoning_is_the_answer(v31):
     split at ``</think>``; the answer after tool results has none, so the whole text comes back
     as reasoning. It is the model's text as written and is laid out as the answer."""
     from draftdata.errors import ReconstructError
-    from draftdata.tokens.reconstruct import reconstruct
 
     answer = "Both areas are known now: 6.0 and 19.63."
-    plain = reconstruct(v31, ROUND, ApiView(answer, "stop"), thinking=True)
-    s = reconstruct(v31, ROUND, ApiView(None, "stop", answer), thinking=True)
+    plain = Target(v31, thinking=True).reconstruct(ROUND, ApiView(answer, "stop"))
+    s = Target(v31, thinking=True).reconstruct(ROUND, ApiView(None, "stop", answer))
     assert s.input_ids == plain.input_ids
     assert "reasoning_read_as_answer" in s.warnings
     # asked with thinking off, reasoning after tool results is the user's mistake, said so
     with pytest.raises(ReconstructError, match="thinking off"):
-        reconstruct(v31, ROUND, ApiView(None, "stop", answer), thinking=False)
+        Target(v31, thinking=False).reconstruct(ROUND, ApiView(None, "stop", answer))
     # a whole answer with its tool calls swallowed as reasoning is not guessed at
     raw = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}"
     with pytest.raises(ReconstructError, match="control-token text"):
-        reconstruct(v31, ROUND, ApiView(None, "stop", raw), thinking=True)
+        Target(v31, thinking=True).reconstruct(ROUND, ApiView(None, "stop", raw))

@@ -1,11 +1,11 @@
-"""Segments become ids by two paths, which must agree id for id.
+"""Segments become ids through one encoder (``Target.encoder``), used two ways that must agree
+id for id.
 
-``formats.encode_segments`` (behind ``BoundFormat.encode`` and ``prompt_ids``) encodes one
-sequence. Reconstruction's ``PieceEncoder`` (``tokens.reconstruct``) is a second path because it
-does what the first cannot: it encodes the pieces of a whole window of records in one batched
-call, each distinct piece once, on a thread while the window before is assembled; it encodes a
-truncated answer's last piece open-ended; and one piece the tokenizer cannot keep as text fails
-only its own record. Here the second is checked against the first on the whole ShareGPT input of
+``Target.encode`` encodes one sequence. ``Target.reconstruct_many`` encodes the pieces of a
+whole window of records in one batched call, each distinct piece once, on a thread while the
+window before is assembled; it encodes a truncated answer's last piece open-ended; and one piece
+the tokenizer cannot keep as text fails only its own record. Here the window is checked against
+one sequence at a time on the whole ShareGPT input of
 ``benchmarks/reconstruct_floor.py`` (its first 1,000 conversations, the last assistant turn as
 the answer), under Qwen3's and Llama 3's tokenizers."""
 
@@ -16,11 +16,11 @@ import json
 import pytest
 
 from conftest import PROMPTS
-from draftdata.formats import encode_segments
 from draftdata.records import ApiView, Message
 from draftdata.records.wire import messages_of, view_from_record
-from draftdata.tokens.reconstruct import Item, prompt_ids_many, reconstruct_many
+from draftdata.tokens.reconstruct import Item
 from draftdata.tokens.response import answer_segments
+from draftdata.tokens.target import Target
 
 SHAREGPT = PROMPTS / "sharegpt_v3_first1000.json"
 ROLES = {"human": "user", "gpt": "assistant", "system": "system"}
@@ -47,20 +47,20 @@ def sharegpt() -> list[tuple[str, tuple[Message, ...], ApiView]]:
 
 
 @pytest.mark.parametrize("key", ["qwen3", "llama3"])
-def test_reconstruction_encodes_what_encode_segments_encodes(bound, key):
-    b = bound(key)
+def test_reconstruction_encodes_what_one_sequence_encodes(bound, key):
+    target = Target(bound(key))
     cases = sharegpt()
     assert len(cases) > 900  # the whole input, not a sample of it
-    prompts = [b.format.render_prompt(m, ()) for _, m, _ in cases]
-    answers = [answer_segments(b, m, v, None)[0] for _, m, v in cases]
-    want_prompts = [encode_segments(p, b.tokenizer, b.ids)[0] for p in prompts]
-    want_answers = [encode_segments(a, b.tokenizer, b.ids)[0] for a in answers]
+    prompts = [target.format.render_prompt(m, ()) for _, m, _ in cases]
+    answers = [answer_segments(target, m, v)[0] for _, m, v in cases]
+    want_prompts = [target.encode(p)[0] for p in prompts]
+    want_answers = [target.encode(a)[0] for a in answers]
 
-    got = prompt_ids_many(b, [(m, ()) for _, m, _ in cases])
+    got = target.prompt_ids_many([(m, ()) for _, m, _ in cases])
     assert got == want_prompts
 
     items = [Item(m, v, record_id=i) for i, m, v in cases]
-    samples = list(reconstruct_many(b, items))
+    samples = list(target.reconstruct_many(items))
     assert [type(s).__name__ for s in samples] == ["Sample"] * len(cases)
     bad = []
     for s, p, a in zip(samples, want_prompts, want_answers, strict=True):

@@ -24,7 +24,7 @@ from draftdata.records import Answered, GroundTruth, Key, Prompt, Sample, Stored
 from draftdata.records.export import ExportManifest, FormatPin, TokenizerPin
 from draftdata.sources import read_ground_truth
 from draftdata.tokenizers import load_tokenizer
-from draftdata.tokens.reconstruct import reconstruct
+from draftdata.tokens.target import Target
 
 #: ground-truth records: four sources, tools (bfcl), answers that stopped and answers cut at
 #: max_tokens
@@ -67,7 +67,9 @@ def samples(bound, truth) -> list[Sample]:
     out = []
     for g in truth:
         assert g.view is not None
-        s = reconstruct(bound, g.messages, g.view, tools=g.tools, record_id=g.id, dataset=g.source)
+        s = Target(bound).reconstruct(
+            g.messages, g.view, tools=g.tools, record_id=g.id, dataset=g.source
+        )
         assert s.input_ids == expected(g), f"{g.id}: the chosen records reconstruct exactly"
         k = key_of(g)
         out.append(replace(s, id=k.sample_id, key=k))

@@ -11,6 +11,7 @@ import pytest
 from conftest import PROMPTS, TOKENIZERS
 from draftdata.tokenizers.fast_bpe import CHECKS_VERSION, CORPUS
 from draftdata.tokenizers.hf import HFTokenizer
+from draftdata.tokens.target import Target
 
 
 def library(spec: dict) -> object:
@@ -143,7 +144,6 @@ def sharegpt_answers(n: int) -> list[tuple[list, object]]:
 @pytest.mark.parametrize(("name", "fmt"), [("llama3", "llama3"), ("qwen3", "qwen3")])
 def test_a_verified_file_loads_again_from_its_snapshot_with_the_same_ids(name, fmt, tmp_path):
     from draftdata.formats import get_format
-    from draftdata.tokens.reconstruct import reconstruct
 
     folder = folder_copy(tmp_path, name)
     cold = HFTokenizer.from_folder(folder)
@@ -155,9 +155,9 @@ def test_a_verified_file_loads_again_from_its_snapshot_with_the_same_ids(name, f
     b_cold, b_warm = (get_format(fmt).bind(t) for t in (cold, warm))
     assert b_warm.ids == b_cold.ids
     answers = sharegpt_answers(30)
-    got = [reconstruct(b_warm, m, v).input_ids for m, v in answers]
+    got = [Target(b_warm).reconstruct(m, v).input_ids for m, v in answers]
     assert "_full" not in warm.__dict__
-    assert got == [reconstruct(b_cold, m, v).input_ids for m, v in answers]
+    assert got == [Target(b_cold).reconstruct(m, v).input_ids for m, v in answers]
     # what the snapshot answers is what the library itself says about the file
     lib = stock(folder)
     assert warm.vocab_size == lib.get_vocab_size(with_added_tokens=True)

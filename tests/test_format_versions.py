@@ -16,6 +16,7 @@ from draftdata.formats import BUILTIN, ChatFormat, Special, Text, get_format
 from draftdata.formats.deepseek import DEEPSEEK_R1, DEEPSEEK_V3, DEEPSEEK_V31
 from draftdata.formats.qwen import QWEN3, QWEN3_THINKING, QWEN35
 from draftdata.records import Message, ToolCall
+from draftdata.tokens.target import Target
 
 #: each version, its base, and the fields it names (everything else is the base's)
 VERSIONS = [
@@ -128,10 +129,10 @@ def test_a_new_version_is_one_replace_call(bound):
     # and it binds to the base's tokenizer: the history's ids are the base's ids
     b = bound("qwen3")
     mine = terse.bind(b.tokenizer)
-    assert mine.prompt_ids(CONVERSATION, add_generation_prompt=False) == b.prompt_ids(
-        CONVERSATION, add_generation_prompt=False
-    )
-    assert mine.prompt_ids(CONVERSATION)[-1] != b.prompt_ids(CONVERSATION)[-1]
+    assert Target(mine).with_options(add_generation_prompt=False).prompt_ids(
+        CONVERSATION
+    ) == Target(b).with_options(add_generation_prompt=False).prompt_ids(CONVERSATION)
+    assert Target(mine).prompt_ids(CONVERSATION)[-1] != Target(b).prompt_ids(CONVERSATION)[-1]
 
 
 def test_a_version_can_change_a_hook_switch():

@@ -18,6 +18,7 @@ from cases import (
 )
 from conftest import PROMPTS, REAL
 from draftdata.errors import FormatError
+from draftdata.tokens.target import Target
 from oracle import oracle_ids, render
 from shared import kwargs
 
@@ -27,7 +28,7 @@ ARGS_AS_OBJECT = {"qwen3.5"}
 
 def _check(bound, key, messages, tools=None, **opts):
     tok = bound.tokenizer
-    ours = bound.prompt_ids(messages, tools or (), **opts)
+    ours = Target(bound).with_options(**opts).prompt_ids(messages, tools or ())
     tpl_opts = {}
     if "thinking" in opts and not opts["thinking"]:
         tpl_opts = {"enable_thinking": False, "thinking": False}
@@ -89,7 +90,7 @@ def test_formats_without_tool_prompt_refuse_schemas_the_template_drops(bound, ke
     )
     # ... so we refuse instead of pretending the model saw them
     with pytest.raises(FormatError, match="tool schemas"):
-        b.prompt_ids(SYSTEM_USER, tools)
+        Target(b).prompt_ids(SYSTEM_USER, tools)
 
 
 def test_deepseek_tool_call_history_matches_template(bound):
@@ -125,7 +126,7 @@ def test_special_strings_in_user_text_stay_text(bound, key):
     msgs = special_strings_user(texts)
     ours = _check(b, key, msgs)
     # user text adds no control ids: the control ids are exactly those of an empty user turn
-    blank = b.prompt_ids([msgs[0], msgs[1].__class__("user", "")])
+    blank = Target(b).prompt_ids([msgs[0], msgs[1].__class__("user", "")])
     ctrl = lambda ids: [i for i in ids if i in tok.control_ids]  # noqa: E731
     assert ctrl(ours) == ctrl(blank)
     # the naive path, template render then the stock encode, injects control tokens

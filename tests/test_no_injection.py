@@ -10,6 +10,7 @@ import json
 import pytest
 
 from draftdata.records import Message, ToolCall
+from draftdata.tokens.target import Target
 
 FORMATS = ["smollm2", "llama3", "qwen3", "qwen3.5", "deepseek-v3", "kimi-k2"]
 #: formats whose prompt opens the think block, on a vocabulary of conftest.REAL's: format name
@@ -74,11 +75,11 @@ def test_control_strings_in_every_text_field_stay_text(bound, load, key):
 
     def render(text: str) -> tuple[list[int], list[int]]:
         ts = tools(text) if getattr(fmt, "supports_tools", fmt.has_tool_grammar) else []
-        prompt, _ = b.encode(
+        prompt, _ = Target(b).encode(
             fmt.render_prompt(conversation(text, kimi, history_calls), ts, **think)
         )
         calls = (ToolCall(f"lookup{text}", json.dumps({f"word{text}": text}), None),)
-        response, _ = b.encode(
+        response, _ = Target(b).encode(
             fmt.render_response(
                 content=f"Here {text} it is.",
                 reasoning=f"Thinking {text} about it." if fmt.think is not None else None,

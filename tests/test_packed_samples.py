@@ -20,8 +20,9 @@ import pytest
 from conftest import PROMPTS, TOKENIZERS
 from draftdata.records import ApiView, PackedSample
 from draftdata.tokenizers.fast_tiktoken import FAST_MIN_CHARS
-from draftdata.tokens.reconstruct import Item, reconstruct_many
+from draftdata.tokens.reconstruct import Item
 from draftdata.tokens.response import answer_segments
+from draftdata.tokens.target import Target
 from shared import run
 from test_encode_paths import sharegpt
 from test_segments_path import ref_encode
@@ -59,7 +60,7 @@ def test_packed_samples_are_the_piece_by_piece_reference(bound, key, monkeypatch
         return got
 
     monkeypatch.setattr(tok, "encode_batch_arrays", spy)
-    got = list(reconstruct_many(b, todo, packed=True))
+    got = list(Target(b).reconstruct_many(todo, packed=True))
     # Kimi's window goes through gigatoken's arrays (a few cut answers encoded again, a small
     # batch, through tiktoken's lists); SmolLM2's tokenizer has no array path
     assert arrays[0] == (key == "kimi-k2") and any(arrays) == (key == "kimi-k2")
@@ -68,13 +69,13 @@ def test_packed_samples_are_the_piece_by_piece_reference(bound, key, monkeypatch
         assert isinstance(s, PackedSample), s
         assert s.input_ids.dtype == np.int32 and s.loss_mask.dtype == np.bool_
         prompt_ids, _ = ref_encode(b, b.format.render_prompt(it.messages, ()))
-        segs, _ = answer_segments(b, it.messages, it.view, None)
+        segs, _ = answer_segments(Target(b), it.messages, it.view)
         answer_ids, _ = ref_encode(b, segs, it.view.finish_reason == "length")
         assert s.input_ids.tolist() == prompt_ids + answer_ids, it.record_id
         assert s.prompt_len == len(prompt_ids)
         assert s.loss_mask.tolist() == [False] * len(prompt_ids) + [True] * len(answer_ids)
     listed = [s.sample() for s in got]  # type: ignore[union-attr]
-    assert listed == list(reconstruct_many(b, todo))
+    assert listed == list(Target(b).reconstruct_many(todo))
 
 
 def test_every_other_kind_of_sample_packs_as_the_list_path_gives_it(bound):
@@ -99,8 +100,8 @@ def test_every_other_kind_of_sample_packs_as_the_list_path_gives_it(bound):
         return ids[::-1]  # not the same bytes: a rewrite the output must show
 
     for prefs in (None, text_ids):
-        want = list(reconstruct_many(b, todo, text_ids=prefs))
-        got = list(reconstruct_many(b, todo, text_ids=prefs, packed=True))
+        want = list(Target(b, prefs=prefs).reconstruct_many(todo))
+        got = list(Target(b, prefs=prefs).reconstruct_many(todo, packed=True))
         assert [s.sample() for s in got] == want  # type: ignore[union-attr]
     sources = [s.token_source for s in want]  # type: ignore[union-attr]
     assert sources.count("engine") == 4
@@ -178,8 +179,8 @@ def test_a_sample_file_takes_lists_and_arrays_side_by_side(bound, tmp_path, suff
 
     b = bound("smollm2")
     todo = [replace(it, all_turns=k == 1) for k, it in enumerate(items(4, reasoning=False))]
-    want = list(reconstruct_many(b, todo))
-    packed = list(reconstruct_many(b, todo, packed=True))
+    want = list(Target(b).reconstruct_many(todo))
+    packed = list(Target(b).reconstruct_many(todo, packed=True))
     mixed = [p if k % 2 else s for k, (s, p) in enumerate(zip(want, packed, strict=True))]
     assert {type(x) for x in mixed} == {type(want[0]), PackedSample}
     path = tmp_path / f"mixed{suffix}"

@@ -25,6 +25,7 @@ from draftdata.tokens.quality import (
     think_unclosed,
     truncated,
 )
+from draftdata.tokens.target import Target
 
 PROV = Provenance("0" * 64, "qwen3", "1", "test")
 
@@ -138,7 +139,7 @@ def test_think_unclosed_with_a_real_format(bound) -> None:
     m = Markers(b.stop_ids, b.ids["think_open"], b.ids["think_close"])
     o, c = b.ids["think_open"], b.ids["think_close"]
 
-    prompt = b.prompt_ids([Message("user", "What is 2+2?")])
+    prompt = Target(b).prompt_ids([Message("user", "What is 2+2?")])
     unclosed = [o, *enc("\nLet me add 2 and 2, that is 4."), b.end_id]
     closed = [o, *enc("\n2 and 2 is 4.\n"), c, *enc("\n\n4"), b.end_id]
     view = ApiView(content="", finish_reason="stop", reasoning="Let me add")

@@ -16,7 +16,7 @@ from draftdata.measure.validate import validate
 from draftdata.records import ApiView, Message
 from draftdata.records.wire import ground_truth_of, messages_of, view_from_record
 from draftdata.tokens.logprobs import ids_from_logprobs
-from draftdata.tokens.reconstruct import reconstruct
+from draftdata.tokens.target import Target
 
 RECORDS = [json.loads(line) for line in GROUNDTRUTH.read_text().splitlines()]
 
@@ -44,7 +44,7 @@ def with_logprobs(rec, tok, style):
 def test_plain_reconstruction_reaches_the_canonical_ceiling(bound):
     """README: 460/531 (86.6%) re-encode canonically. We get those and 5 more: truncated answers
     are encoded open-ended, so a trailing "\\n\\n" at the cut is split as the model split it."""
-    rep = validate(bound("smollm2"), gts(RECORDS))
+    rep = validate(Target(bound("smollm2")), gts(RECORDS))
     assert rep.n == 531
     assert rep.exact == 465
     assert rep.prompt_exact == 531
@@ -56,7 +56,7 @@ def test_plain_reconstruction_reaches_the_canonical_ceiling(bound):
 def test_logprobs_recover_every_split_exactly(bound, style):
     b = bound("smollm2")
     recs = [with_logprobs(r, b.tokenizer, style) for r in RECORDS]
-    rep = validate(b, gts(recs))
+    rep = validate(Target(b), gts(recs))
     assert rep.exact == rep.n == 531
     assert rep.token_sources == {"logprobs": 531}
 
@@ -64,7 +64,7 @@ def test_logprobs_recover_every_split_exactly(bound, style):
 def test_logprobs_without_bytes_fall_back_and_count_why(bound):
     b = bound("smollm2")
     recs = [with_logprobs(r, b.tokenizer, "openai-no-bytes") for r in RECORDS]
-    rep = validate(b, gts(recs))
+    rep = validate(Target(b), gts(recs))
     # tokens that are partial UTF-8 read as U+FFFD: without bytes they cannot be mapped
     assert (
         rep.warnings["logprob_fallback:logprob_token_without_bytes"]
@@ -93,8 +93,8 @@ def test_logprob_bytes_unknown_to_the_vocabulary_are_refused(bound):
 def test_records_without_api_view_are_derived_from_the_ids(bound):
     b = bound("smollm2")
     recs = [{k: v for k, v in r.items() if k != "api_view"} for r in RECORDS[:80]]
-    with_view = validate(b, gts(RECORDS[:80]))
-    derived = validate(b, gts(recs))
+    with_view = validate(Target(b), gts(RECORDS[:80]))
+    derived = validate(Target(b), gts(recs))
     assert (derived.n, derived.exact) == (with_view.n, with_view.exact)
     v = derive_view(b, RECORDS[0]["output_ids"], RECORDS[0]["finish_reason"])
     assert v.content == RECORDS[0]["api_view"]["content"]
@@ -106,7 +106,7 @@ def test_derived_view_splits_reasoning_like_a_server(bound):
     ids = [*tok.encode_as_stock("<think>\nR1\n</think>\n\nAnswer"), b.end_id]
     v = derive_view(b, ids, "stop")
     assert (v.reasoning, v.content) == ("\nR1\n", "\n\nAnswer")
-    s = reconstruct(b, (Message("user", "q"),), v)
+    s = Target(b).reconstruct((Message("user", "q"),), v)
     assert s.response_ids == ids
 
 
@@ -119,7 +119,7 @@ def test_mispinned_end_marker_is_near_zero_and_all_end_of_turn(tmp_path, load):
         '[markers]\nim_end = { text = "<|im_end|>", id = 3 }\n'
     )
     b = get_format(str(p)).bind(load("smollm2"), strict=False)
-    rep = validate(b, gts(RECORDS))
+    rep = validate(Target(b), gts(RECORDS))
     assert rep.exact_match_rate == 0.0
     assert rep.categories == {"end_of_turn": 531}
 
@@ -144,11 +144,9 @@ def test_canonical_ids_round_trip_through_reconstruction(bound, text, finish):
             text = unicodedata.normalize("NFC", text)
         canonical = tok.encode(text)
         if finish == "length":  # open-ended encoding may differ from plain at the very end
-            canonical = __import__("draftdata.tokens.reconstruct", fromlist=["x"]).open_ended_ids(
-                tok, text
-            )
+            canonical = Target(b).piece_ids(text, open_end=True)
         view = ApiView(content=tok.decode(canonical), finish_reason=finish, reasoning=None)
-        s = reconstruct(b, (Message("user", "hi"),), view, thinking=False)
+        s = Target(b, thinking=False).reconstruct((Message("user", "hi"),), view)
         expected = canonical + ([b.end_id] if finish == "stop" else [])
         assert s.response_ids == expected
         assert len(s.loss_mask) == len(s.input_ids)
@@ -205,7 +203,7 @@ def test_samples_are_well_formed(bound):
         view = ApiView(content=content, reasoning=reasoning, finish_reason=finish)
         allowed = _refusals_allowed(key, content, reasoning, finish)
         try:
-            s = reconstruct(b, (Message("system", content), Message("user", content)), view)
+            s = Target(b).reconstruct((Message("system", content), Message("user", content)), view)
         except ReconstructError as e:
             assert e.reason in allowed, (e.reason, str(e))
             event(f"refused: {e.reason}")

@@ -25,7 +25,7 @@ import pytest
 from cases import bfcl_tools
 from conftest import PROMPTS, REAL, TOKENIZERS
 from draftdata.records.wire import messages_of, view_from_record
-from draftdata.tokens.reconstruct import reconstruct
+from draftdata.tokens.target import Target
 from oracle import oracle_ids, render
 
 GOLDEN = sorted((Path(__file__).parent / "golden").glob("reconstruct_*.json"))
@@ -74,7 +74,9 @@ def _every_shape_gives_the_golden_ids(b, doc, case) -> None:
     if b.format.think is not None and case["reasoning"] is not None:
         assert {"reasoning_content", "reasoning", "reasoning_details"} <= set(case["responses"])
     for shape, resp in case["responses"].items():
-        s = reconstruct(b, messages_of(case["messages"]), view_from_record(resp), tools=tools)
+        s = Target(b).reconstruct(
+            messages_of(case["messages"]), view_from_record(resp), tools=tools
+        )
         assert s.input_ids == case["input_ids"], shape
         assert s.prompt_len == case["prompt_len"]
         assert s.loss_mask == [False] * s.prompt_len + [True] * (len(s.input_ids) - s.prompt_len)
@@ -180,7 +182,7 @@ def test_truncated_golden_ids_are_a_prefix_of_the_librarys_encoding(bound, key, 
     stock = tok.encode_as_stock(raw)
     # the golden ids are what reconstruct makes now (the answer as reasoning_content) ...
     view = view_from_record(case["responses"]["reasoning_content"])
-    assert reconstruct(b, messages_of(case["messages"]), view).input_ids == golden
+    assert Target(b).reconstruct(messages_of(case["messages"]), view).input_ids == golden
     # ... and a prefix of the library's ids for the finished turn
     assert ids == stock[: len(ids)], f"ours: {tok.decode(ids)!r}\nlibrary: {tok.decode(stock)!r}"
     # ... and reaching the cut: all the reasoning and the content up to it, nothing after
@@ -236,11 +238,11 @@ def test_deepseek_v3_reasoning_without_think_tokens_is_refused(bound):
     assert b.format.think is None  # our format agrees with the file
     user = messages_of([{"role": "user", "content": "q"}])
     with pytest.raises(ReconstructError) as refused:
-        reconstruct(b, user, ApiView(content="a", reasoning="r", finish_reason="stop"))
+        Target(b).reconstruct(user, ApiView(content="a", reasoning="r", finish_reason="stop"))
     assert refused.value.reason == "reasoning_without_think_grammar"
     assert "has no think markers" in str(refused.value)
     # the refusal is for the reasoning alone: the same answer without it reconstructs
-    s = reconstruct(b, user, ApiView(content="a", reasoning=None, finish_reason="stop"))
+    s = Target(b).reconstruct(user, ApiView(content="a", reasoning=None, finish_reason="stop"))
     assert s.response_ids == [*b.tokenizer.encode("a"), b.end_id]
 
 
@@ -255,5 +257,5 @@ def test_tool_calls_survive_a_servers_view_of_the_ids(bound, key, doc, case):
     view = derive_view(b, answer, case["finish"])
     assert [c.name for c in view.tool_calls] == [c["function"]["name"] for c in case["tool_calls"]]
     tools = bfcl_tools(PROMPTS / "BFCL_v4_multiple.json")[0] if case["use_tools"] else ()
-    s = reconstruct(b, messages_of(case["messages"]), view, tools=tools)
+    s = Target(b).reconstruct(messages_of(case["messages"]), view, tools=tools)
     assert s.input_ids == case["input_ids"]

@@ -1,5 +1,6 @@
-"""Segments become ids by one path, ``formats.segments.PieceEncoder``: ``encode_segments`` (one
-sequence), reconstruction (a window of records) and repair (the rest of a run) all use it.
+"""Segments become ids by one path, the target's encoder (``Target.encoder``): ``encode`` (one
+sequence), reconstruction (a window of records) and repair (the rest of a run, ``piece_ids``)
+all use it.
 
 Checked here against a reference written in the test from the tokenizer's own ``encode``, piece
 by piece: adjacent text with the same trained flag joined, empty text dropped, each marker its
@@ -12,10 +13,10 @@ import json
 
 from conftest import GROUNDTRUTH
 from draftdata.formats import Special, Text
-from draftdata.formats.segments import encode_segments, piece_ids
 from draftdata.records.wire import messages_of, view_from_record
-from draftdata.tokens.reconstruct import Item, reconstruct_many
+from draftdata.tokens.reconstruct import Item
 from draftdata.tokens.response import answer_segments
+from draftdata.tokens.target import Target
 
 
 def ref_piece(tok, text: str, open_end: bool) -> list[int]:  # type: ignore[no-untyped-def]
@@ -58,25 +59,28 @@ def gt_cases(n: int):  # type: ignore[no-untyped-def]
 
 def test_every_caller_encodes_as_the_piece_by_piece_reference(bound):
     b = bound("smollm2")
+    target = Target(b)
     cases = list(gt_cases(160))
     assert sum(v.finish_reason == "length" for _, _, v in cases) >= 10  # open-ended ones too
     items = [Item(m, v, record_id=i) for i, m, v in cases]
-    samples = list(reconstruct_many(b, items, window=64))
+    samples = list(Target(b).reconstruct_many(items, window=64))
     bad = []
     for (rid, msgs, view), s in zip(cases, samples, strict=True):
         prompt = b.format.render_prompt(msgs, ())
-        answer, _ = answer_segments(b, msgs, view, None)
+        answer, _ = answer_segments(target, msgs, view)
         p_ids, p_mask = ref_encode(b, prompt)
         a_ids, _ = ref_encode(b, answer, view.finish_reason == "length")
-        assert encode_segments(prompt, b.tokenizer, b.ids) == (p_ids, p_mask)
+        assert target.encode(prompt) == (p_ids, p_mask)
+        assert target.prompt_ids(msgs) == p_ids
+        assert target.response_ids(answer, view.finish_reason) == a_ids
         if view.finish_reason != "length":
-            assert b.encode(answer) == ref_encode(b, answer)
+            assert target.encode(answer) == ref_encode(b, answer)
         if (s.input_ids, s.prompt_len) != (p_ids + a_ids, len(p_ids)):
             bad.append(rid)
         # the repair's rest of a run: one trained piece
         text = view.content or ""
         for open_end in (False, True):
-            assert piece_ids(b.tokenizer, text, open_end) == ref_piece(b.tokenizer, text, open_end)
+            assert target.piece_ids(text, open_end) == ref_piece(b.tokenizer, text, open_end)
     assert bad == []
 
 
@@ -96,10 +100,11 @@ def test_split_preferences_rewrite_the_trained_text_only(bound):
         Text("!", trained=True),
         Special(eot, trained=True),
     ]
-    got = encode_segments(segs, b.tokenizer, b.ids, text_ids)
+    target = Target(b, prefs=text_ids)
+    got = target.encode(segs)
     assert seen == [" Hello there, friend!"]
     assert got == ref_encode(b, segs, text_ids=lambda t, ids: ids[::-1])
-    assert (
-        piece_ids(b.tokenizer, " Hi there", True, text_ids)
-        == ref_piece(b.tokenizer, " Hi there", True)[::-1]
-    )
+    assert target.piece_ids(" Hi there", True) == ref_piece(b.tokenizer, " Hi there", True)[::-1]
+    # the prompt is never trained: no preference touches it; the canonical target has none
+    assert target.prompt_ids([]) == Target(b).prompt_ids([])
+    assert target.canonical.encode(segs) == ref_encode(b, segs)

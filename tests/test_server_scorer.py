@@ -37,6 +37,7 @@ from draftdata.model.sample_repair import sample_repairer  # noqa: E402
 from draftdata.model.score import load_scorer  # noqa: E402
 from draftdata.records.wire import ground_truth_of  # noqa: E402
 from draftdata.tokenizers import load_tokenizer  # noqa: E402
+from draftdata.tokens.target import Target  # noqa: E402
 
 RAW = {r["id"]: r for r in map(json.loads, GROUNDTRUTH.read_text().splitlines())}
 # plain reconstruction misses these (tests/test_model_stage.py says why), the last one is exact.
@@ -187,7 +188,9 @@ def test_server_scores_match_the_in_process_model(vllm):
 def test_repair_through_vllm_gives_the_engine_ids_and_breaks_none(vllm, bound):
     records = [ground_truth_of(RAW[k]) for k in NEEDS_REPAIR + ALREADY_EXACT]
     scorer = ServerScorer(vllm, concurrency=4)
-    rep = validate(bound, records, repairer=sample_repairer(scorer, bound.tokenizer), concurrency=4)
+    rep = validate(
+        Target(bound), records, repairer=sample_repairer(scorer, Target(bound)), concurrency=4
+    )
     doc = rep.to_json()
     assert rep.exact == len(records)
     assert doc["repair"]["fixed"] == len(NEEDS_REPAIR) and doc["repair"]["broken"] == 0
@@ -330,7 +333,7 @@ def test_repair_through_an_sglang_shaped_server(sglang_shaped, bound):
     records = [ground_truth_of(RAW[k]) for k in ["mtbench-74-greedy", "mtbench-70-greedy"]]
     scorer = open_scorer(url)
     assert isinstance(scorer, ServerScorer) and scorer.engine == "sglang"
-    rep = validate(bound, records, repairer=sample_repairer(scorer, bound.tokenizer))
+    rep = validate(Target(bound), records, repairer=sample_repairer(scorer, Target(bound)))
     assert rep.exact == 2 and rep.to_json()["repair"]["broken"] == 0
     # the walk asks the top 20; a token outside them is asked for alone (top 0)
     asked = [b["top_logprobs_num"] for b in seen]
@@ -361,7 +364,6 @@ def _filling(bound, key: str, length: int) -> dict:
     loop is (its view derived from its ids: no ``api_view``)."""
     from draftdata.formats import derive_view
     from draftdata.records.wire import messages_of
-    from draftdata.tokens.reconstruct import reconstruct
 
     raw = {k: v for k, v in RAW[key].items() if k != "api_view"}
     loop = raw["output_ids"][:-1] * 256
@@ -369,7 +371,9 @@ def _filling(bound, key: str, length: int) -> dict:
     for _ in range(8):
         out = loop[:want]
         view = derive_view(bound, out, "length")
-        s = reconstruct(bound, messages_of(raw["messages"]), view, prompt_ids=raw["prompt_ids"])
+        s = Target(bound).reconstruct(
+            messages_of(raw["messages"]), view, prompt_ids=raw["prompt_ids"]
+        )
         if len(s.input_ids) == length:
             return {**raw, "id": f"{key}-filling", "output_ids": out, "finish_reason": "length"}
         want += length - len(s.input_ids)

@@ -26,7 +26,7 @@ import pytest
 from draftdata.measure.validate import validate
 from draftdata.records import ApiView, GroundTruth, Message, ToolCall
 from draftdata.records.wire import view_from_record
-from draftdata.tokens.reconstruct import reconstruct
+from draftdata.tokens.target import Target
 
 USER = (Message("user", "What is the weather in Paris, and what is two plus two?"),)
 
@@ -375,7 +375,7 @@ def _truth(b, raw: str) -> list[int]:
 def test_every_lossless_view_comes_back_exactly_and_every_lossy_one_says_why(bound, case):
     b = bound(case.key)
     view = ApiView(**{**case.view.__dict__, "server": case.server})
-    s = reconstruct(b, case.history, view, thinking=case.thinking)
+    s = Target(b, thinking=case.thinking).reconstruct(case.history, view)
     lossy = [w for w in s.warnings if w.startswith("lossy:")]
     if case.lossy is None:
         assert lossy == [], lossy
@@ -396,7 +396,7 @@ def test_validation_counts_lossy_views_per_label_and_reports_both_rates(bound):
     for key in ("qwen3", "qwen3.5", "kimi-k2"):
         b = bound(key)
         cases = [c for c in CASES if c.key == key and c.history == USER and c.thinking]
-        prompt = b.prompt_ids(USER)
+        prompt = Target(b).prompt_ids(USER)
         records = [
             GroundTruth(
                 id=c.name,
@@ -409,12 +409,12 @@ def test_validation_counts_lossy_views_per_label_and_reports_both_rates(bound):
             )
             for c in cases
         ]
-        rep = validate(b, records).to_json()
+        rep = validate(Target(b), records).to_json()
         lossy = [c for c in cases if c.lossy is not None]
         held = sum(
-            reconstruct(
-                b, c.history, ApiView(**{**c.view.__dict__, "server": c.server})
-            ).response_ids
+            Target(b)
+            .reconstruct(c.history, ApiView(**{**c.view.__dict__, "server": c.server}))
+            .response_ids
             == _truth(b, c.raw)
             for c in lossy
         )
@@ -471,7 +471,7 @@ def test_reconstruct_reads_raw_responses_their_server_and_their_ids(bound, tmp_p
     messages = [{"role": "user", "content": USER[0].content}]
     ids_case = picked["qwen3-plain"]
     truth = _truth(b, ids_case.raw)
-    prompt = b.prompt_ids(USER)
+    prompt = Target(b).prompt_ids(USER)
     recs = [
         # vLLM's fields: its profile applies without being named
         {"id": "vllm", "messages": messages,
@@ -532,7 +532,7 @@ def test_the_thinking_only_and_deepseek_prompts_are_their_templates(bound, load)
         else m
         for m in convo
     ]
-    assert b.prompt_ids(msgs) == oracle_ids(b.tokenizer, thinking_tpl, q3)
+    assert Target(b).prompt_ids(msgs) == oracle_ids(b.tokenizer, thinking_tpl, q3)
     r1 = bound("deepseek-r1")
     v3_tpl = load("deepseek-v3").chat_template
     shown = [
@@ -542,7 +542,7 @@ def test_the_thinking_only_and_deepseek_prompts_are_their_templates(bound, load)
     bos = "<｜begin▁of▁sentence｜>"
     want = oracle_ids(r1.tokenizer, v3_tpl, shown, bos_token=bos)
     want += r1.tokenizer.encode_as_stock("<think>\n")
-    assert r1.prompt_ids(msgs) == want
+    assert Target(r1).prompt_ids(msgs) == want
 
 
 def test_r1_and_v31_refuse_what_they_cannot_render(bound, load):
@@ -553,7 +553,7 @@ def test_r1_and_v31_refuse_what_they_cannot_render(bound, load):
         get_format("deepseek-r1").bind(load("deepseek-v3"))  # V3's vocabulary has no <think>
     b = bound("deepseek-v3.1")
     with pytest.raises(FormatError, match="tool schemas"):
-        b.prompt_ids(USER, [{"type": "function", "function": {"name": "f"}}])
+        Target(b).prompt_ids(USER, [{"type": "function", "function": {"name": "f"}}])
 
 
 def test_a_vllm_backend_asks_for_the_options_that_keep_its_text_whole(tmp_path):

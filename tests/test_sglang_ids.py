@@ -13,7 +13,8 @@ import json
 
 from draftdata.records import Message
 from draftdata.records.wire import detect_server, parse_answer, raw_ids
-from draftdata.tokens.reconstruct import Item, reconstruct_many
+from draftdata.tokens.reconstruct import Item
+from draftdata.tokens.target import Target
 
 USER = (Message("user", "What is the weather in Paris?"),)
 
@@ -45,7 +46,7 @@ def test_sglangs_answer_ids_are_read_and_used_as_the_models(bound):
     b = bound("qwen3")
     raw = "<think>\nNeed the weather.\n</think>\n\nLet me check.<|im_end|>"
     truth = b.tokenizer.encode_as_stock(raw)
-    prompt = b.prompt_ids(USER, thinking=True)
+    prompt = Target(b).with_options(thinking=True).prompt_ids(USER)
     body = _sglang_body(truth, prompt, "Let me check.")
     got = parse_answer(body, want_ids=True)
     assert not isinstance(got, str)
@@ -53,10 +54,7 @@ def test_sglangs_answer_ids_are_read_and_used_as_the_models(bound):
     assert got.prompt_ids == tuple(prompt)
     assert got.view.server == "sglang"
     assert raw_ids(json.loads(body)) == (tuple(truth), tuple(prompt))
-    (s,) = reconstruct_many(
-        b, [Item(USER, got.view, output_ids=got.output_ids, server_prompt_ids=got.prompt_ids)],
-        thinking=True,
-    )  # fmt: skip
+    (s,) = Target(b, thinking=True).reconstruct_many([Item(USER, got.view, output_ids=got.output_ids, server_prompt_ids=got.prompt_ids)])  # fmt: skip
     assert list(s.response_ids) == truth
     assert not [w for w in s.warnings if w.startswith("lossy:")]
 

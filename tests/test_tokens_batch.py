@@ -14,7 +14,8 @@ from draftdata.errors import ReconstructError
 from draftdata.export.shards import SAMPLES_SCHEMA, SHARD_SCHEMA, sample_row, shard_row, table_of
 from draftdata.records import ApiView, Key, Message
 from draftdata.records.wire import messages_of, view_from_record
-from draftdata.tokens.reconstruct import Item, reconstruct_many
+from draftdata.tokens.reconstruct import Item
+from draftdata.tokens.target import Target
 
 
 def gt_items(n: int) -> list[tuple[Item, list[int]]]:
@@ -50,9 +51,9 @@ def test_a_window_of_records_is_one_encode_call(bound, monkeypatch):
     pairs = gt_items(120)
     items = [i for i, _ in pairs]
     assert sum(i.view.finish_reason == "length" for i in items) >= 10  # open-ended ones too
-    one_by_one = [next(reconstruct_many(b, [i])) for i in items]
+    one_by_one = [next(Target(b).reconstruct_many([i])) for i in items]
     calls = Calls(monkeypatch, b.tokenizer)
-    batched = list(reconstruct_many(b, items, window=64))
+    batched = list(Target(b).reconstruct_many(items, window=64))
     # two windows, each one batched call and one more for the cut answers whose probe merged
     # into their last token; no per-text encode (the old path encoded every piece of every
     # record on its own, and each cut answer twice)
@@ -72,7 +73,7 @@ def test_a_bad_answer_is_dropped_in_its_place(bound):
         Item(msgs, ApiView("two", "stop", reasoning="thought"), record_id="b"),
         Item(msgs, ApiView("three", "length"), record_id="c"),
     ]
-    got = list(reconstruct_many(b, items))
+    got = list(Target(b).reconstruct_many(items))
     assert [type(g).__name__ for g in got] == ["Sample", "ReconstructError", "Sample"]
     assert isinstance(got[1], ReconstructError)
     assert got[1].reason == "reasoning_without_think_grammar"
@@ -83,7 +84,7 @@ def test_a_bad_answer_is_dropped_in_its_place(bound):
 
 def test_arrow_columns_match_the_generic_conversion(bound):
     b = bound("smollm2")
-    samples = [s for s in reconstruct_many(b, [i for i, _ in gt_items(40)])]
+    samples = [s for s in Target(b).reconstruct_many([i for i, _ in gt_items(40)])]
     rows = [sample_row(s) for s in samples]
     # the shapes real rows take besides: warnings, a missing text, non-ASCII text
     rows[1] = {**rows[1], "warnings": ["prompt_drift", "logprob_fallback:é"], "dataset": None}

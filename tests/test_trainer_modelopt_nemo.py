@@ -24,7 +24,7 @@ from draftdata.records import Answered, GroundTruth, Key, Prompt, StoredResponse
 from draftdata.records.export import ExportManifest, FormatPin, TokenizerPin
 from draftdata.sources import read_ground_truth
 from draftdata.tokenizers import load_tokenizer
-from draftdata.tokens.reconstruct import reconstruct
+from draftdata.tokens.target import Target
 
 #: as many samples as the demo run exports
 N = 44
@@ -59,7 +59,9 @@ def data(bound):
     for g in read_ground_truth(GROUNDTRUTH, Counter()):
         if g.view is None or g.prompt_ids is None or per[g.source] >= PER_SOURCE:
             continue
-        s = reconstruct(bound, g.messages, g.view, tools=g.tools, record_id=g.id, dataset=g.source)
+        s = Target(bound).reconstruct(
+            g.messages, g.view, tools=g.tools, record_id=g.id, dataset=g.source
+        )
         if s.input_ids != expected(g):
             continue
         k = key_of(g)

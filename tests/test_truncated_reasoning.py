@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from draftdata.records import ApiView, Message
-from draftdata.tokens.reconstruct import reconstruct
+from draftdata.tokens.target import Target
 from oracle import oracle_ids
 
 REASONING = "The user asks for two plus two so the answer is four"
@@ -26,7 +26,7 @@ def test_reasoning_cut_by_length_gets_no_close_marker(bound, key):
     assert b.format.think is not None, f"{key}: no think markers found in this vocabulary"
     user = (Message("user", "What is two plus two?"),)
     view = ApiView(content="", reasoning=REASONING, finish_reason="length")
-    s = reconstruct(b, user, view, thinking=True)
+    s = Target(b, thinking=True).reconstruct(user, view)
     assert _close_id(b) not in s.response_ids
     assert not set(b.stop_ids) & set(s.response_ids)
     # the text the model wrote is all there, up to the cut
@@ -47,6 +47,6 @@ def test_qwen3_truncated_reasoning_is_a_prefix_of_the_templates_turn(bound):
     cut = answer[: close - 1]
     assert tok.decode(cut).endswith(REASONING)
     view = ApiView(content="", reasoning=REASONING, finish_reason="length")
-    s = reconstruct(b, (Message("user", msgs[0]["content"]),), view, thinking=True)
+    s = Target(b, thinking=True).reconstruct((Message("user", msgs[0]["content"]),), view)
     assert s.input_ids[: s.prompt_len] == prompt
     assert s.response_ids == cut

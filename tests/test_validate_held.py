@@ -23,6 +23,7 @@ import pytest
 from conftest import GROUNDTRUTH, TOKENIZERS, require
 from draftdata.measure.validate import ValidationReport, validate
 from draftdata.records import ApiView, GroundTruth, Message, ValidationResult
+from draftdata.tokens.target import Target
 from shared import run
 
 QUESTION = "What is the weather in Paris, and what is two plus two?"
@@ -99,7 +100,7 @@ MIXED = ["\n", "", "\n", "\n\n", "\n", "", "\n", "\n\n", "\n", "\n"]
 
 def test_a_held_guess_is_counted_per_label_and_as_equal(bound, hf, prompt_ids):
     n = len(ANSWERS)
-    rep = validate(bound("qwen3"), _records(hf, prompt_ids, HELD))
+    rep = validate(Target(bound("qwen3")), _records(hf, prompt_ids, HELD))
     doc = rep.to_json()
     assert doc["warnings"] == {LABEL: n}  # every view carried the label: the path is exercised
     assert doc["lossy_labels"] == {LABEL: {"views": n, "held": n}}
@@ -117,7 +118,7 @@ def test_a_guess_that_did_not_hold_keeps_its_divergence_and_fails_the_gate(bound
     records = _records(hf, prompt_ids, MIXED)
     held = MIXED.count("\n")
     results: list[ValidationResult] = []
-    rep = validate(bound("qwen3"), records, on_result=results.append)
+    rep = validate(Target(bound("qwen3")), records, on_result=results.append)
     doc = rep.to_json()
     assert doc["lossy_labels"] == {LABEL: {"views": len(MIXED), "held": held}}
     assert doc["exact"] == held and doc["exact_match_rate"] == round(held / len(MIXED), 6)
@@ -152,7 +153,7 @@ def test_nothing_measured_is_null_and_said_in_words():
 
 
 def _all_lossy_doc(bound, hf, prompt_ids) -> dict[str, Any]:
-    doc = validate(bound("qwen3"), _records(hf, prompt_ids, HELD)).to_json()
+    doc = validate(Target(bound("qwen3")), _records(hf, prompt_ids, HELD)).to_json()
     return {**doc, "format": "qwen3", "format_version": "1"}
 
 

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import PROMPTS, require
+from draftdata.tokens.target import Target
 from servers import MTBENCH, cli, smollm2_folder, stop_group, vllm_server
 from servers import vllm_manifest as manifest
 
@@ -148,7 +149,6 @@ def test_the_servers_counts_agree_with_every_exact_text_sample(tmp_path, folder,
     from draftdata.config import load_manifest
     from draftdata.records.wire import view_from_record
     from draftdata.session import bind_target
-    from draftdata.tokens.reconstruct import reconstruct
 
     url, _ = vllm
     (tmp_path / "ids").mkdir()
@@ -193,7 +193,7 @@ def test_the_servers_counts_agree_with_every_exact_text_sample(tmp_path, folder,
         body = {**body, "choices": [{**body["choices"][0], "message": {**msg, "content": cut}}]}
         view = view_from_record({"response": body})
         prompt = s["input_ids"][: s["prompt_len"]]
-        got = reconstruct(bound, (), view, prompt_ids=prompt)
+        got = Target(bound).reconstruct((), view, prompt_ids=prompt)
         assert got.input_ids != s["input_ids"]
         assert "count_mismatch" in got.warnings, (cut, got.warnings)
         assert not [w for w in got.warnings if w.startswith("lossy:")]

@@ -20,7 +20,7 @@ from draftdata.generate.backends.engines import VLLMBackend
 from draftdata.generate.inputs import read_dataset
 from draftdata.generate.requests import sample_seed
 from draftdata.records import Key
-from draftdata.session import bind_target
+from draftdata.session import bind_target, target_of
 from draftdata.tokens.history import turn_messages
 from draftdata.tokens.sample_maker import TokensStage
 
@@ -29,7 +29,7 @@ def main() -> None:
     m = load_manifest(Path(sys.argv[1]))
     d = m.datasets[0]
     bound = bind_target(m)
-    stage = TokensStage(bound, m.target.thinking)
+    stage = TokensStage(target_of(m, prefs=False))
     prompts, _ = read_dataset(m, d)
     backend = VLLMBackend(d.backend, m.backends[d.backend], m, bound)  # type: ignore[arg-type]
 

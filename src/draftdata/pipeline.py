@@ -26,12 +26,13 @@ from .model.sample_repair import validate_repaired
 from .progress import Ticker
 from .records import GroundTruth
 from .records.servers import profile
-from .session import RunSession, Tokenization
+from .session import RunSession
 from .store.meta import COUNTING, GATE
 from .tokens.counts import fit, server_key, shape_of
 from .tokens.reconstruct import check_ids
 from .tokens.run_samples import Tokenized
 from .tokens.sample_maker import TokensStage
+from .tokens.target import Target
 
 
 @dataclass
@@ -59,10 +60,10 @@ def ground_truth(
     carries the text view its server returned beside the ids (a vLLM or SGLang server asked for
     its ids), so the gate reconstructs what the server really said; otherwise the view is
     derived from the ids."""
-    bound = session.tokenization.bound
-    stage = TokensStage(bound, session.manifest.target.thinking)
+    bound = session.target.bound
+    stage = TokensStage(session.target)
     decoding = d.sampling.decoding
-    for a in session.tokens_stage(session.tokenization, None).conversations(d):
+    for a in session.tokens_stage(session.target, None).conversations(d):
         key, p, msgs, r = a.key, a.prompt, a.messages, a.stored
         if r.output_ids is None:
             continue
@@ -150,9 +151,9 @@ def run_pipeline(
 
 
 def _stages(session: RunSession, runner: Runner, shown: Shown, force: bool) -> PipelineResult:
-    """Each stage in turn, the tokenization passed from one to the next as a value (learning
-    split preferences on the gate's evidence returns a new one)."""
-    m, tok = session.manifest, session.tokenization
+    """Each stage in turn, the target passed from one to the next as a value (learning split
+    preferences on the gate's evidence returns a new one)."""
+    m, target = session.manifest, session.target
     res = PipelineResult(run_dir=m.output_dir)
     # datasets on a vLLM / SGLang server asked for its ids: exact, and evidence for the rest
     engine = {
@@ -173,7 +174,7 @@ def _stages(session: RunSession, runner: Runner, shown: Shown, force: bool) -> P
     said = [f"the ground-truth file {m.run.ground_truth} ({len(evidence)})"] if evidence else []
     if exact:
         asyncio.run(runner.generate([d.name for d in exact]))
-        res.datasets.update(tokens_stage(session, tok, exact, shown))
+        res.datasets.update(tokens_stage(session, target, exact, shown))
         by_backend: dict[str, list[GroundTruth]] = {}
         for d in exact:
             got = list(ground_truth(session, d, with_view=d.name in engine))
@@ -188,27 +189,26 @@ def _stages(session: RunSession, runner: Runner, shown: Shown, force: bool) -> P
     scorer = _scorer(m)
     # 3. validate reconstruction on it (repaired by the model first, where [model] says so)
     if evidence:
-        res.validation, tok = measure(session, tok, evidence, scorer, shown)
+        res.validation, target = measure(session, target, evidence, scorer, shown)
         write_json(m.output_dir / "validation.json", res.validation.to_json())
     # 4. the gate, before the first paid request of a text dataset
     res.gate = gate_stage(session, res.validation, said, bool(waits), force)
     # 5. the text backends
     if text:
-        runner.watch.text_ids = tok.text_ids  # the count gate reads text as the run will
+        runner.watch.target = target  # the count gate reads text as the run will
         rep = asyncio.run(runner.generate([d.name for d in text]))
-        res.datasets.update(tokens_stage(session, tok, text, shown))
+        res.datasets.update(tokens_stage(session, target, text, shown))
         res.budget_stopped, res.stopped = rep.budget_stopped, rep.stopped
     # 6. the model stage: score every sample, repair the reconstructed ones
     if scorer is not None and m.model is not None:
-        res.scores = model_stage(session, tok, scorer, m.model, shown)
+        res.scores = model_stage(session, target, scorer, m.model, shown)
     # 7. export
     res.export_dir = export_run(
         session.ledger,
         m,
-        tok.bound,
+        target,
         res.validation,
         res.gate,
-        text_ids=tok.text_ids,
         checks=session.checks,
         console=shown.to,
     )
@@ -221,7 +221,7 @@ def check_counting(
     """The server's counting convention checked on its own ids, the answers of every engine
     dataset on it (``tokens.counts.fit``), and kept for every backend's text answers from it
     (``server``: ``tokens.counts.server_key``)."""
-    bound = session.tokenization.bound
+    bound = session.target.bound
     obs = [
         (shape_of(bound, [*g.prompt_ids, *g.output_ids], len(g.prompt_ids)), g.view.usage)
         for g in got
@@ -239,10 +239,11 @@ def check_counting(
 
 
 def tokens_stage(
-    session: RunSession, tok: Tokenization, datasets: list[DatasetCfg], shown: Shown
+    session: RunSession, target: Target, datasets: list[DatasetCfg], shown: Shown
 ) -> dict[str, Tokenized]:
-    """The samples of every stored answer of ``datasets`` not yet decided, made with ``tok``."""
-    stage = session.tokens_stage(tok, shown.to)
+    """The samples of every stored answer of ``datasets`` not yet decided, made with
+    ``target``."""
+    stage = session.tokens_stage(target, shown.to)
     return {d.name: stage.make(d) for d in datasets}
 
 
@@ -283,7 +284,7 @@ def _scorer(m: Manifest) -> Any:
 
 
 def model_stage(
-    session: RunSession, tok: Tokenization, scorer: Any, cfg: ModelCfg, shown: Shown
+    session: RunSession, target: Target, scorer: Any, cfg: ModelCfg, shown: Shown
 ) -> dict[str, Any]:
     """Score (and repair) every sample of the run not yet scored; RUN/scores.json."""
     from .model.run_scores import score_stage
@@ -294,7 +295,7 @@ def model_stage(
         return Ticker(what, todo, shown.every, shown.console, "samples").tick if todo else None
 
     doc = score_stage(
-        session, tok, scorer, threshold=cfg.threshold, repair=cfg.repair,
+        session, target, scorer, threshold=cfg.threshold, repair=cfg.repair,
         extra={"model": cfg.path}, progress=None if shown.quiet else progress,
     )  # fmt: skip
     scored, repaired = doc["scored_now"], doc["repaired_now"]
@@ -313,16 +314,16 @@ def model_stage(
 
 def measure(
     session: RunSession,
-    tok: Tokenization,
+    target: Target,
     records: list[GroundTruth],
     scorer: Any,
     shown: Shown,
-) -> tuple[ValidationReport, Tokenization]:
+) -> tuple[ValidationReport, Target]:
     """Validation on the run's ground truth (cross-validated where preferences are learned),
-    with the tokenization the rest of the run uses (the learned preferences, where it learns
+    with the target the rest of the run uses (the learned preferences, where it learns
     them); repaired by the target model first when the manifest's [model] asks for repair, with
     a progress line (the repair forwards the model, minutes on a CPU)."""
-    m, bound = session.manifest, tok.bound
+    m, bound = session.manifest, target.bound
     repairing = scorer is not None and m.model is not None and m.model.repair
     tick: Callable[[Any], None] | None = None
     if repairing and not shown.quiet:
@@ -330,12 +331,9 @@ def measure(
         tick = Ticker(what, len(records), shown.every, shown.console).tick
     with_model = scorer if repairing else None
     if m.run.learn_prefs and records:
-        report, tok = learn_and_validate(session, tok, records, with_model, tick)
+        report, target = learn_and_validate(session, target, records, with_model, tick)
     else:
-        report = validate_repaired(
-            bound, records, with_model, text_ids=tok.text_ids, thinking=m.target.thinking,
-            on_result=tick,
-        )  # fmt: skip
+        report = validate_repaired(target, records, with_model, on_result=tick)
     report.meta = {
         **report.meta,
         "format": bound.format.name,
@@ -343,24 +341,24 @@ def measure(
         "tokenizer_sha256": bound.tokenizer.sha256,
         "prefs": m.target.prefs,
     }
-    return report, tok
+    return report, target
 
 
 def learn_and_validate(
     session: RunSession,
-    tok: Tokenization,
+    target: Target,
     records: list[GroundTruth],
     scorer: Any = None,
     tick: Callable[[Any], None] | None = None,
-) -> tuple[ValidationReport, Tokenization]:
+) -> tuple[ValidationReport, Target]:
     """Learn split preferences from the run's own ground truth. The figure the gate sees is
     cross-validated: preferences learned on one half of the prompts are measured on the other,
     both ways. The preferences learned on all of it are saved (RUN/prefs.json) and returned in
-    the tokenization the text datasets are made with."""
+    the target the text datasets are made with."""
     from .measure.validate import learning_pairs
     from .tokens.prefs import _bucket, learn
 
-    bound, thinking = tok.bound, session.manifest.target.thinking
+    tok = target.tokenizer
     halves = (
         [r for r in records if _bucket(r.group) < 0.5],
         [r for r in records if _bucket(r.group) >= 0.5],
@@ -375,19 +373,19 @@ def learn_and_validate(
     for learn_on, measure_on in ((halves[0], halves[1]), (halves[1], halves[0])):
         if not measure_on:
             continue
-        pairs, _ = learning_pairs(bound, learn_on, thinking)
-        applier = learn(bound.tokenizer, pairs).applier(bound.tokenizer) if pairs else None
+        pairs, _ = learning_pairs(target, learn_on)
+        applier = learn(tok, pairs).applier(tok) if pairs else None
         inner = validate_repaired(
-            bound, measure_on, scorer, text_ids=applier, thinking=thinking,
-            on_result=on_result, repair_text_ids=tok.text_ids,
+            target.with_prefs(applier), measure_on, scorer, on_result=on_result,
+            repair_with=target,
         )  # fmt: skip
         report.drops.update(inner.drops)
         report.warnings.update(inner.warnings)
-    pairs, _ = learning_pairs(bound, records, thinking)
-    prefs = learn(bound.tokenizer, pairs)
+    pairs, _ = learning_pairs(target, records)
+    prefs = learn(tok, pairs)
     prefs.save(session.manifest.output_dir / "prefs.json")
     report.meta = {"prefs_rules": len(prefs.rules), "cross_validated": True}
-    return report, tok.learned(prefs.applier(bound.tokenizer))
+    return report, target.with_prefs(prefs.applier(tok))
 
 
 __all__ = ["GateError", "PipelineResult", "ground_truth", "run_pipeline"]

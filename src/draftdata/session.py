@@ -1,5 +1,5 @@
 """A run folder as a command opens it: the frozen manifest, the ledger, and how the run turns
-text into ids (:class:`Tokenization`), with the folder's lock only for a command that writes.
+text into ids (its :class:`~draftdata.tokens.target.Target`), with the folder's lock only for a command that writes.
 
 ``run`` and ``generate`` (the :class:`~draftdata.generate.runner.Runner`) and ``score`` open it
 to write; ``export`` opens it to read, so it runs beside a writer and changes nothing of the
@@ -8,7 +8,6 @@ run's own record (its command line, its manifest, its requests in flight)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
@@ -20,12 +19,12 @@ from .formats import BoundFormat, get_format
 from .store.ledger import Ledger
 from .store.lock import RunLock
 from .store.meta import MANIFEST, MANIFEST_BASE_DIR
-from .tokenizers import Tokenizer, load_tokenizer
+from .tokenizers import load_tokenizer
 from .tokens.checks import RunChecks
-from .tokens.reconstruct import TextIds
 from .tokens.run_samples import RunTokens
+from .tokens.target import Target
 
-__all__ = ["RunSession", "Tokenization", "bind_target", "tokenization_of"]
+__all__ = ["RunSession", "bind_target", "target_of"]
 
 
 def bind_target(m: Manifest) -> BoundFormat:
@@ -66,36 +65,20 @@ def check_owner(manifest: Manifest, ledger: Ledger) -> None:
     )
 
 
-@dataclass(frozen=True)
-class Tokenization:
-    """How a run turns text into ids, as one value: the target's bound format and the learned
-    split preferences (``text_ids``, None without them)."""
-
-    bound: BoundFormat
-    text_ids: TextIds | None = None
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.bound.tokenizer
-
-    def learned(self, text_ids: TextIds | None) -> Tokenization:
-        """This tokenization with split preferences ``text_ids`` (learning returns a new value;
-        nothing is changed in place)."""
-        return replace(self, text_ids=text_ids)
-
-
-def tokenization_of(m: Manifest) -> Tokenization:
-    """The manifest's tokenization: its target bound, its ``prefs`` file applied if it names one
-    (checked against the tokenizer it was learned with)."""
+def target_of(m: Manifest, prefs: bool = True) -> Target:
+    """The manifest's target: its tokenizer bound to its format, its thinking option, its
+    ``prefs`` file applied if it names one (checked against the tokenizer it was learned
+    with). ``prefs=False``: without them (a plan renders prompts only)."""
     bound = bind_target(m)
-    if not m.target.prefs:
-        return Tokenization(bound)
+    target = Target(bound, thinking=m.target.thinking)
+    if not (prefs and m.target.prefs):
+        return target
     from .tokens.prefs import SplitPrefs
 
     path = m.resolve(m.target.prefs)
-    prefs = SplitPrefs.load(path)
-    prefs.check_tokenizer(bound.tokenizer, path)
-    return Tokenization(bound, prefs.applier(bound.tokenizer))
+    learned = SplitPrefs.load(path)
+    learned.check_tokenizer(bound.tokenizer, path)
+    return target.with_prefs(learned.applier(bound.tokenizer))
 
 
 class RunSession:
@@ -103,20 +86,20 @@ class RunSession:
     close it (or use it as a context manager) to free the folder."""
 
     def __init__(
-        self, manifest: Manifest, ledger: Ledger, tokenization: Tokenization, lock: RunLock | None
+        self, manifest: Manifest, ledger: Ledger, target: Target, lock: RunLock | None
     ) -> None:
         self.manifest = manifest
         self.ledger = ledger
-        self.tokenization = tokenization
+        #: how the run turns text into ids (a stage that learns preferences makes a new one)
+        self.target = target
         self.lock = lock
         #: the run's cross-answer quality checks (one answer index for every dataset)
         self.checks = RunChecks(manifest.run.drop)
 
-    def tokens_stage(self, tokenization: Tokenization, console: Console | None) -> RunTokens:
-        """The run's tokens stage (``tokens.run_samples``) with ``tokenization``: the session's
-        own, or one learned since it opened."""
-        t = tokenization
-        return RunTokens(self.ledger, self.manifest, t.bound, t.text_ids, self.checks, console)
+    def tokens_stage(self, target: Target, console: Console | None) -> RunTokens:
+        """The run's tokens stage (``tokens.run_samples``) with ``target``: the session's own,
+        or one learned since it opened."""
+        return RunTokens(self.ledger, self.manifest, target, self.checks, console)
 
     @classmethod
     def open(cls, manifest: Manifest, *, write: bool, what: str = "draftdata") -> RunSession:
@@ -133,7 +116,7 @@ class RunSession:
         elif not (out / "ledger.sqlite").is_file():
             raise InputError(f"{out}: no ledger.sqlite here; is this a run folder?")
         try:
-            tokenization = tokenization_of(manifest)
+            target = target_of(manifest)
             path = out / "ledger.sqlite"
             writable = write or os.access(out, os.W_OK)
             ledger = Ledger(path) if writable else Ledger.read(path)
@@ -143,7 +126,7 @@ class RunSession:
                 except InputError:
                     ledger.close()
                     raise
-            return cls(manifest, ledger, tokenization, lock)
+            return cls(manifest, ledger, target, lock)
         except BaseException:
             if lock is not None:
                 lock.release()

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from ..errors import InputError
+
+if TYPE_CHECKING:
+    from ..tokenizers import Tokenizer
+    from ..tokens.target import Target
 from .app import (
     DeviceOpt,
     ModelOpt,
@@ -124,7 +128,7 @@ def _score_run(run: Path, load: Any, threshold: float, repair: bool) -> dict[str
     # run's command line, manifest and requests in flight stay as they were
     with RunSession.open(m, write=True, what=" ".join(command_line())) as s:
         doc = score_stage(
-            s, s.tokenization, load, threshold=threshold, repair=repair,
+            s, s.target, load, threshold=threshold, repair=repair,
             extra={"run": str(run)}, progress=lambda todo: Ticker("score", todo, unit="samples").tick,
         )  # fmt: skip
     if doc["repaired_now"]:
@@ -132,6 +136,20 @@ def _score_run(run: Path, load: Any, threshold: float, repair: bool) -> dict[str
     for why, n in (doc.get("unscorable_now") or {}).items():
         say(err, f"{n} sample(s) the model could not score, left unscored: {why}")
     return doc
+
+
+def _text_target(tok: Tokenizer, samples: list[Any]) -> Target:
+    """The target a file's samples are repaired with: their tokenizer, bound to the format
+    their provenance names (a format declared in a file that is not at hand: ChatML, unchecked).
+    The repair encodes only the text of an answer (``Target.piece_ids``), never a marker, so
+    the format does not change its ids; no split preferences (a file's samples do not say
+    which they were made with)."""
+    from ..formats import BUILTIN
+    from ..tokens.target import Target
+
+    names = {s.provenance.format_name for s in samples} & set(BUILTIN)
+    fmt = BUILTIN[min(names)] if len(names) == 1 else BUILTIN["chatml"]
+    return Target(fmt.bind(tok, strict=False))
 
 
 def _score_files(
@@ -163,8 +181,9 @@ def _score_files(
     ticker = Ticker("score", len(samples), unit="samples")
     kept = []
     decoding = Decoding(temperature, top_p)
+    target = _text_target(tok, samples)
     for r in score_samples(
-        scorer, tok, samples, threshold=threshold, repair=repair, decoding_of=lambda _s: decoding
+        scorer, target, samples, threshold=threshold, repair=repair, decoding_of=lambda _s: decoding
     ):
         rep.add(r.score, _shower(tok, r.sample.input_ids))
         kept.append(r.sample)

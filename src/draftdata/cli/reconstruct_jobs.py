@@ -17,7 +17,7 @@ from ..records import PackedSample, Sample
 from ..tokens import pool
 
 if TYPE_CHECKING:
-    from ..formats import BoundFormat
+    from ..tokens.target import Target
 
 #: input lines per task: one batched-encode window (`tokens.reconstruct.WINDOW`), small enough
 #: that the last chunks keep every worker busy to the end
@@ -36,32 +36,33 @@ def input_bytes(path: Path) -> int:
         return 0  # the reader names a missing file
 
 
-def bound_format(
-    tokenizer: str, format: str, chat_template: Path | None = None, strict: bool = True
-) -> BoundFormat:
-    """The format ``format`` bound to the tokenizer ``tokenizer`` (both loaded here): what the
-    tokens commands and each worker of ``reconstruct_jobs`` encode with."""
-    from ..formats import get_format
-    from ..tokenizers import load_tokenizer
+def target_of(setup: dict[str, Any], strict: bool = True) -> Target:
+    """The target ``setup`` names (``tokenizer``, ``format``, ``chat_template``, ``prefs``,
+    ``thinking``), loaded here: what the tokens commands and each worker of
+    ``reconstruct_jobs`` encode with."""
+    from ..tokens.target import load_target
 
-    return get_format(format).bind(load_tokenizer(tokenizer, chat_template), strict=strict)
+    return load_target(
+        setup["tokenizer"],
+        setup["format"],
+        setup.get("prefs"),
+        thinking=setup.get("thinking"),
+        chat_template=setup.get("chat_template"),
+        strict=strict,
+    )
 
 
 def _init(setup: dict[str, Any]) -> None:
-    from ..tokens.prefs import applier_for
-
     try:
-        bound = bound_format(setup["tokenizer"], setup["format"], setup["chat_template"])
-        _state["bound"] = bound
+        _state["target"] = target_of(setup)
         _state["output"] = setup["output"]
         _state["server"] = setup.get("server", "auto")
-        _state["text_ids"] = applier_for(setup["prefs"], bound.tokenizer)
     except DraftdataError as e:
         _state["error"] = str(e)  # said by the first task, in the parent
 
 
 def _work(
-    lines: list[str], all_turns: bool, thinking: bool | None
+    lines: list[str], all_turns: bool
 ) -> tuple[Any, int, dict[str, int], dict[str, int], dict[str, int]]:
     """One chunk: its samples encoded for the output file (so this process only writes), their
     number, samples by token source, drops by reason and skipped lines by reason."""
@@ -75,16 +76,8 @@ def _work(
     drops: dict[str, int] = {}
     sources: dict[str, int] = {}
     records = jsonl_records(lines, skipped)
-    got = samples_of(
-        _state["bound"],
-        records,
-        drops,
-        all_turns,
-        thinking,
-        _state["text_ids"],
-        _state["server"],
-        packed=takes_arrays(Path(_state["output"])),
-    )
+    packed = takes_arrays(Path(_state["output"]))
+    got = samples_of(_state["target"], records, drops, all_turns, _state["server"], packed)
     piece, n = encode_piece(_counted(got, sources), _state["output"])
     return piece, n, sources, drops, skipped
 
@@ -104,11 +97,10 @@ def reconstruct_jobs(
     setup: dict[str, Any],
     jobs: int,
     all_turns: bool,
-    thinking: bool | None,
     skipped: dict[str, int],
 ) -> Iterator[tuple[Any, int, dict[str, int], dict[str, int], dict[str, int]]]:
-    """Each chunk's ``_work`` result, in input order. ``setup`` names the tokenizer, format,
-    chat template, preferences and the output file (its suffix says how pieces are encoded);
+    """Each chunk's ``_work`` result, in input order. ``setup`` names the target
+    (``target_of``) and the output file (its suffix says how pieces are encoded);
     lines past the cap are counted in ``skipped`` as they are read."""
     from .app import open_jsonl, text_lines
 
@@ -116,5 +108,5 @@ def reconstruct_jobs(
     with f:
         lines = text_lines(f, skipped)  # a line past the cap is counted here
         chunks = iter(lambda: list(islice(lines, CHUNK)), [])
-        tasks = ((chunk, all_turns, thinking) for chunk in chunks)
+        tasks = ((chunk, all_turns) for chunk in chunks)
         yield from pool.ordered(_work, tasks, jobs, _init, (setup,))

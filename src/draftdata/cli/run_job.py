@@ -424,10 +424,9 @@ def export(
     # a reading command: no lock (it runs beside a writer), and nothing of the run's own record
     # (its command line, manifest, requests in flight) is written
     with RunSession.open(m, write=False) as s:
-        at = (s.ledger, m, s.tokenization.bound)  # what the export reads of the run
         valid = StoredValidation.read(run / "validation.json")
-        text_ids = s.tokenization.text_ids
-        folder = export_run(*at, valid, None, drop=filters, text_ids=text_ids, kinds=kinds)
+        folder = export_run(s.ledger, m, s.target, valid, None, drop=filters, kinds=kinds)
+        at = (s.ledger, m, s.target.bound)  # what a trainer's export reads of the run
         files = {k: [str(p) for p in export_as(*at, k, filters)] for k in kinds}
     em = read_export_manifest(folder)
     if json_out:

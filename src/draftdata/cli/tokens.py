@@ -26,14 +26,14 @@ from .app import (
     read_jsonl,
     say,
 )
-from .reconstruct_jobs import AUTO_BYTES, bound_format, input_bytes, reconstruct_jobs
+from .reconstruct_jobs import AUTO_BYTES, input_bytes, reconstruct_jobs, target_of
 from .show import print_validation
 
 if TYPE_CHECKING:
     from ..formats.base import BoundFormat
     from ..measure.validate import ValidationReport
     from ..model.rows import TargetScorer
-    from ..tokens.reconstruct import TextIds
+    from ..tokens.target import Target
 
 # --- reconstruction ---------------------------------------------------------------------------
 PrefsOpt = Annotated[
@@ -181,7 +181,6 @@ def reconstruct(
     from ..export.shards import SampleFile, takes_arrays
     from ..tokens.answers import count_sample, samples_of
     from ..tokens.pool import jobs_for
-    from ..tokens.prefs import applier_for
 
     server = _server(server)
     skipped: dict[str, int] = {}
@@ -189,26 +188,21 @@ def reconstruct(
     by_source: dict[str, int] = {}
     ticker = Ticker("reconstructing", None)
     n_jobs = jobs_for(input_bytes(input), jobs, auto_at=AUTO_BYTES)
+    setup: dict[str, Any] = {"tokenizer": tokenizer, "format": format}
+    setup |= {"chat_template": chat_template, "prefs": prefs, "thinking": thinking}
+    setup |= {"output": output, "server": server}
     with SampleFile(output) as f:
         if n_jobs > 1:  # each chunk comes back encoded for the file, with its counts
-            setup = {"tokenizer": tokenizer, "format": format, "chat_template": chat_template}
-            setup |= {"prefs": prefs, "output": output, "server": server}
-            for piece, n, *counts in reconstruct_jobs(
-                input, setup, n_jobs, all_turns, thinking, skipped
-            ):
+            for piece, n, *counts in reconstruct_jobs(input, setup, n_jobs, all_turns, skipped):
                 f.add_piece(piece, n)
                 ticker.advance(n)
                 for part, into in zip(counts, (by_source, drops, skipped), strict=True):
                     for k, v in part.items():
                         into[k] = into.get(k, 0) + v
         else:  # the whole input, streamed
-            bound = bound_format(tokenizer, format, chat_template)
+            target = target_of(setup)
             records = read_jsonl(input, skipped)
-            text_ids = applier_for(prefs, bound.tokenizer)
-            packed = takes_arrays(output)
-            made = samples_of(
-                bound, records, drops, all_turns, thinking, text_ids, server, packed=packed
-            )
+            made = samples_of(target, records, drops, all_turns, server, takes_arrays(output))
             for sample in made:
                 ticker.tick()
                 f.add(sample)
@@ -265,11 +259,10 @@ def validate(
     device: DeviceOpt = "cpu",
 ) -> None:
     """Reconstruct ground-truth records from their text and compare id for id."""
-    from ..tokens.prefs import applier_for
-
-    bound = bound_format(tokenizer, format, chat_template, strict=False)
+    setup = {"tokenizer": tokenizer, "format": format, "chat_template": chat_template}
+    target = target_of(setup | {"prefs": prefs, "thinking": thinking}, strict=False)
+    bound = target.bound
     _warn_marker_problems(bound)
-    text_ids = applier_for(prefs, bound.tokenizer)
     skipped: dict[str, int] = {}
     records = _bucketed(_ground_truth(input, skipped), bucket)
     if _server(server) != "auto":  # named on the command line: it parsed every view here
@@ -280,7 +273,7 @@ def validate(
     repair = None
     if repair_with is not None:
         repair = _open_repair(repair_with, device, len(records))
-    rep = _measure(bound, records, text_ids, thinking, repair)
+    rep = _measure(target, records, repair)
     rep.meta = {
         "input": str(input),
         "format": bound.format.name,
@@ -326,22 +319,16 @@ def _open_repair(model: str, device: str, n: int) -> _Repair:
 
 
 def _measure(
-    bound: BoundFormat,
-    records: list[GroundTruth],
-    text_ids: TextIds | None,
-    thinking: bool | None,
-    repair: _Repair | None,
+    target: Target, records: list[GroundTruth], repair: _Repair | None
 ) -> ValidationReport:
     """Every record reconstructed and compared, repaired first where --repair-with says: the
     gate's own measure (``model.sample_repair.validate_repaired``)."""
     from ..model.sample_repair import validate_repaired
 
     return validate_repaired(
-        bound,
+        target,
         records,
         repair.scorer if repair is not None else None,
-        text_ids=text_ids,
-        thinking=thinking,
         on_result=repair.ticker.tick if repair is not None else None,
     )
 
@@ -399,13 +386,13 @@ def learn(
 
     if not 0 < holdout < 1:
         raise InputError("--holdout must be between 0 and 1 (exclusive)")
-    bound = bound_format(tokenizer, format)
+    target = target_of({"tokenizer": tokenizer, "format": format, "thinking": thinking})
     skipped: dict[str, int] = {}
     records = _bucketed(_ground_truth(input, skipped), bucket)
-    pairs, drops = learning_pairs(bound, records, thinking)
+    pairs, drops = learning_pairs(target, records)
     if not pairs:
         raise InputError(f"{input}: no usable ground-truth records (drops: {dict(drops)})")
-    prefs = run(bound.tokenizer, pairs, holdout=holdout, min_support=min_support)
+    prefs = run(target.tokenizer, pairs, holdout=holdout, min_support=min_support)
     prefs.stats.update({"input": str(input), "bucket": bucket, "drops": dict(drops)})
     prefs.save(output)
     st = prefs.stats
@@ -417,7 +404,7 @@ def learn(
         "against",
         title=f"{len(prefs.rules)} split preferences kept ({st['candidates']} candidates)",
     )
-    tok = bound.tokenizer
+    tok = target.tokenizer
     for r in prefs.rules:
         ctx = f"{r.before or '*'} _ {r.after or '*'}"
         t.add_row(

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ..formats import BoundFormat
     from ..store.ledger import Ledger
     from ..tokens.checks import RunChecks
-    from ..tokens.reconstruct import TextIds
+    from ..tokens.target import Target
 
 #: request fields that decide what is sampled or where it stops: set in a backend's
 #: ``extra_body``, they override the dataset's sampling table (extra_body is merged into the
@@ -184,13 +184,12 @@ def contaminated_prompts(ledger: Ledger, m: Manifest) -> frozenset[tuple[str, st
 def export_run(
     ledger: Ledger,
     m: Manifest,
-    bound: BoundFormat,
+    target: Target,
     validation: ValidationReport | None,
     gate: Gate | None,
     shard_bytes: int | None = None,
     drop: Sequence[str] = (),
     *,
-    text_ids: TextIds | None,
     checks: RunChecks | None = None,
     console: Console | None = None,
     kinds: Sequence[str] = (),
@@ -200,10 +199,11 @@ def export_run(
     every file with its size and sha256 (``sealed``); returns the folder.
     ``drop``: the filters (``export.filters``) whose samples are left out, recorded in the
     manifest with how many each took. Answers not decided yet go through the run's tokens
-    stage first (``tokens.run_samples``), with the run's split preferences ``text_ids`` (None:
-    none), its quality ``checks`` where the caller holds them, and ``console`` for its notes
+    stage first (``tokens.run_samples``) with the run's ``target`` (its split preferences
+    included), its quality ``checks`` where the caller holds them, and ``console`` for its notes
     (None: quiet)."""
-    stage = RunTokens(ledger, m, bound, text_ids=text_ids, checks=checks, console=console)
+    bound = target.bound
+    stage = RunTokens(ledger, m, target, checks=checks, console=console)
     for d in m.datasets:
         stage.make(d, only_missing=True)
     flt = _filter(ledger, m, drop)
@@ -230,8 +230,10 @@ def run_conversations(
 ) -> Iterator[Answered]:
     """The run's answered conversations that became samples (the others were dropped at the
     tokens stage: not training data) and pass ``drop``'s filters, dataset by dataset."""
+    from ..tokens.target import Target
+
     flt = _filter(ledger, m, drop)
-    stage = RunTokens(ledger, m, bound)
+    stage = RunTokens(ledger, m, Target(bound))  # conversations only: nothing is encoded
     for d in m.datasets:
         have = {s.key for s in flt(ledger.samples.of(d.name))}
         yield from (a for a in stage.conversations(d) if a.key in have)

@@ -9,7 +9,7 @@ from .base import BoundFormat, ChatFormat, Conversation, ThinkGrammar, version_o
 from .families import BUILTIN, TemplateFormat
 from .inverse import derive_view
 from .markers import MarkerCheck, MarkerSpec, describe_id
-from .segments import Segment, Special, Text, encode_segments, merge_text
+from .segments import Segment, Special, Text, merge_text
 
 __all__ = [
     "BUILTIN",
@@ -25,7 +25,6 @@ __all__ = [
     "ThinkGrammar",
     "derive_view",
     "describe_id",
-    "encode_segments",
     "get_format",
     "merge_text",
     "version_of",

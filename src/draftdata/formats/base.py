@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar, TypeVar
 
@@ -14,7 +14,7 @@ from ..records import FINISHED, Message, ToolCall
 from ..records.servers import LossPart, ServerLoss
 from ..tokenizers import Tokenizer
 from .markers import MarkerCheck, MarkerSpec, check_marker
-from .segments import Segment, Special, Text, encode_segments, merge_text, segments_text, train
+from .segments import Segment, Special, Text, merge_text, segments_text, train
 
 
 @dataclass(frozen=True)
@@ -435,24 +435,6 @@ class BoundFormat:
 
     def marker_text(self) -> dict[str, str]:
         return {n: m.text for n, m in self.format.markers.items()}
-
-    def encode(
-        self,
-        segments: Sequence[Segment],
-        text_ids: Callable[[str, list[int]], list[int]] | None = None,
-    ) -> tuple[list[int], list[bool]]:
-        missing = {s.marker for s in segments if isinstance(s, Special)} - set(self.ids)
-        if missing:
-            raise MarkerError(
-                f"format {self.format.name} needs marker(s) {sorted(missing)} that this tokenizer "
-                "does not have as control tokens"
-            )
-        return encode_segments(segments, self.tokenizer, self.ids, text_ids)
-
-    def prompt_ids(
-        self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (), **opts: Any
-    ) -> list[int]:
-        return self.encode(self.format.render_prompt(messages, tools, **opts))[0]
 
     def render_text(self, segments: Sequence[Segment]) -> str:
         return segments_text(segments, self.marker_text())

@@ -24,6 +24,7 @@ from ..records import Prompt
 from ..records.wire import messages_to_wire
 from ..tokens.history import n_turns, stand_in_answers, turn_messages
 from ..tokens.sample_maker import TokensStage
+from ..tokens.target import Target
 from .backends.serving import ENGINES, Served, auth_headers, served, tokenize_chat
 
 #: prompts compared with the server's rendering, per dataset
@@ -82,11 +83,11 @@ class Serving:
         return got.max_model_len if got is not None else None
 
     def check_rendering(
-        self, d: DatasetCfg, bound: BoundFormat, samples: Sequence[tuple[Prompt, int]]
+        self, d: DatasetCfg, target: Target, samples: Sequence[tuple[Prompt, int]]
     ) -> RenderCheck:
         """Our prompt ids against vLLM's ``/tokenize`` on ``samples`` (later turns answer the
         dataset's own assistant messages, or empty ones, as ``plan`` renders them)."""
-        return _check_rendering(self.m, d, bound, samples, self.served(d.backend))
+        return _check_rendering(self.m, d, target, samples, self.served(d.backend))
 
 
 def over_context(context: int | None, prompt_len: int, max_tokens: int) -> str | None:
@@ -162,14 +163,14 @@ def _differ(bound: BoundFormat, ours: Sequence[int], theirs: Sequence[int]) -> s
 def _check_rendering(
     m: Manifest,
     d: DatasetCfg,
-    bound: BoundFormat,
+    target: Target,
     samples: Sequence[tuple[Prompt, int]],
     got: Served | None,
 ) -> RenderCheck:
     cfg = m.backends[d.backend]
     if not isinstance(cfg, OpenAIBackendCfg) or got is None:
         return RenderCheck(0, len(samples), unchecked="the server did not describe its model")
-    stage = TokensStage(bound, m.target.thinking)
+    stage, bound = TokensStage(target), target.bound
     controls = tuple(t for t in bound.tokenizer.control_by_text if t)
     kwargs = cfg.extra_body.get("chat_template_kwargs")
     compared = skipped = 0
@@ -220,7 +221,7 @@ def refuse_mismatch(d: DatasetCfg, check: RenderCheck) -> None:
 
 
 def check_dataset(
-    serving: Serving, d: DatasetCfg, bound: BoundFormat, prompts: Iterable[Prompt]
+    serving: Serving, d: DatasetCfg, target: Target, prompts: Iterable[Prompt]
 ) -> str | None:
     """The dataset's prompt rendering against its vLLM server's own, on a sample of
     ``prompts``: a difference refuses the dataset (``ServingContractError``), with both
@@ -229,7 +230,7 @@ def check_dataset(
     if not serving.renders(d):
         return None
     samples = contract_sample(prompts, d.turns)
-    check = serving.check_rendering(d, bound, samples)
+    check = serving.check_rendering(d, target, samples)
     refuse_mismatch(d, check)
     if not check.compared:
         return f"{d.name}: prompt rendering not checked against the server: {check.unchecked}"

@@ -17,7 +17,7 @@ from ..records import Completion, Counting
 from ..store.ledger import Ledger
 from ..store.stats import RunStatus, status
 from ..tokens.counts import LABEL, checked_counting
-from ..tokens.reconstruct import Item, TextIds, reconstruct_many
+from ..tokens.reconstruct import Item
 from ..tokens.sample_maker import TokensStage
 from .backends.base import GenRequest
 
@@ -33,9 +33,9 @@ class CountWatch:
         self.max_share = m.run.max_count_mismatch
         self.probe = m.run.count_probe
         self.ledger = ledger
-        self.stage = stage
-        #: learned split preferences the run reconstructs with (``pipeline``: after the gate)
-        self.text_ids: TextIds | None = None
+        #: the target the run reconstructs text with (``pipeline``: the learned one, after the
+        #: gate)
+        self.target = stage.target
         self.seen: Counter[str] = Counter()
         self.off: Counter[str] = Counter()
         #: answers with counts that arrived, each checked or not
@@ -75,9 +75,7 @@ class CountWatch:
             self.counting[d.backend] = checked_counting(self.ledger.meta, self.m, d.backend)
         counting = self.counting[d.backend]
         item = Item(req.messages, c.view, req.tools, prompt_ids=req.prompt_ids, counting=counting)
-        (got,) = reconstruct_many(
-            self.stage.bound, [item], thinking=self.stage.thinking, text_ids=self.text_ids
-        )
+        (got,) = self.target.reconstruct_many([item])
         if isinstance(got, DraftdataError):
             return  # dropped by the tokens stage, with its reason
         self.seen[d.name] += 1

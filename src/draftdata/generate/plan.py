@@ -18,10 +18,11 @@ from ..errors import DraftdataError
 from ..formats import BoundFormat
 from ..measure.contamination import Detector, detector_for
 from ..records import Prompt
-from ..session import bind_target
+from ..session import target_of
 from ..store.ledger import Ledger
 from ..tokens.history import n_turns, stand_in_answers, turn_messages
 from ..tokens.sample_maker import TokensStage
+from ..tokens.target import Target
 from .backends import backend_class
 from .contract import Serving, ServingContractError, check_dataset, over_context
 from .inputs import drop_reason, read_dataset
@@ -114,9 +115,10 @@ def _answered(m: Manifest) -> dict[str, tuple[int, tuple[int, int]]]:
 
 
 def make_plan(m: Manifest) -> Plan:
-    bound = bind_target(m)
+    target = target_of(m, prefs=False)
+    bound = target.bound
     serving = Serving(m)
-    stage = TokensStage(bound, m.target.thinking)
+    stage = TokensStage(target)
     problems: list[str] = []
     try:
         answered = _answered(m)
@@ -177,7 +179,7 @@ def _dataset_plan(
     if not prompts and not any(p.startswith(f"dataset {d.name}:") for p in problems):
         problems.append(f"dataset {d.name}: {d.source} gives no prompts (skipped: {dict(drops)})")
     s = d.sampling
-    engine, rendering = _served(serving, d, prompts, bound, problems)
+    engine, rendering = _served(serving, d, prompts, stage.target, problems)
     context = serving.context(d)
     prompt_tokens = prompt_max = requests = over = 0
     for p in prompts:
@@ -222,7 +224,7 @@ def _dataset_plan(
 
 
 def _served(
-    serving: Serving, d: DatasetCfg, prompts: list[Prompt], bound: BoundFormat, problems: list[str]
+    serving: Serving, d: DatasetCfg, prompts: list[Prompt], target: Target, problems: list[str]
 ) -> tuple[str | None, str]:
     """What the dataset's server says (``GET /v1/models``, free): the engine that returns its
     own ids, and on vLLM our prompt ids against its own rendering, said in one line (a
@@ -233,7 +235,7 @@ def _served(
     if serving.served(d.backend) is None:
         return serving.engine(d), ""
     try:
-        line = check_dataset(serving, d, bound, prompts)
+        line = check_dataset(serving, d, target, prompts)
         rendering = line.split(": ", 1)[1] if line else ""
     except ServingContractError as e:
         problems.append(str(e))

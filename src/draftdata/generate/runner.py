@@ -18,7 +18,6 @@ from rich.text import Text
 
 from ..config import DatasetCfg, Manifest
 from ..errors import DraftdataError
-from ..formats import BoundFormat
 from ..measure.contamination import Tally
 from ..records import ApiView, Completion, FailedAttempt, Key, Message, Prompt, StoredResponse
 from ..session import RunSession
@@ -82,7 +81,7 @@ class Runner(DecontaminateMixin):
         self.session = session or RunSession.open(manifest, write=True, what=what)
         self.ledger = self.session.ledger
         self.commits = GroupCommit.for_run(self.ledger, manifest)
-        self.bound: BoundFormat = self.session.tokenization.bound
+        self.target, self.bound = self.session.target, self.session.target.bound
         self.backends: dict[str, Backend] = {}
         #: what each server says it serves (engine, context), asked once, before any request
         self.serving = Serving(manifest)
@@ -130,14 +129,14 @@ class Runner(DecontaminateMixin):
 
     @property
     def tokens(self) -> TokensStage:
-        """The tokens stage as prompts are rendered (split preferences do not change a prompt)."""
-        return TokensStage(self.bound, self.m.target.thinking)
+        """The tokens stage as prompts are rendered with the run's target."""
+        return TokensStage(self.target)
 
     @property
     def samples_stage(self) -> RunTokens:
-        """The run's tokens stage (``tokens.run_samples``) with the session's tokenization."""
+        """The run's tokens stage (``tokens.run_samples``) with the session's target."""
         console = None if self.quiet else self.console
-        return self.session.tokens_stage(self.session.tokenization, console)
+        return self.session.tokens_stage(self.target, console)
 
     def make_samples(self, d: DatasetCfg, **how: Any) -> Tokenized:
         return self.samples_stage.make(d, **how)  # only_missing, jobs, window
@@ -393,7 +392,7 @@ class Runner(DecontaminateMixin):
         if d.name not in self.contract_checked and self.serving.renders(d):
             self.contract_checked.add(d.name)
             page = self.ledger.prompts.pending_chains(d.name, -1, PROMPT_WINDOW)
-            line = check_dataset(self.serving, d, self.bound, (c.prompt for c in page.chains))
+            line = check_dataset(self.serving, d, self.target, (c.prompt for c in page.chains))
             if line and not self.quiet:
                 self.console.print(Text(line))
 

@@ -23,8 +23,9 @@ from ..formats import BoundFormat, derive_view
 from ..records import ApiView, GroundTruth, Mismatch, Sample, ValidationResult
 from ..records.counting import warning_kind
 from ..tokens.prefs import Pair
-from ..tokens.reconstruct import WINDOW, Item, encode_response, reconstruct_many
+from ..tokens.reconstruct import WINDOW, Item
 from ..tokens.response import answer_segments
+from ..tokens.target import Target
 from .repairing import Measured, Repairer, repaired
 
 CATEGORIES = (
@@ -377,10 +378,7 @@ def _measure(
 
 
 def _reconstructed(
-    bound: BoundFormat,
-    records: Iterable[GroundTruth],
-    thinking: bool | None,
-    text_ids: Callable[[str, list[int]], list[int]] | None,
+    target: Target, records: Iterable[GroundTruth]
 ) -> Iterator[tuple[GroundTruth, Sample | DraftdataError]]:
     """Each record with its reconstruction from its text (or the error that stopped it), a
     window of records encoded in one batched call."""
@@ -389,7 +387,7 @@ def _reconstructed(
         views: list[ApiView | DraftdataError] = []
         for gt in chunk:
             try:
-                views.append(gt.view or derive_view(bound, gt.output_ids, gt.finish_reason))
+                views.append(gt.view or derive_view(target.bound, gt.output_ids, gt.finish_reason))
             except DraftdataError as e:
                 views.append(e)
         items = [
@@ -397,30 +395,29 @@ def _reconstructed(
             for gt, v in zip(chunk, views, strict=True)
             if not isinstance(v, DraftdataError)
         ]
-        made = iter(reconstruct_many(bound, items, thinking=thinking, text_ids=text_ids))
+        made = iter(target.reconstruct_many(items))
         for gt, v in zip(chunk, views, strict=True):
             yield gt, v if isinstance(v, DraftdataError) else next(made)
 
 
 def validate(
-    bound: BoundFormat,
+    target: Target,
     records: Iterable[GroundTruth],
     *,
-    text_ids: Callable[[str, list[int]], list[int]] | None = None,
-    thinking: bool | None = None,
     on_result: Callable[[ValidationResult], None] | None = None,
     repairer: Repairer | None = None,
     concurrency: int = 1,
 ) -> ValidationReport:
     """Reconstruct each record from its text (the server's view, or the view derived from its
-    ids) and compare the ids with the record's own, prompt and response. With ``repairer``
+    ids) as ``target`` does, its split preferences and thinking option included, and compare the ids with the record's own, prompt and response. With ``repairer``
     each reconstructed sample is repaired by the target model before it is compared, and the
     report also says what the repair fixed and broke; ``concurrency`` samples at once (a
     server's scorer)."""
     rep = ValidationReport()
     if repairer is not None:
         rep.repair = RepairTally()
-    measured = _measured(bound, records, thinking, text_ids, rep)
+    bound = target.bound
+    measured = _measured(target, records, rep)
     for (gt, sample, result), fixed in repaired(repairer, measured, concurrency):
         if repairer is not None and rep.repair is not None:
             before = result
@@ -449,14 +446,11 @@ def validate(
 
 
 def _measured(
-    bound: BoundFormat,
-    records: Iterable[GroundTruth],
-    thinking: bool | None,
-    text_ids: Callable[[str, list[int]], list[int]] | None,
-    rep: ValidationReport,
+    target: Target, records: Iterable[GroundTruth], rep: ValidationReport
 ) -> Iterator[Measured]:
     """Each record reconstructed and measured; one that cannot be is counted in ``rep.drops``."""
-    for gt, sample in _reconstructed(bound, records, thinking, text_ids):
+    bound = target.bound
+    for gt, sample in _reconstructed(target, records):
         if isinstance(sample, DraftdataError):
             why = sample.reason if isinstance(sample, ReconstructError) else type(sample).__name__
             rep.drops[why] += 1
@@ -476,18 +470,20 @@ def _measured(
 
 
 def learning_pairs(
-    bound: BoundFormat, records: Iterable[GroundTruth], thinking: bool | None = None
+    target: Target, records: Iterable[GroundTruth]
 ) -> tuple[list[Pair], Counter[str]]:
-    """(canonical response ids, model's ids) for every usable ground-truth record."""
+    """(canonical response ids, model's ids) for every usable ground-truth record (the
+    target's split preferences are not applied: they are what is learned)."""
+    canonical = target.canonical
     pairs: list[Pair] = []
     drops: Counter[str] = Counter()
     for gt in records:
         try:
-            view = gt.view or derive_view(bound, gt.output_ids, gt.finish_reason)
-            segs, _ = answer_segments(bound, gt.messages, view, thinking)
-            canonical = encode_response(bound, segs, gt.finish_reason)
+            view = gt.view or derive_view(target.bound, gt.output_ids, gt.finish_reason)
+            segs, _ = answer_segments(canonical, gt.messages, view)
+            ids = canonical.response_ids(segs, gt.finish_reason)
         except DraftdataError as e:
             drops[getattr(e, "reason", type(e).__name__)] += 1
             continue
-        pairs.append(Pair(gt.group, canonical, list(gt.output_ids)))
+        pairs.append(Pair(gt.group, ids, list(gt.output_ids)))
     return pairs, drops

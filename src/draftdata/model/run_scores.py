@@ -16,10 +16,9 @@ from typing import Any
 from ..config import Manifest
 from ..files import write_text
 from ..records import Decoding, Sample
-from ..session import RunSession, Tokenization
+from ..session import RunSession
 from ..store.ledger import Ledger
-from ..tokenizers import Tokenizer
-from ..tokens.reconstruct import TextIds
+from ..tokens.target import Target
 from .flags import ScoreReport
 from .rows import TargetScorer
 from .sample_scores import CHUNK, Scored, score_samples
@@ -52,12 +51,11 @@ def _key(scorer: ScorerSource) -> str:
 def score_run(
     ledger: Ledger,
     scorer: ScorerSource,
-    tok: Tokenizer,
+    target: Target,
     datasets: Sequence[DatasetDecoding],
     *,
     threshold: float,
     repair: bool,
-    text_ids: TextIds | None = None,
     on_sample: Callable[[object], None] | None = None,
     unscorable: Counter[str] | None = None,
 ) -> tuple[int, int]:
@@ -83,12 +81,11 @@ def score_run(
 
         for r in score_samples(
             scorer,
-            tok,
+            target,
             todo,
             threshold=threshold,
             repair=repair,
             decoding_of=decoding_of,
-            text_ids=text_ids,
             unscorable=unscorable,
         ):
             batch.append(r)
@@ -146,12 +143,11 @@ def datasets_of(m: Manifest) -> list[DatasetDecoding]:
 def score_run_to_file(
     ledger: Ledger,
     scorer: ScorerSource,
-    tok: Tokenizer,
+    target: Target,
     m: Manifest,
     *,
     threshold: float,
     repair: bool,
-    text_ids: TextIds | None,
     out: Path,
     extra: dict[str, Any],
     on_sample: Callable[[object], None] | None = None,
@@ -172,11 +168,10 @@ def score_run_to_file(
     scored, repaired = score_run(
         ledger,
         scorer,
-        tok,
+        target,
         datasets_of(m),
         threshold=threshold,
         repair=repair,
-        text_ids=text_ids,
         on_sample=counted,
         unscorable=refused,
     )
@@ -202,7 +197,7 @@ def score_run_to_file(
 
 def score_stage(
     session: RunSession,
-    tok: Tokenization,
+    target: Target,
     scorer: ScorerSource,
     *,
     threshold: float,
@@ -221,11 +216,10 @@ def score_stage(
     return score_run_to_file(
         ledger,
         scorer,
-        tok.tokenizer,
+        target,
         m,
         threshold=threshold,
         repair=repair,
-        text_ids=tok.text_ids,
         out=m.output_dir / "scores.json",
         extra=extra,
         on_sample=tick,

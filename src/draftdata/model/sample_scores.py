@@ -18,9 +18,8 @@ from itertools import islice
 from ..errors import DraftdataError
 from ..measure.repairing import refusal_key
 from ..records import Decoding, Sample
-from ..tokenizers import Tokenizer
 from ..tokens.counts import after_repair
-from ..tokens.reconstruct import TextIds
+from ..tokens.target import Target
 from .flags import SampleScore, score_of
 from .repair_walk import Repair, RepairResult
 from .rows import TargetScorer
@@ -57,19 +56,18 @@ def _repairable(s: Sample) -> bool:
 
 def score_samples(
     scorer: TargetScorer,
-    tok: Tokenizer,
+    target: Target,
     samples: Iterable[Sample],
     *,
     threshold: float,
     repair: bool = False,
     decoding_of: Callable[[Sample], Decoding] = lambda _s: Decoding(),
-    text_ids: TextIds | None = None,
     unscorable: Counter[str] | None = None,
 ) -> Iterator[Scored]:
     """Score (and with ``repair``, repair) each sample, in order. ``unscorable``: a sample the
     model cannot score (its server refused it) is passed over and counted there by the
     refusal, never ending the stage (None: the refusal is raised)."""
-    control = tok.control_ids
+    control = target.tokenizer.control_ids
     it = iter(samples)
     while chunk := list(islice(it, CHUNK)):
         fix = [repair and _repairable(s) for s in chunk]
@@ -79,7 +77,7 @@ def score_samples(
 
         def one(s: Sample) -> RepairResult | None:
             try:
-                return repair_sample(scorer, tok, s, decoding_of(s), text_ids)
+                return repair_sample(scorer, target, s, decoding_of(s))
             except DraftdataError as e:
                 if unscorable is None:
                     raise

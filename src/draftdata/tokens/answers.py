@@ -7,13 +7,41 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DraftdataError, InputError, ReconstructError
-from ..formats import BoundFormat
 from ..records import PackedSample, Sample
 from ..records.wire import messages_of, raw_ids, view_from_record
-from .reconstruct import Item, TextIds, reconstruct_many
+from .reconstruct import Item, samples
+
+if TYPE_CHECKING:
+    from .encoding import TargetEncoding
+
+
+def item_of(
+    rec: Mapping[str, Any], index: int = 0, all_turns: bool = False, server: str = "auto"
+) -> Item:
+    """One answer record as a reconstruct item, or the ReconstructError (``no_response``,
+    ``no_messages``) or InputError that says why it is not an answer. A ``server`` other than
+    ``auto`` is taken to have parsed it (it was named on the command line)."""
+    view = view_from_record(rec)
+    if view is None:
+        raise ReconstructError("record has neither api_view nor choices", "no_response")
+    if not isinstance(rec.get("messages"), list):
+        raise ReconstructError("record has no messages list", "no_messages")
+    if server != "auto":
+        view = replace(view, server=server)
+    out_ids, prompt_ids = raw_ids(rec)
+    return Item(
+        messages_of(rec["messages"]),
+        view,
+        tools=rec.get("tools") or (),
+        record_id=str(rec.get("id", index)),
+        dataset=str(rec.get("source") or rec.get("dataset") or ""),
+        all_turns=all_turns,
+        output_ids=out_ids,
+        server_prompt_ids=prompt_ids,
+    )
 
 
 def items_of(
@@ -22,29 +50,11 @@ def items_of(
     all_turns: bool = False,
     server: str = "auto",
 ) -> Iterator[Item]:
-    """The answers of ``records`` as reconstruct items, in order; a record that is not an
-    answer is counted in ``drops`` by its reason. A ``server`` other than ``auto`` is taken to
-    have parsed every answer (it was named on the command line)."""
+    """The answers of ``records`` as reconstruct items (``item_of``), in order; a record that
+    is not an answer is counted in ``drops`` by its reason."""
     for i, rec in enumerate(records):
         try:
-            view = view_from_record(rec)
-            if view is None:
-                raise ReconstructError("record has neither api_view nor choices", "no_response")
-            if not isinstance(rec.get("messages"), list):
-                raise ReconstructError("record has no messages list", "no_messages")
-            if server != "auto":
-                view = replace(view, server=server)
-            out_ids, prompt_ids = raw_ids(rec)
-            yield Item(
-                messages_of(rec["messages"]),
-                view,
-                tools=rec.get("tools") or (),
-                record_id=str(rec.get("id", i)),
-                dataset=str(rec.get("source") or rec.get("dataset") or ""),
-                all_turns=all_turns,
-                output_ids=out_ids,
-                server_prompt_ids=prompt_ids,
-            )
+            yield item_of(rec, i, all_turns, server)
         except ReconstructError as e:
             drops[e.reason] = drops.get(e.reason, 0) + 1
         except InputError as e:
@@ -52,23 +62,17 @@ def items_of(
 
 
 def samples_of(
-    bound: BoundFormat,
+    target: TargetEncoding,
     records: Iterable[Mapping[str, Any]],
     drops: dict[str, int],
     all_turns: bool,
-    thinking: bool | None,
-    text_ids: TextIds | None,
     server: str = "auto",
     packed: bool = False,
 ) -> Iterator[Sample | PackedSample]:
     """The samples of ``records`` in order; each record that gives none is counted in
     ``drops`` by its reason. ``packed``: PackedSamples (for a Parquet file)."""
     items = items_of(records, drops, all_turns, server)
-    made: Iterator[Sample | PackedSample | DraftdataError] = (
-        reconstruct_many(bound, items, thinking=thinking, text_ids=text_ids, packed=True)
-        if packed
-        else reconstruct_many(bound, items, thinking=thinking, text_ids=text_ids)
-    )
+    made = samples(target, items, packed=packed)
     for s in made:
         if isinstance(s, DraftdataError):
             reason = getattr(s, "reason", None) or f"bad_record:{s}"

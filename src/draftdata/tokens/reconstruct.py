@@ -13,14 +13,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from itertools import islice
-from typing import Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..errors import DraftdataError, FormatError, ReconstructError
-from ..formats import BoundFormat, Segment, Special
-from ..formats.segments import Layout, PieceEncoder
-from ..formats.segments import TextIds as TextIds  # the callers' name for it
-from ..formats.segments import open_ended_ids as open_ended_ids
+from ..errors import DraftdataError, ReconstructError
+from ..formats import BoundFormat
 from ..records import (
     ApiView,
     Counting,
@@ -32,7 +29,11 @@ from ..records import (
 )
 from .counts import witness
 from .logprobs import ids_from_logprobs
+from .pieces import Layout, PieceEncoder
 from .response import answer_segments, cut_loss, model_tool_calls
+
+if TYPE_CHECKING:
+    from .encoding import TargetEncoding
 
 
 def check_ids(bound: BoundFormat, ids: Sequence[Any], what: str) -> list[int]:
@@ -55,60 +56,6 @@ def check_ids(bound: BoundFormat, ids: Sequence[Any], what: str) -> list[int]:
 
 def provenance(bound: BoundFormat) -> Provenance:
     return Provenance(bound.tokenizer.sha256, bound.format.name, bound.format.version, __version__)
-
-
-def _layout(
-    bound: BoundFormat, segs: Sequence[Segment], enc: PieceEncoder, open_end_last: bool
-) -> tuple[Layout, list[bool]]:
-    """The merged segments as piece numbers (text) and marker names (control ids), and each
-    one's trained flag."""
-    missing = {s.marker for s in segs if isinstance(s, Special)} - set(bound.ids)
-    if missing:
-        bound.encode(segs)  # raises the MarkerError that names them
-    return enc.layout(segs, open_end_last)
-
-
-def encode_response(
-    bound: BoundFormat,
-    segs: Sequence[Segment],
-    finish_reason: str,
-    text_ids: TextIds | None = None,
-) -> list[int]:
-    """Response segments -> ids. A truncated answer's final text is encoded open-ended; learned
-    split preferences (``text_ids``) then rewrite each text piece."""
-    enc = PieceEncoder(bound.tokenizer)
-    layout, _ = _layout(bound, segs, enc, finish_reason == "length")
-    enc.run()
-    return enc.assemble(layout, bound.ids, True, text_ids)[0]
-
-
-def prompt_ids_many(
-    bound: BoundFormat,
-    prompts: Sequence[tuple[Sequence[Message], Sequence[dict[str, Any]]]],
-    prompt_opts: dict[str, Any] | None = None,
-) -> list[list[int] | DraftdataError]:
-    """The ids of many prompts (messages, tools) in one batched encode: each the same as
-    ``bound.prompt_ids``, or the error that stopped that one."""
-    enc = PieceEncoder(bound.tokenizer)
-    layouts: list[Layout | DraftdataError] = []
-    for messages, tools in prompts:
-        try:
-            segs = bound.format.render_prompt(messages, tools, **(prompt_opts or {}))
-            layouts.append(_layout(bound, segs, enc, False)[0])
-        except DraftdataError as e:
-            layouts.append(e)
-        except (TypeError, ValueError, AttributeError) as e:  # a malformed prompt record
-            layouts.append(FormatError(f"{type(e).__name__}: {e}"))
-    enc.run()
-    out: list[list[int] | DraftdataError] = []
-    for lay in layouts:
-        try:
-            out.append(
-                lay if isinstance(lay, DraftdataError) else enc.assemble(lay, bound.ids, False)[0]
-            )
-        except DraftdataError as e:
-            out.append(e)
-    return out
 
 
 @dataclass(frozen=True)
@@ -140,52 +87,18 @@ class Item:
 WINDOW = 512
 
 
-@overload
-def reconstruct_many(
-    bound: BoundFormat,
+def samples(
+    target: TargetEncoding,
     items: Iterable[Item],
     *,
-    thinking: bool | None = None,
-    text_ids: TextIds | None = None,
     use_logprobs: bool = True,
-    prompt_opts: dict[str, Any] | None = None,
-    window: int = WINDOW,
-    packed: Literal[False] = False,
-) -> Iterator[Sample | DraftdataError]: ...
-
-
-@overload
-def reconstruct_many(
-    bound: BoundFormat,
-    items: Iterable[Item],
-    *,
-    thinking: bool | None = None,
-    text_ids: TextIds | None = None,
-    use_logprobs: bool = True,
-    prompt_opts: dict[str, Any] | None = None,
-    window: int = WINDOW,
-    packed: Literal[True],
-) -> Iterator[PackedSample | DraftdataError]: ...
-
-
-def reconstruct_many(
-    bound: BoundFormat,
-    items: Iterable[Item],
-    *,
-    thinking: bool | None = None,
-    text_ids: TextIds | None = None,
-    use_logprobs: bool = True,
-    prompt_opts: dict[str, Any] | None = None,
     window: int = WINDOW,
     packed: bool = False,
 ) -> Iterator[Sample | PackedSample | DraftdataError]:
-    """``reconstruct`` over a stream of answers, in order: each a Sample, or the error that made
-    that one answer unusable (a ReconstructError carries the drop reason). Text is encoded in one
-    batched call per ``window`` records; memory holds one window. ``packed``: each sample a
-    PackedSample, its ids kept as arrays from the encoder on (the same ids)."""
-    opts = dict(prompt_opts or {})
-    if thinking is not None and bound.format.think is not None:
-        opts["thinking"] = thinking
+    """``Target.reconstruct_many``: each item a Sample (a PackedSample with ``packed``), or the
+    error that made that one answer unusable (a ReconstructError carries the drop reason). Text
+    is encoded in one batched call per ``window`` records; memory holds one window."""
+    bound = target.bound
     prov = provenance(bound)
     it = iter(items)
     # Pipelined: while one window is encoded (native code, off the GIL, on a thread), the
@@ -196,11 +109,11 @@ def reconstruct_many(
         chunk = list(islice(it, window))
         planned = None
         if chunk:
-            enc = PieceEncoder(bound.tokenizer, arrays=packed)
+            enc = target.encoder(arrays=packed)
             plans: list[_Plan | DraftdataError] = []
             for item in chunk:
                 try:
-                    plans.append(_plan(bound, item, enc, opts, thinking, use_logprobs))
+                    plans.append(_plan(target, item, enc, use_logprobs))
                 except DraftdataError as e:
                     plans.append(e)
             planned = (chunk, enc, plans, _encoder().submit(enc.run))
@@ -212,14 +125,7 @@ def reconstruct_many(
                     yield plan
                     continue
                 try:
-                    if packed:
-                        yield _witnessed(
-                            bound, item, plan.packed(bound, item, enc_done, text_ids, prov)
-                        )
-                    else:
-                        yield _witnessed(
-                            bound, item, plan.sample(bound, item, enc_done, text_ids, prov)
-                        )
+                    yield _witnessed(bound, item, plan.build(item, enc_done, prov))
                 except DraftdataError as e:
                     yield e
         if planned is None:
@@ -227,10 +133,7 @@ def reconstruct_many(
         ahead = planned
 
 
-_S = TypeVar("_S", Sample, PackedSample)
-
-
-def _witnessed(bound: BoundFormat, item: Item, s: _S) -> _S:
+def _witnessed(bound: BoundFormat, item: Item, s: Sample | PackedSample) -> Sample | PackedSample:
     """``s`` with the count witness's label where the server's own counts disagree with its
     ids (``tokens.counts``); a joined conversation is not what the server counted."""
     if item.all_turns or item.view.usage is None:
@@ -261,80 +164,29 @@ class _Plan:
     #: the trained flag of each piece, where the whole sequence is one layout (all turns)
     flags: list[bool] | None = None
 
-    def packed(
-        self,
-        bound: BoundFormat,
-        item: Item,
-        enc: PieceEncoder,
-        text_ids: TextIds | None,
-        prov: Provenance,
-    ) -> PackedSample:
-        """``sample``, its ids and mask as arrays (``PieceEncoder.assemble_array``)."""
-        import numpy as np
-
+    def build(self, item: Item, enc: PieceEncoder, prov: Provenance) -> Sample | PackedSample:
+        """The sample: lists, or (an encoder that keeps arrays) a PackedSample of arrays."""
         if self.flags is not None and self.response is not None:
-            ids, mask = enc.assemble_array(self.response, bound.ids, self.flags, text_ids)
-            trained = np.flatnonzero(mask)
-            prompt_len = int(trained[0]) if len(trained) else len(ids)
-        else:
-            if item.prompt_ids is not None:
-                prompt = np.array(item.prompt_ids, dtype=np.int32)
-            else:
-                prompt = enc.assemble_array(self.prompt or [], bound.ids, False)[0]
-            if (
-                item.server_prompt_ids is not None
-                and list(item.server_prompt_ids) != prompt.tolist()
-            ):
-                prompt = np.array(item.server_prompt_ids, dtype=np.int32)  # what the model saw
-                self.warnings.append("prompt_drift")
-            if self.response is not None:
-                response = enc.assemble_array(self.response, bound.ids, True, text_ids)[0]
-            else:
-                response = np.array(self.ids or [], dtype=np.int32)
-            ids = np.concatenate([prompt, response])
-            mask = np.ones(len(ids), dtype=bool)
-            mask[: len(prompt)] = False
-            prompt_len = len(prompt)
-        return PackedSample(
-            id=item.record_id,
-            dataset=item.dataset,
-            input_ids=ids,
-            loss_mask=mask,
-            prompt_len=prompt_len,
-            token_source=self.source,
-            finish_reason=item.view.finish_reason,
-            provenance=prov,
-            warnings=tuple(self.warnings),
-        )
-
-    def sample(
-        self,
-        bound: BoundFormat,
-        item: Item,
-        enc: PieceEncoder,
-        text_ids: TextIds | None,
-        prov: Provenance,
-    ) -> Sample:
-        if self.flags is not None and self.response is not None:
-            ids, mask = enc.assemble(self.response, bound.ids, self.flags, text_ids)
-            prompt_len = mask.index(True) if True in mask else len(ids)
+            ids, mask = enc.assemble(self.response, self.flags)
+            prompt_len = enc.first_trained(mask)
         else:
             prompt = (
-                list(item.prompt_ids)
+                enc.sequence(list(item.prompt_ids))
                 if item.prompt_ids is not None
-                else enc.assemble(self.prompt or [], bound.ids, False)[0]
+                else enc.assemble(self.prompt or [], False)[0]
             )
-            if item.server_prompt_ids is not None and list(item.server_prompt_ids) != prompt:
-                prompt = list(item.server_prompt_ids)  # what the model saw
+            server = item.server_prompt_ids
+            if server is not None and list(server) != list(prompt):
+                prompt = enc.sequence(list(server))  # what the model saw
                 self.warnings.append("prompt_drift")
             if self.response is not None:
-                response = enc.assemble(self.response, bound.ids, True, text_ids)[0]
+                response = enc.assemble(self.response, True)[0]
             else:
-                response = self.ids or []
-            ids = prompt + response
-            mask = [False] * len(prompt) + [True] * len(response)
+                response = enc.sequence(self.ids or [])
+            ids, mask = enc.join(prompt, response)
             prompt_len = len(prompt)
-        return Sample(
+        made = PackedSample if enc.arrays else Sample
+        return made(
             id=item.record_id,
             dataset=item.dataset,
             input_ids=ids,
@@ -347,26 +199,19 @@ class _Plan:
         )
 
 
-def _plan(
-    bound: BoundFormat,
-    item: Item,
-    enc: PieceEncoder,
-    opts: dict[str, Any],
-    thinking: bool | None,
-    use_logprobs: bool,
-) -> _Plan:
+def _plan(target: TargetEncoding, item: Item, enc: PieceEncoder, use_logprobs: bool) -> _Plan:
+    bound = target.bound
     if item.all_turns:
         from .turns import joined_turns
 
-        segs, warns = joined_turns(bound, item.messages, item.view, item.tools, opts, thinking)
-        layout, flags = _layout(bound, segs, enc, item.view.finish_reason == "length")
+        segs, warns = joined_turns(target, item.messages, item.view, item.tools)
+        layout, flags = enc.layout(segs, item.view.finish_reason == "length")
         warns = [*warns, *_cut_with_tools(bound, item), *_text_lost(item.view)]
         return _Plan(None, layout, None, "reconstructed", list(warns), flags)
     prompt = None
     if item.prompt_ids is None:
-        prompt = _layout(
-            bound, bound.format.render_prompt(item.messages, item.tools, **opts), enc, False
-        )[0]
+        segs = bound.format.render_prompt(item.messages, item.tools, **target.prompt_opts)
+        prompt = enc.layout(segs)[0]
     view = item.view
     warnings: list[str] = []
     if item.output_ids is not None and not item.all_turns:
@@ -385,9 +230,9 @@ def _plan(
         if rebuilt:
             view = replace(view, tool_calls=calls)
             warnings.append("tool_call_ids_rebuilt")
-    segs, warns = answer_segments(bound, item.messages, view, thinking)
+    segs, warns = answer_segments(target, item.messages, view)
     warnings += warns + _cut_with_tools(bound, item) + _text_lost(view)
-    response, _ = _layout(bound, segs, enc, view.finish_reason == "length")
+    response, _ = enc.layout(segs, view.finish_reason == "length")
     return _Plan(prompt, response, None, "reconstructed", warnings)
 
 
@@ -452,35 +297,3 @@ def _cut_with_tools(bound: BoundFormat, item: Item) -> list[str]:
         return []
     lost = "truncated_tool_call" if item.tools else cut_loss(bound.format, v)
     return [f"lossy:{lost}"] if lost else []
-
-
-def reconstruct(
-    bound: BoundFormat,
-    messages: Sequence[Message],
-    view: ApiView,
-    *,
-    tools: Sequence[dict[str, Any]] = (),
-    record_id: str = "",
-    dataset: str = "",
-    thinking: bool | None = None,
-    text_ids: TextIds | None = None,
-    use_logprobs: bool = True,
-    prompt_opts: dict[str, Any] | None = None,
-    prompt_ids: list[int] | None = None,
-) -> Sample:
-    """Prompt + API answer -> Sample. ``text_ids`` applies learned split preferences to the
-    canonical ids of each response text piece; ``prompt_ids`` skips rendering the prompt again
-    (they must be this format's rendering of ``messages``). Raises the error that makes the
-    answer unusable; ``reconstruct_many`` is the same over many answers, batched."""
-    item = Item(messages, view, tools, record_id, dataset, prompt_ids)
-    (got,) = reconstruct_many(
-        bound,
-        [item],
-        thinking=thinking,
-        text_ids=text_ids,
-        use_logprobs=use_logprobs,
-        prompt_opts=prompt_opts,
-    )
-    if isinstance(got, DraftdataError):
-        raise got
-    return got

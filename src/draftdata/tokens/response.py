@@ -10,16 +10,19 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ReconstructError
 from ..formats import BoundFormat, ChatFormat, Segment, ThinkGrammar
 from ..records import FINISHED, ApiView, Message, ToolCall
 from ..records.servers import KEEPS_THINK_VERBATIM, STRIPS_TOOL_CONTENT, profile
 
+if TYPE_CHECKING:
+    from .encoding import TargetEncoding
+
 
 def answer_segments(
-    bound: BoundFormat, messages: Sequence[Message], view: ApiView, thinking: bool | None
+    target: TargetEncoding, messages: Sequence[Message], view: ApiView
 ) -> tuple[list[Segment], list[str]]:
     """``response_segments`` for the answer to ``messages``: under the thinking option the
     format lays that answer out with (``ChatFormat.answer_thinking``). Where the template opens
@@ -27,6 +30,7 @@ def answer_segments(
     thinking, a server whose reasoning parser splits at the close marker (vLLM's and SGLang's
     R1-style parsers) finds none and returns the whole answer as reasoning: it is the answer's
     text, verbatim, and is laid out as such (``reasoning_read_as_answer``)."""
+    bound, thinking = target.bound, target.thinking
     shown = bound.format.answer_thinking(messages, thinking)
     warnings: list[str] = []
     if shown is False and thinking is not False and view.reasoning and not view.content:
@@ -40,7 +44,7 @@ def answer_segments(
             )
         view = replace(view, content=text, reasoning=None)
         warnings.append("reasoning_read_as_answer")
-    segs, warns = response_segments(bound, view, thinking=shown)
+    segs, warns = response_segments(bound, view, shown=shown)
     return segs, warnings + warns
 
 
@@ -67,10 +71,11 @@ def cut_loss(fmt: ChatFormat, view: ApiView) -> str | None:
 
 
 def response_segments(
-    bound: BoundFormat, view: ApiView, *, thinking: bool | None = None
+    bound: BoundFormat, view: ApiView, *, shown: bool | None = None
 ) -> tuple[list[Segment], list[str]]:
     """The segments of the answer as the model generated it, and warnings about what was
-    inferred (reasoning found inline, an empty think block rendered, ...)."""
+    inferred (reasoning found inline, an empty think block rendered, ...). ``shown``: whether
+    the answer is laid out with its think block (None: where the format has one)."""
     fmt = bound.format
     th = fmt.think
     does = server_behaviours(fmt, view)
@@ -78,8 +83,7 @@ def response_segments(
     content = view.content or ""
     reasoning = view.reasoning
     verbatim = False
-    if thinking is None:
-        thinking = th is not None
+    thinking = th is not None if shown is None else shown
     if th is not None:
         content, reasoning, verbatim = _think_block(fmt, th, does, view, thinking, warnings)
     elif reasoning:

@@ -2,8 +2,8 @@
 on-policy history rebuilt from the model's own answers), made into a sample or a drop.
 
 A stage over what it reads: the run's ledger, its manifest (the datasets' turns, the backends'
-servers, ``[run] drop``, the target's thinking), the bound format, and the learned split
-preferences where there are some. Generation (``generate.runner.Runner``) and the export
+servers, ``[run] drop``) and the run's target (its bound format, thinking option and learned
+split preferences). Generation (``generate.runner.Runner``) and the export
 (``export.run_export``) both call it; neither hands it the other."""
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from ..store.ledger import Ledger
 from .checks import RunChecks, for_checks
 from .counts import checked_counting
 from .history import answer_message, n_turns, turn_messages
-from .reconstruct import WINDOW, TextIds
+from .reconstruct import WINDOW
 from .run_workers import jobs_for, outcomes
 from .sample_maker import TokensStage
+from .target import Target
 
 #: samples written per statement by the tokens stage
 SAMPLE_WRITES = 512
@@ -72,8 +73,8 @@ def stored_view(m: Manifest, bound: BoundFormat, r: StoredResponse) -> ApiView:
 
 
 class RunTokens:
-    """The run's tokens stage over its ledger, manifest and bound format. ``text_ids``: the
-    learned split preferences (None: none); ``checks``: the run's cross-answer quality checks
+    """The run's tokens stage over its ledger, manifest and target (its split preferences
+    included); ``checks``: the run's cross-answer quality checks
     (one answer index for every dataset; made here when not given); ``console``: where the
     one-time language-check note goes (None: quiet)."""
 
@@ -81,19 +82,18 @@ class RunTokens:
         self,
         ledger: Ledger,
         manifest: Manifest,
-        bound: BoundFormat,
-        text_ids: TextIds | None = None,
+        target: Target,
         checks: RunChecks | None = None,
         console: Console | None = None,
     ) -> None:
-        self.ledger, self.m, self.bound = ledger, manifest, bound
-        self.text_ids = text_ids
+        self.ledger, self.m, self.target = ledger, manifest, target
+        self.bound = target.bound
         self.checks = checks if checks is not None else RunChecks(manifest.run.drop)
         self.console = console
 
     @property
     def stage(self) -> TokensStage:
-        return TokensStage(self.bound, self.m.target.thinking, self.text_ids)
+        return TokensStage(self.target)
 
     def view(self, r: StoredResponse) -> ApiView:
         return stored_view(self.m, self.bound, r)

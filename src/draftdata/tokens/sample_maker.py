@@ -20,23 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from ..errors import DraftdataError, ReconstructError
 from ..formats import BoundFormat
 from ..records import Answered, ApiView, Counting, Key, Message, Prompt, Sample, StoredResponse
 from .counts import witness
 from .quality import Markers, check_sample
-from .reconstruct import (
-    WINDOW,
-    Item,
-    TextIds,
-    check_ids,
-    ids_contradict,
-    prompt_ids_many,
-    provenance,
-    reconstruct_many,
-)
+from .reconstruct import WINDOW, Item, check_ids, ids_contradict, provenance
+from .target import Target
 
 #: a warning on samples whose prompt ids (the server's) differ from our rendering
 PROMPT_DRIFT = "prompt_drift"
@@ -63,9 +54,10 @@ def windows(answers: Iterable[Answered], most: int = WINDOW) -> Iterator[list[An
 
 @dataclass(frozen=True)
 class TokensStage:
-    bound: BoundFormat
-    thinking: bool | None = None
-    text_ids: TextIds | None = None
+    """Stored answers to samples with the run's ``target`` (prompts rendered with its options,
+    text encoded with its split preferences)."""
+
+    target: Target
     #: every assistant turn of the answer's conversation trained in its sample (``tokens.turns``)
     joined: bool = False
     #: add the names of the per-answer quality checks that fire to each sample's warnings
@@ -86,18 +78,19 @@ class TokensStage:
         fired = [w for w in check_sample(s, view, self.markers()) if w not in s.warnings]
         return replace(s, warnings=s.warnings + tuple(fired)) if fired else s
 
-    def prompt_opts(self) -> dict[str, Any]:
-        return {} if self.thinking is None else {"thinking": self.thinking}
+    @property
+    def bound(self) -> BoundFormat:
+        return self.target.bound
 
     def render_prompt(self, messages: Sequence[Message], prompt: Prompt) -> list[int]:
-        return self.bound.prompt_ids(messages, prompt.tools, **self.prompt_opts())
+        return self.target.prompt_ids(messages, prompt.tools)
 
     def render_prompts(
         self, todo: Sequence[tuple[Sequence[Message], Prompt]]
     ) -> list[list[int] | None]:
         """``render_prompt`` for many prompts in one batched encode; None where one cannot be
         rendered (its caller renders it alone, to quarantine it with the reason)."""
-        got = prompt_ids_many(self.bound, [(m, p.tools) for m, p in todo], self.prompt_opts())
+        got = self.target.prompt_ids_many([(m, p.tools) for m, p in todo])
         return [None if isinstance(g, DraftdataError) else g for g in got]
 
     def sample(
@@ -130,15 +123,7 @@ class TokensStage:
                 except DraftdataError as e:
                     first.append(e)
             items = [x for x in first if isinstance(x, Item)]
-            made = iter(
-                reconstruct_many(
-                    self.bound,
-                    items,
-                    thinking=self.thinking,
-                    text_ids=self.text_ids,
-                    window=max(len(items), 1),
-                )
-            )
+            made = iter(self.target.reconstruct_many(items, window=max(len(items), 1)))
             for a, x in zip(chunk, first, strict=True):
                 if isinstance(x, Item):
                     x = self._as_engine(a.stored, self._checked(a.key, next(made)))

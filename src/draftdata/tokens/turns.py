@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import pairwise
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ReconstructError
-from ..formats import BoundFormat, Segment, Special, Text
+from ..formats import Segment, Special, Text
 from ..records import ApiView, Message
+
+if TYPE_CHECKING:
+    from .encoding import TargetEncoding
 
 
 class _Flat:
@@ -65,20 +68,19 @@ def _trained(segs: Sequence[Segment], flat: _Flat, spans: list[tuple[int, int]])
 
 
 def joined_turns(
-    bound: BoundFormat,
+    target: TargetEncoding,
     messages: Sequence[Message],
     view: ApiView,
     tools: Sequence[dict[str, Any]],
-    opts: dict[str, Any],
-    thinking: bool | None,
 ) -> tuple[list[Segment], list[str]]:
     """The segments of ``messages`` + the answer ``view`` with every assistant turn trained, and
     the warnings of the last answer's layout."""
     from .response import answer_segments
 
-    fmt = bound.format
+    fmt = target.format
+    opts = target.prompt_opts
     prompt = fmt.render_prompt(messages, tools, **opts)
-    last, warnings = answer_segments(bound, messages, view, thinking)
+    last, warnings = answer_segments(target, messages, view)
     full_segs = [*prompt, *last]
     flat = _Flat(_sentinel([s.text for s in full_segs if isinstance(s, Text)]))
     full = flat(full_segs)
@@ -88,7 +90,7 @@ def joined_turns(
             continue
         head = flat(fmt.render_prompt(messages[:k], tools, **opts))
         answer = ApiView(m.content, "stop", m.reasoning, m.tool_calls)
-        said = flat(answer_segments(bound, messages[:k], answer, thinking)[0])
+        said = flat(answer_segments(target, messages[:k], answer)[0])
         if not (full.startswith(head) and full.startswith(said, len(head))):
             raise ReconstructError(
                 f"format {fmt.name} does not show assistant turn {k} in the history as the "
