@@ -99,6 +99,7 @@ def heap() -> str:
 def run(work: Path, built: list, url: str, args: argparse.Namespace) -> None:  # type: ignore[type-arg]
     from draftdata.config import load_manifest
     from draftdata.generate.runner import Runner
+    from draftdata.session import Run
 
     model = Model()
     text = rehearsal.MANIFEST.format(
@@ -119,7 +120,8 @@ def run(work: Path, built: list, url: str, args: argparse.Namespace) -> None:  #
     (work / "manifest.toml").write_text(text)
     if args.trace:
         tracemalloc.start(10)
-    r = Runner(load_manifest(work / "manifest.toml"), quiet=True)
+    opened = Run.open(load_manifest(work / "manifest.toml"), write=True)
+    r = Runner(opened, quiet=True)
     marks = sorted(args.at)
     snaps: list[tuple[int, tracemalloc.Snapshot | None]] = []
 
@@ -146,6 +148,7 @@ def run(work: Path, built: list, url: str, args: argparse.Namespace) -> None:  #
     asyncio.run(r.generate())
     print(f"generate returned: {rss_parts()}", flush=True)
     r.close()
+    opened.close()
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     print(f"closed, collected, trimmed: {rss_parts()}", flush=True)

@@ -38,13 +38,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
-    from draftdata.generate.runner import Runner
+    from draftdata.session import Run
     from draftdata.store.runs import manifest_of_run
 
     m = manifest_of_run(args.run)
     m.run.output = str(args.run.resolve())
-    runner = Runner(m, quiet=True, check_settings=False)
-    led = runner.ledger
+    opened = Run.open(m, write=True, own=False)
+    stage = opened.tokens_stage(opened.target, None)
+    led = opened.ledger
     times: dict[int, list[float]] = {j: [] for j in args.jobs}
     digests: dict[int, str] = {}
     try:
@@ -55,11 +56,11 @@ def main() -> None:
                         led.samples.forget(led.samples.keys(d.name))
                         led.db.execute("DELETE FROM drops WHERE stage='tokens'")
                 t = time.perf_counter()
-                n = sum(sum(runner.make_samples(d, jobs=jobs).samples.values()) for d in m.datasets)
+                n = sum(sum(stage.make(d, jobs=jobs).samples.values()) for d in m.datasets)
                 times[jobs].append(time.perf_counter() - t)
                 digests[jobs] = digest(args.run / "ledger.sqlite")
     finally:
-        runner.close()
+        opened.close()
     base = statistics.median(times[args.jobs[0]])
     for jobs in args.jobs:
         s = statistics.median(times[jobs])

@@ -43,7 +43,7 @@ def _raw() -> dict[str, dict]:
 
 @functools.cache
 def _shard_schema() -> Any:
-    from draftdata.export.shards import SHARD_SCHEMA
+    from draftdata.records.arrow import SHARD_SCHEMA
 
     return SHARD_SCHEMA
 
@@ -560,19 +560,16 @@ def write_run_preview(run_dir: Path) -> Path:
     from itertools import islice
 
     from draftdata.export.preview import PER_DATASET, write_preview
-    from draftdata.generate.runner import Runner
+    from draftdata.session import Run
     from draftdata.store.runs import manifest_of_run
 
     m = manifest_of_run(run_dir)
     m.run.output = str(run_dir.resolve())
-    runner = Runner(m, quiet=True)
-    try:
+    with Run.open(m, write=True) as run:
         first = {
-            d.name: list(islice(runner.ledger.samples.of(d.name), PER_DATASET)) for d in m.datasets
+            d.name: list(islice(run.ledger.samples.of(d.name), PER_DATASET)) for d in m.datasets
         }
-        return write_preview(first, runner.bound.tokenizer, run_dir / "export")
-    finally:
-        runner.ledger.close()
+        return write_preview(first, run.target.tokenizer, run_dir / "export")
 
 
 def export_only(tmp_path: Path, finishes: list[str], gate: dict[str, Any]) -> Path:

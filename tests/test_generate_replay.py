@@ -337,22 +337,22 @@ def test_the_tokens_stage_over_two_workers_stores_what_one_process_stores(tmp_pa
     """A run's stored answers through forked workers, windows of 16 (several per worker): the
     same samples (every column, packed as stored) and the same drops as in one process."""
     from draftdata.config import load_manifest
-    from draftdata.generate.runner import Runner
+    from draftdata.session import Run
 
     src, _ = greedy_subset(tmp_path, 60)
     with replay_server(GROUNDTRUTH) as url:
         m = manifest(tmp_path, url, src, limit=60, turns="all")
         assert run("generate", str(m), "--quiet").returncode == 0
     db_path = tmp_path / "run" / "ledger.sqlite"
-    runner = Runner(load_manifest(m), quiet=True)
-    try:
-        d = runner.m.datasets[0]
-        keys = runner.ledger.samples.keys(d.name)
+    with Run.open(load_manifest(m), write=True) as opened:
+        d = opened.manifest.datasets[0]
+        keys = opened.ledger.samples.keys(d.name)
+        stage = opened.tokens_stage(opened.target, None)
         got = {}
         for jobs in (1, 2):
-            with runner.ledger.tx():
-                runner.ledger.samples.forget(list(keys))
-            made = runner.make_samples(d, jobs=jobs, window=16)
+            with opened.ledger.tx():
+                opened.ledger.samples.forget(list(keys))
+            made = stage.make(d, jobs=jobs, window=16)
             db = sqlite3.connect(db_path)
             got[jobs] = (
                 made,
@@ -362,7 +362,5 @@ def test_the_tokens_stage_over_two_workers_stores_what_one_process_stores(tmp_pa
                 ).fetchall(),
             )
             db.close()
-    finally:
-        runner.close()
     assert len(got[1][1]) >= 60 and got[1][0].samples
     assert got[1] == got[2]

@@ -224,14 +224,14 @@ def test_a_folder_of_many_files_is_listed_in_its_own_sha256sums(tmp_path, monkey
     # linked into the new export, not copied
     import draftdata.export.sealed as sealed
     from draftdata.export.run_export import export_as
-    from draftdata.session import RunSession
+    from draftdata.session import Run
     from draftdata.store.runs import manifest_of_run
 
     monkeypatch.setattr(sealed, "LISTED_MAX", 3)
     inode = (folder / "modelopt" / ids[0]).stat().st_ino
     m = manifest_of_run(run_dir)
     m.run.output = str(run_dir.resolve())
-    with RunSession.open(m, write=False) as s:
+    with Run.open(m, write=False) as s:
         export_as(s.ledger, m, s.target.bound, "specforge")
     again = (run_dir / "export").resolve()
     assert again != folder and (again / "modelopt" / ids[0]).stat().st_ino == inode

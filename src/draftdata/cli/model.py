@@ -119,14 +119,15 @@ def score(
 
 def _score_run(run: Path, load: Any, threshold: float, repair: bool) -> dict[str, Any]:
     from ..model.run_scores import score_stage
-    from ..session import RunSession
+    from ..session import Run
     from ..store.runs import manifest_of_run
 
     m = manifest_of_run(run)
     m.run.output = str(run.resolve())
-    # it writes the run's scores, so it holds the folder, but it is not the run's command: the
-    # run's command line, manifest and requests in flight stay as they were
-    with RunSession.open(m, write=True, what=" ".join(command_line())) as s:
+    # it writes the run's scores, so it is admitted as a writer (the lock, requests a killed
+    # writer left in flight settled, the settings drift check), but it is not the run's own
+    # command: the run's command line and manifest stay as they were
+    with Run.open(m, write=True, what=" ".join(command_line()), own=False, console=err) as s:
         doc = score_stage(
             s, s.target, load, threshold=threshold, repair=repair,
             extra={"run": str(run)}, progress=lambda todo: Ticker("score", todo, unit="samples").tick,

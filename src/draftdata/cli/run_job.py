@@ -71,27 +71,24 @@ def generate(
     extend: ExtendOpt = False,
 ) -> None:
     """Generate answers into the run's ledger and make samples. Resume: run it again."""
-    import asyncio
-
     from ..config import load_manifest
-    from ..generate.runner import Runner
-    from ..store.stats import status as ledger_status
+    from ..generate.runner import RunReport
+    from ..pipeline import GENERATE, run_pipeline
 
     m = load_manifest(manifest)
-    runner = Runner(
+    staged = run_pipeline(
         m,
         quiet=quiet,
         console=err,
         command_line=command_line(),
         progress_every=progress_every,
         extend=extend,
+        stages=GENERATE,
+        only=dataset,
     )
-    try:
-        rep = asyncio.run(runner.run(dataset))
-        st = ledger_status(runner.ledger)
-        failed = runner.ledger.answers.failed()
-    finally:
-        runner.close()
+    rep = staged.report or RunReport()
+    rep.datasets = staged.result.datasets
+    st, failed = _ledger_outcome(m.output_dir / "ledger.sqlite")
     if json_out:
         _json(
             {
@@ -234,7 +231,7 @@ def run_cmd(
             command_line=command_line(),
             progress_every=progress_every,
             extend=extend,
-        )
+        ).result
     except GateError:
         _print_stored_validation(m)
         raise
@@ -412,7 +409,7 @@ def export(
     from ..export.run_export import StoredValidation, export_as, export_run
     from ..export.trainers.settings import export_notes
     from ..export.write import read_export_manifest
-    from ..session import RunSession
+    from ..session import Run
     from ..store.runs import manifest_of_run
 
     for k in (kinds := as_ or []):
@@ -423,7 +420,7 @@ def export(
     m.run.output = str(run.resolve())
     # a reading command: no lock (it runs beside a writer), and nothing of the run's own record
     # (its command line, manifest, requests in flight) is written
-    with RunSession.open(m, write=False) as s:
+    with Run.open(m, write=False) as s:
         valid = StoredValidation.read(run / "validation.json")
         folder = export_run(s.ledger, m, s.target, valid, None, drop=filters, kinds=kinds)
         at = (s.ledger, m, s.target.bound)  # what a trainer's export reads of the run

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
 from ..measure.gate import Gate
 from ..measure.validate import ValidationReport
 from ..records import Answered, Sample
@@ -25,6 +24,7 @@ from ..records.export import DatasetExport, ExportManifest, FormatPin, Tokenizer
 from ..store.meta import GATE, READ_DROPS, gate_json
 from ..store.stats import status
 from ..tokens.run_samples import RunTokens
+from ..version import __version__
 from .filters import CONTAMINATED, SampleFilter
 from .sealed import restage, seal
 from .shards import publish, staging_folder

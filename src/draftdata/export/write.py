@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InputError
 from ..files import write_json
 from ..records import Sample
+from ..records.arrow import shard_row
 from ..records.export import ExportManifest
 from .preview import PER_DATASET, write_preview
-from .shards import SHARD_BYTES, ShardWriter, now_iso, shard_row
+from .shards import SHARD_BYTES, ShardWriter, now_iso
 
 if TYPE_CHECKING:
     from ..tokenizers.base import Tokenizer

@@ -11,21 +11,20 @@ import asyncio
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
-from ..config import DatasetCfg, Manifest
+from ..config import DatasetCfg
 from ..errors import DraftdataError
 from ..measure.contamination import Tally
 from ..records import ApiView, Completion, FailedAttempt, Key, Message, Prompt, StoredResponse
-from ..session import RunSession
+from ..session import Run
 from ..store.guard import LedgerFull
-from ..store.meta import COMMAND_LINE, LIMIT, MANIFEST, MANIFEST_BASE_DIR, READ_DROPS, SETTINGS
+from ..store.meta import READ_DROPS
 from ..store.stats import status
 from ..tokens.history import answer_message, n_turns, turn_messages
-from ..tokens.run_samples import RunTokens, Tokenized, stored_view
+from ..tokens.run_samples import Tokenized, stored_view
 from ..tokens.sample_maker import TokensStage
 from .backends import make_backend
 from .backends.base import Backend, BudgetRefused, GenRequest
@@ -39,7 +38,6 @@ from .count_watch import CountWatch
 from .inputs import DUPLICATE, drop_reason, first_turn_ids, iter_dataset, no_prompts
 from .progress import Bars
 from .requests import sample_seed
-from .settings import check, settings_of, stored_manifest
 
 #: a Retry-After this long is said in the progress output
 LONG_WAIT_S = 10.0
@@ -57,89 +55,55 @@ class RunReport:
 
 
 class Runner(DecontaminateMixin):
+    """Generation over a run opened to write (``session.Run``, which admitted this writer):
+    the answers still missing, asked within the budget and stored as they arrive. It makes no
+    samples and decides nothing else: the stages around it are ``pipeline``'s."""
+
     def __init__(
         self,
-        manifest: Manifest,
+        run: Run,
         *,
         quiet: bool = False,
         console: Console | None = None,
-        command_line: list[str] | None = None,
         progress_every: float = 30.0,
-        check_settings: bool = True,
         extend: bool = False,
-        session: RunSession | None = None,
     ) -> None:
-        """``session``: the run folder as its caller opened it to write (the caller closes it);
-        None: the Runner opens it, and closes it with :meth:`close`."""
-        self.m = manifest
+        """``run``: the run folder as its caller opened it to write (the caller closes it);
+        ``extend``: a dataset's ``limit`` grew (``--extend``), its new prompts are asked."""
+        self.m = manifest = run.manifest
+        self.run = run
         self.quiet = quiet
         self.progress_every = progress_every
         self.console = console or Console(stderr=True)
-        # one writer per run folder: a second one is refused before it can pay for anything
-        what = " ".join(command_line or ["draftdata"])
-        self.owns_session = session is None
-        self.session = session or RunSession.open(manifest, write=True, what=what)
-        self.ledger = self.session.ledger
+        self.ledger = run.ledger
         self.commits = GroupCommit.for_run(self.ledger, manifest)
-        self.target, self.bound = self.session.target, self.session.target.bound
+        self.target, self.bound = run.target, run.target.bound
         self.backends: dict[str, Backend] = {}
         #: what each server says it serves (engine, context), asked once, before any request
         self.serving = Serving(manifest)
         #: datasets whose prompt rendering was checked against their server in this process
         self.contract_checked: set[str] = set()
         #: the run's cross-answer quality checks (one answer index for every dataset)
-        self.checks = self.session.checks
+        self.checks = run.checks
         #: the count witness's gate on text-only datasets (``generate.count_watch``)
         self.watch = CountWatch(manifest, self.ledger, self.tokens)
-        # requests in flight when the last writer was killed or interrupted: possibly paid,
-        # so counted against the budget, and asked again
-        interrupted, usd = self.ledger.answers.settle_interrupted()
-        if interrupted and not quiet:
-            self.console.print(
-                Text(
-                    f"{interrupted} request(s) were in flight when the last run stopped: "
-                    f"counted as possibly paid (up to ${usd:,.4f}) and asked again"
-                )
-            )
+        # what the ledger holds as spent, the requests a killed writer left in flight included
+        # (settled as possibly paid when the run admitted this writer)
         spent = status(self.ledger).cost_usd + self.ledger.answers.possibly_paid()
         self.budget = Budget(manifest.run.budget_usd, spent=spent)
         self.extend = extend
         #: datasets whose source file changed since the run began: read again
-        self.reread: set[str] = set()
-        meta = self.ledger.meta
-        if check_settings:  # a writer that would add answers; export only reads them back
-            for d in manifest.datasets:
-                now = settings_of(manifest, d, self.bound)
-                was, limit = meta.get(SETTINGS.of(d.name)), meta.get(LIMIT.of(d.name), d.limit)
-                if check(manifest, d, now, was, limit, extend):
-                    self.reread.add(d.name)
-                meta.put(SETTINGS.of(d.name), now)
-                meta.put(LIMIT.of(d.name), d.limit)
-        meta.put(MANIFEST, stored_manifest(manifest))
-        meta.put(MANIFEST_BASE_DIR, str(manifest.base_dir))
-        if command_line is not None:  # what the report shows as the command that made the run
-            meta.put(COMMAND_LINE, command_line)
+        self.reread = run.reread
 
     def close(self) -> None:
-        """Close the ledger and free the run folder for the next writer (where the Runner opened
-        the session)."""
+        """Write what is still waiting to be committed (the run itself is its opener's to
+        close)."""
         self.commits.close()
-        if self.owns_session:
-            self.session.close()
 
     @property
     def tokens(self) -> TokensStage:
         """The tokens stage as prompts are rendered with the run's target."""
         return TokensStage(self.target)
-
-    @property
-    def samples_stage(self) -> RunTokens:
-        """The run's tokens stage (``tokens.run_samples``) with the session's target."""
-        console = None if self.quiet else self.console
-        return self.session.tokens_stage(self.target, console)
-
-    def make_samples(self, d: DatasetCfg, **how: Any) -> Tokenized:
-        return self.samples_stage.make(d, **how)  # only_missing, jobs, window
 
     def view(self, r: StoredResponse) -> ApiView:
         return stored_view(self.m, self.bound, r)
@@ -289,14 +253,6 @@ class Runner(DecontaminateMixin):
         bars.update(req.key.dataset, done=1, tokens=c.completion_tokens or 0, cost=c.cost_usd)
 
     # --- running -------------------------------------------------------------------------------
-    async def run(self, names: Iterable[str] | None = None) -> RunReport:
-        """:meth:`generate`, then the tokens stage over the same datasets, with the session's
-        tokenization (``draftdata generate``)."""
-        rep = await self.generate(names)
-        for name in rep.chosen:
-            rep.datasets[name] = self.make_samples(self.m.dataset(name))
-        return rep
-
     async def generate(self, names: Iterable[str] | None = None) -> RunReport:
         """Ask for every answer still missing in the named datasets (all: None), within the
         budget; the report's ``datasets`` stay empty (no samples are made here)."""

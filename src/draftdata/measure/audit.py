@@ -8,9 +8,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .. import __version__
 from ..formats import BoundFormat, ChatFormat, describe_id
 from ..tokenizers import Tokenizer
+from ..version import __version__
 
 #: how many examples each confusable list keeps
 EXAMPLES = 12

@@ -17,7 +17,6 @@ from difflib import SequenceMatcher
 from itertools import islice
 from typing import Any, Literal
 
-from .. import __version__
 from ..errors import DraftdataError, ReconstructError
 from ..formats import BoundFormat, derive_view
 from ..records import ApiView, GroundTruth, Mismatch, Sample, ValidationResult
@@ -26,6 +25,7 @@ from ..tokens.prefs import Pair
 from ..tokens.reconstruct import WINDOW, Item
 from ..tokens.response import answer_segments
 from ..tokens.target import Target
+from ..version import __version__
 from .repairing import Measured, Repairer, repaired
 
 CATEGORIES = (

@@ -16,7 +16,7 @@ from typing import Any
 from ..config import Manifest
 from ..files import write_text
 from ..records import Decoding, Sample
-from ..session import RunSession
+from ..session import Run
 from ..store.ledger import Ledger
 from ..tokens.target import Target
 from .flags import ScoreReport
@@ -196,7 +196,7 @@ def score_run_to_file(
 
 
 def score_stage(
-    session: RunSession,
+    run: Run,
     target: Target,
     scorer: ScorerSource,
     *,
@@ -209,7 +209,7 @@ def score_stage(
     scored (and the reconstructed ones repaired where ``repair``), RUN/scores.json written and
     returned. ``progress``: given how many samples are left, what each one scored calls (a
     progress line). ``run``'s model stage and ``draftdata score RUN`` both call it."""
-    m, ledger = session.manifest, session.ledger
+    m, ledger = run.manifest, run.ledger
     tick = None
     if progress is not None:
         tick = progress(unscored(ledger, scorer, [d.name for d in m.datasets]))

@@ -10,7 +10,7 @@ from typing import Any, Literal, TypedDict
 
 
 class DatasetSettings(TypedDict, total=False):
-    """What makes a dataset's samples mean what they mean (``generate.settings.settings_of``),
+    """What makes a dataset's samples mean what they mean (``session.settings.settings_of``),
     kept per dataset: a rerun that changes any of it is refused. A ledger of an older draftdata
     holds fewer keys (the ones it did not record are taken as they are now)."""
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..errors import InputError
 from ..export.preview import PREVIEW_FILE, Preview, read_preview
 from ..files import parquet_batches
@@ -29,6 +28,7 @@ from ..store.ledger import Ledger, LedgerError
 from ..store.meta import COMMAND_LINE, CONTAMINATION, MANIFEST
 from ..store.stats import Throughput, throughput, work_datasets
 from ..tokens.quality import QUALITY_CHECKS
+from ..version import __version__
 
 __all__ = [
     "DatasetTokens",

@@ -9,8 +9,8 @@ import datetime as dt
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from .. import __version__
 from ..store.stats import MIN_RATE_ATTEMPTS, MIN_RATE_WALL_S
+from ..version import __version__
 from .acceptance import AcceptanceSections
 from .alerts import alerts
 from .data import ReportData, Throughput

@@ -181,7 +181,7 @@ SCHEMA_VERSION: MetaKey[int] = MetaKey("schema_version", _as_is, _int)
 #: the schema a migration started from
 MIGRATED_FROM: MetaKey[int] = MetaKey("migrated_from", _as_is, _int)
 #: the manifest the last writer opened the run with, credentials redacted
-#: (``generate.settings.stored_manifest``); ``store.runs.manifest_of_run`` loads it back
+#: (``session.settings.stored_manifest``); ``store.runs.manifest_of_run`` loads it back
 MANIFEST: MetaKey[dict[str, Any]] = MetaKey("manifest", _as_is, _object)
 #: the folder the manifest's relative paths were resolved against
 MANIFEST_BASE_DIR: MetaKey[str] = MetaKey("manifest_base_dir", _as_is, _str)

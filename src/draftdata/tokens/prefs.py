@@ -21,11 +21,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..errors import InputError
 from ..files import write_text
 from ..nesting import loads_json
 from ..tokenizers import Tokenizer
+from ..version import __version__
 
 EDGE = "e"
 FORMAT_VERSION = 1

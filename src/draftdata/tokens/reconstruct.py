@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
 from ..errors import DraftdataError, ReconstructError
 from ..formats import BoundFormat
 from ..records import (
@@ -27,6 +26,7 @@ from ..records import (
     Sample,
     TokenSource,
 )
+from ..version import __version__
 from .counts import witness
 from .logprobs import ids_from_logprobs
 from .pieces import Layout, PieceEncoder

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-from ... import __version__
+from ...version import __version__
 
 #: the most header bytes a response may have
 HEAD_LIMIT = 1 << 20
