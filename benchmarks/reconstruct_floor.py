@@ -121,18 +121,10 @@ def giga_encoder(tokenizer):  # type: ignore[no-untyped-def]
 
 
 def library(rc, bound, items):  # type: ignore[no-untyped-def]
-    """The samples, through the batched call where this checkout has one (else one by one)."""
+    """The samples, through the target's batched call (``Target.reconstruct_many``)."""
     ids = [str(r.get("id", i)) for i, (_, _, r) in enumerate(items)]
-    if hasattr(rc, "reconstruct_many"):
-        todo = (rc.Item(m, v, record_id=x) for (m, v, _), x in zip(items, ids, strict=True))
-        yield from (s for s in Target(bound).reconstruct_many(todo) if not isinstance(s, Exception))
-        return
-    for (m, v, _), x in zip(items, ids, strict=True):
-        try:
-            s = Target(bound).reconstruct(m, v, record_id=x)
-        except Exception:
-            continue  # a record our reconstruction refuses is left out of the floor, as before
-        yield s
+    todo = (rc.Item(m, v, record_id=x) for (m, v, _), x in zip(items, ids, strict=True))
+    yield from (s for s in Target(bound).reconstruct_many(todo) if not isinstance(s, Exception))
 
 
 def streamed(samples):  # type: ignore[no-untyped-def]
