@@ -18,8 +18,8 @@ PURE = ("tokenizers", "formats", "tokens", "measure", "records")
 IMPURE = ("sqlite3", "aiohttp", "httpx", "torch", "transformers", "starlette", "uvicorn")
 #: draftdata's packages bottom to top: a package imports only packages on a lower level. A
 #: top-level module (version.py, errors.py, files.py, pipeline.py, __main__.py) is a package of
-#: its own; "draftdata" is the root package itself: the library's front door, above every
-#: package it imports lazily (``load_target``, ``open_run``) and below the CLI that calls it.
+#: its own; "draftdata" is the root package itself, whose names ``front`` imports on first use
+#: (``load_target``, ``open_run``): above every package they come from, below the CLI.
 LEVELS: tuple[tuple[str, ...], ...] = (
     ("version",),
     ("errors",),
@@ -37,6 +37,7 @@ LEVELS: tuple[tuple[str, ...], ...] = (
     ("export",),
     ("hidden", "report", "devtools", "acceptance"),
     ("pipeline",),
+    ("front",),
     ("draftdata",),
     ("cli",),
     ("__main__",),

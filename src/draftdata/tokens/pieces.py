@@ -130,6 +130,8 @@ class PieceEncoder:
             raise ids
         if trained and self.prefs is not None:
             ids = self.prefs(self._todo[p][0], ids if isinstance(ids, list) else ids.tolist())
+        if isinstance(ids, list) and not self.arrays:
+            return ids  # the common case, without a call
         return self.sequence(ids)
 
     def sequence(self, ids: Any) -> Any:
