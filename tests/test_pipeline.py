@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import json
+import sqlite3
 from collections import Counter
 
 import datasets
@@ -129,6 +130,17 @@ def test_learned_preferences_are_cross_validated_and_applied(tmp_path):
     assert changed, "the learned preferences changed no sample of the text dataset"
     for k in changed:  # each sample they changed is now the target's own ids
         assert learned_ids[k] == truth[k]["prompt_ids"] + truth[k]["output_ids"], k
+    # the run's target is the learned one for every later command too: the text dataset's
+    # samples made again by `export` (their rows removed) are the ones the run made
+    run_dir = tmp_path / "True" / "run"
+    db = sqlite3.connect(run_dir / "ledger.sqlite")
+    with db:
+        db.execute("DELETE FROM samples WHERE dataset = 'paid'")
+        db.execute("DELETE FROM drops WHERE dataset = 'paid' AND stage = 'tokens'")
+    db.close()
+    r = run("export", str(run_dir))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert paid_exact(tmp_path / "True", truth) == (learned, learned_ids)
 
 
 def test_gate_stops_before_any_paid_request_and_force_is_recorded(tmp_path):

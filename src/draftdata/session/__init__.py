@@ -92,19 +92,27 @@ def check_owner(manifest: Manifest, ledger: Ledger) -> None:
 
 
 def target_of(m: Manifest, prefs: bool = True) -> Target:
-    """The manifest's target: its tokenizer bound to its format, its thinking option, its
-    ``prefs`` file applied if it names one (checked against the tokenizer it was learned
-    with). ``prefs=False``: without them (a plan renders prompts only)."""
+    """The run's target: the manifest's tokenizer bound to its format, its thinking option, and
+    its split preferences, checked against the tokenizer they were learned with: those the run
+    learned (RUN/prefs.json, where ``[run] learn_prefs`` is set and a run has learned them: a
+    later ``generate`` or ``export`` makes samples as the run did), else the file ``[target]
+    prefs`` names. ``prefs=False``: without them (a plan renders prompts only)."""
     bound = bind_target(m)
     target = Target(bound, thinking=m.target.thinking)
-    if not (prefs and m.target.prefs):
+    learned = m.output_dir / "prefs.json"
+    if m.run.learn_prefs and learned.is_file():
+        path = learned
+    elif m.target.prefs:
+        path = m.resolve(m.target.prefs)
+    else:
+        return target
+    if not prefs:
         return target
     from ..tokens.prefs import SplitPrefs
 
-    path = m.resolve(m.target.prefs)
-    learned = SplitPrefs.load(path)
-    learned.check_tokenizer(bound.tokenizer, path)
-    return target.with_prefs(learned.applier(bound.tokenizer))
+    rules = SplitPrefs.load(path)
+    rules.check_tokenizer(bound.tokenizer, path)
+    return target.with_prefs(rules.applier(bound.tokenizer))
 
 
 class Run:

@@ -62,7 +62,7 @@ class Target(TargetEncoding):
     @overload
     def reconstruct_many(
         self,
-        items: Iterable[Any],
+        items: Iterable[Item],
         *,
         use_logprobs: bool = ...,
         window: int = ...,
@@ -72,7 +72,7 @@ class Target(TargetEncoding):
     @overload
     def reconstruct_many(
         self,
-        items: Iterable[Any],
+        items: Iterable[Item],
         *,
         use_logprobs: bool = ...,
         window: int = ...,
@@ -81,7 +81,7 @@ class Target(TargetEncoding):
 
     def reconstruct_many(
         self,
-        items: Iterable[Any],
+        items: Iterable[Item],
         *,
         use_logprobs: bool = True,
         window: int = WINDOW,
