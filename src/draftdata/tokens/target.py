@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast, overload
 
-from ..errors import DraftdataError
+from ..errors import DraftdataError, InputError
 from ..formats import ChatFormat
 from ..formats.segments import TextIds
 from ..records import ApiView, Message, PackedSample, Sample
+from ..records.wire import messages_of
 from ..tokenizers import Tokenizer
 from .answers import item_of
 from .encoding import TargetEncoding
@@ -44,16 +45,23 @@ class Target(TargetEncoding):
         """One answer -> its Sample: the model's exact ids where the server returned them, else
         its text laid out by the format. ``answer`` is a record as ``draftdata reconstruct``
         reads it (``messages`` and the server's ``response``, or ``api_view``), or the
-        conversation's messages with the server's ``view`` beside it. ``item``: more of
+        conversation's messages (``Message`` values or chat dicts) with the server's ``view``
+        beside it. ``item``: more of
         :class:`~draftdata.tokens.reconstruct.Item` (``tools``, ``record_id``, ``prompt_ids``,
         ...) and ``use_logprobs``. Raises the error that makes the answer unusable."""
         use_logprobs = item.pop("use_logprobs", True)
         if view is None:
             if not isinstance(answer, Mapping):
-                raise TypeError("reconstruct(messages) needs the server's view beside them")
+                raise InputError(
+                    "reconstruct(messages) needs the server's view beside them: "
+                    "reconstruct(messages, ApiView(...)), or one record as a dict"
+                )
             one = item_of(answer)
         else:
-            one = Item(tuple(cast("Sequence[Message]", answer)), view, **item)
+            messages = list(answer)
+            if not all(isinstance(m, Message) for m in messages):  # chat dicts, as an API takes
+                messages = list(messages_of(cast("list[Any]", messages)))
+            one = Item(tuple(cast("list[Message]", messages)), view, **item)
         (got,) = self.reconstruct_many([one], use_logprobs=use_logprobs)
         if isinstance(got, DraftdataError):
             raise got
