@@ -100,13 +100,13 @@ def target_of(m: Manifest, prefs: bool = True) -> Target:
     bound = bind_target(m)
     target = Target(bound, thinking=m.target.thinking)
     learned = m.output_dir / "prefs.json"
+    if not prefs:
+        return target
     if m.run.learn_prefs and learned.is_file():
         path = learned
     elif m.target.prefs:
         path = m.resolve(m.target.prefs)
     else:
-        return target
-    if not prefs:
         return target
     from ..tokens.prefs import SplitPrefs
 
@@ -139,8 +139,6 @@ class Run:
         self.checks = RunChecks(manifest.run.drop)
         #: datasets whose source file changed since the run began: read again (the drift check)
         self.reread: set[str] = set()
-        #: requests a killed writer left in flight, settled at admission: (how many, their USD)
-        self.settled: tuple[int, float] = (0, 0.0)
 
     def samples(self, datasets: Iterable[str] | None = None) -> Iterator[Sample]:
         """The run's samples (every dataset's, or those ``datasets`` names), streamed from its
@@ -239,8 +237,7 @@ class Run:
         (``session.settings``); the manifest (and the command line, the report's "made by")
         recorded where ``own``."""
         m, meta = self.manifest, self.ledger.meta
-        self.settled = self.ledger.answers.settle_interrupted()
-        n, usd = self.settled
+        n, usd = self.ledger.answers.settle_interrupted()
         if n and console is not None:
             console.print(
                 Text(
